@@ -1,0 +1,17 @@
+"""hubvit: a Vision Transformer for transformers that lives on the Hugging Face Hub.
+
+Importing this package registers the classes with transformers' Auto classes, so an installed hubvit loads
+hubvit folders without `trust_remote_code`.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+
+from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
+
+__version__ = "0.1.0"
+
+AutoConfig.register(HubViTConfig.model_type, HubViTConfig, exist_ok=True)
+AutoModel.register(HubViTConfig, HubViTModel, exist_ok=True)
+AutoModelForImageClassification.register(HubViTConfig, HubViTForImageClassification, exist_ok=True)
+
+__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "__version__"]

@@ -1,0 +1,203 @@
+"""Configuration of HubViT, a Vision Transformer (Dosovitskiy et al., 2021).
+
+This file travels to the Hub next to every checkpoint: no I/O, no imports of
+hubvit itself. Field names follow transformers' `ViTConfig` where it has one.
+"""
+
+from transformers import PretrainedConfig
+
+POSITION_EMBEDDING_TYPES = ("learned", "learned_2d", "relative_2d", "sincos_2d", "none")
+POOLING_TYPES = ("cls", "mean", "map", "first", "none")
+HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
+INTERPOLATION_MODES = ("bicubic", "bilinear")
+
+
+def to_2tuple(value, name):
+    """An int or an (h, w) pair as a tuple of two positive ints; `name` is the config field for errors."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        pair = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise ValueError(f"{name} must be an int or an (height, width) pair of ints, got {value!r}")
+    if min(pair) <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return pair
+
+
+class HubViTConfig(PretrainedConfig):
+    r"""Every option exists for a checkpoint family (named in brackets); defaults are ViT-B/16 at 224 as in the paper.
+
+    Args:
+        image_size (`int` or `(h, w)`): native resolution; the position table covers this grid. Other sizes whose
+            sides divide by the patch are resized on the fly.
+        patch_size (`int` or `(h, w)`): side of the square patches (16 ViT, 32 ViT-B/32, 14 DINOv2 / CLIP-L).
+        num_channels, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: the usual sizes.
+        hidden_act: `gelu` (erf; timm, transformers), `gelu_pytorch_tanh` (Flax `nn.gelu`, the original JAX
+            checkpoints), `quick_gelu` (OpenAI CLIP).
+        layer_norm_eps: 1e-6 (JAX, timm), 1e-5 (OpenAI CLIP, OpenCLIP), 1e-12 (transformers' ViT default).
+        qkv_bias: biases on the query/key/value projections (all but a few research variants).
+        patch_bias: bias on the patch embedding (False for CLIP).
+        hidden_dropout_prob, attention_probs_dropout_prob, drop_path_rate: regularisation for training (DeiT uses
+            stochastic depth, `drop_path_rate`, growing linearly with depth).
+        layer_scale_init_value: per-channel residual scaling, `None` for none (DeiT-III, DINOv2).
+        pre_norm: LayerNorm on the embeddings before the encoder (CLIP).
+        class_token: prepend a learned [CLS] token (paper; False for SigLIP and big_vision `gap`).
+        num_register_tokens: learned register tokens after [CLS] (DINOv2 with registers).
+        distillation_token: DeiT's distillation token after [CLS], read by a second head.
+        position_embedding_type: `learned` (paper, 1D table), `learned_2d` (row and column tables concatenated),
+            `relative_2d` (learned per-head bias over (dy, dx) offsets in every block, as BEiT), `sincos_2d` (fixed,
+            big_vision `posemb="sincos2d"`), `none`.
+        position_embedding_includes_prefix: the learned table also has rows for the prefix tokens ([CLS],
+            registers, distillation); False is timm's `no_embed_class` (big_vision, DeiT-III, DINOv2 registers).
+        interpolation_mode, interpolation_antialias, interpolation_align_corners: how position tables are resized
+            to a new grid. timm: bicubic + antialias; original JAX fine-tuning: bilinear + align_corners.
+        pooling: `cls` (paper), `mean` over patch tokens (big_vision `gap`, timm `avg`), `map` attention pooling
+            (SigLIP, big_vision `map`), `first` token without a class token (big_vision `0`), `none`.
+        fc_norm: with mean pooling, apply the final LayerNorm after pooling instead of before (timm `fc_norm`).
+        representation_size: Dense + tanh before the head (ImageNet-21k checkpoints of the original repo).
+        dynamic_img_pad: pad inputs on the bottom/right to a multiple of the patch instead of refusing them (timm).
+        initializer_range: std of the learned position table and tokens at initialisation.
+    """
+
+    model_type = "hubvit"
+
+    def __init__(
+        self,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        hidden_act="gelu",
+        layer_norm_eps=1e-6,
+        qkv_bias=True,
+        patch_bias=True,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+        layer_scale_init_value=None,
+        pre_norm=False,
+        class_token=True,
+        num_register_tokens=0,
+        distillation_token=False,
+        position_embedding_type="learned",
+        position_embedding_includes_prefix=True,
+        interpolation_mode="bicubic",
+        interpolation_antialias=True,
+        interpolation_align_corners=False,
+        pooling="cls",
+        fc_norm=False,
+        representation_size=None,
+        dynamic_img_pad=False,
+        initializer_range=0.02,
+        **kwargs,
+    ):
+        self.image_size = list(to_2tuple(image_size, "image_size")) if not isinstance(image_size, int) else image_size
+        self.patch_size = list(to_2tuple(patch_size, "patch_size")) if not isinstance(patch_size, int) else patch_size
+        self.num_channels = num_channels
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.hidden_act = hidden_act
+        self.layer_norm_eps = layer_norm_eps
+        self.qkv_bias = qkv_bias
+        self.patch_bias = patch_bias
+        self.hidden_dropout_prob = hidden_dropout_prob
+        self.attention_probs_dropout_prob = attention_probs_dropout_prob
+        self.drop_path_rate = drop_path_rate
+        self.layer_scale_init_value = layer_scale_init_value
+        self.pre_norm = pre_norm
+        self.class_token = class_token
+        self.num_register_tokens = num_register_tokens
+        self.distillation_token = distillation_token
+        self.position_embedding_type = position_embedding_type
+        self.position_embedding_includes_prefix = position_embedding_includes_prefix
+        self.interpolation_mode = interpolation_mode
+        self.interpolation_antialias = interpolation_antialias
+        self.interpolation_align_corners = interpolation_align_corners
+        self.pooling = pooling
+        self.fc_norm = fc_norm
+        self.representation_size = representation_size
+        self.dynamic_img_pad = dynamic_img_pad
+        self.initializer_range = initializer_range
+        kwargs.setdefault(
+            "auto_map",
+            {
+                "AutoConfig": "configuration_hubvit.HubViTConfig",
+                "AutoModel": "modeling_hubvit.HubViTModel",
+                "AutoModelForImageClassification": "modeling_hubvit.HubViTForImageClassification",
+            },
+        )
+        super().__init__(**kwargs)
+        self.validate_architecture()
+
+    @property
+    def image_size_2d(self):
+        return to_2tuple(self.image_size, "image_size")
+
+    @property
+    def patch_size_2d(self):
+        return to_2tuple(self.patch_size, "patch_size")
+
+    @property
+    def grid_size(self):
+        """Patches along (height, width) at the native resolution."""
+        (h, w), (ph, pw) = self.image_size_2d, self.patch_size_2d
+        return h // ph, w // pw
+
+    @property
+    def num_prefix_tokens(self):
+        return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
+
+    def validate_architecture(self):
+        """Refuse combinations no model can run, naming the fields involved."""
+
+        def choice(name, allowed):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not supported; expected one of {list(allowed)}")
+
+        choice("position_embedding_type", POSITION_EMBEDDING_TYPES)
+        choice("pooling", POOLING_TYPES)
+        choice("hidden_act", HIDDEN_ACTS)
+        choice("interpolation_mode", INTERPOLATION_MODES)
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_channels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.num_register_tokens, int) or self.num_register_tokens < 0:
+            raise ValueError(f"num_register_tokens must be an int >= 0, got {self.num_register_tokens!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
+            )
+        (h, w), (ph, pw) = self.image_size_2d, self.patch_size_2d
+        if h % ph or w % pw:
+            raise ValueError(f"image_size={self.image_size!r} is not divisible by patch_size={self.patch_size!r}")
+        if self.pooling == "cls" and not self.class_token:
+            raise ValueError("pooling='cls' needs class_token=True; use pooling='mean', 'map' or 'first' without it")
+        if self.distillation_token and not self.class_token:
+            raise ValueError("distillation_token=True needs class_token=True (DeiT puts it after [CLS])")
+        if self.fc_norm and self.pooling != "mean":
+            raise ValueError(f"fc_norm=True applies to pooling='mean' only, got pooling={self.pooling!r}")
+        if self.position_embedding_type == "learned_2d" and self.hidden_size % 2:
+            raise ValueError(f"position_embedding_type='learned_2d' needs an even hidden_size, got {self.hidden_size}")
+        if self.position_embedding_type == "sincos_2d" and self.hidden_size % 4:
+            raise ValueError(
+                f"position_embedding_type='sincos_2d' needs hidden_size divisible by 4, got {self.hidden_size}"
+            )
+        if self.layer_scale_init_value is not None and not self.layer_scale_init_value > 0:
+            raise ValueError(f"layer_scale_init_value must be > 0 or None, got {self.layer_scale_init_value!r}")
+        if self.representation_size is not None and (
+            not isinstance(self.representation_size, int) or self.representation_size <= 0
+        ):
+            raise ValueError(f"representation_size must be a positive int or None, got {self.representation_size!r}")
+        if not 0.0 <= self.drop_path_rate < 1.0:
+            raise ValueError(f"drop_path_rate must be in [0, 1), got {self.drop_path_rate!r}")
+
+
+__all__ = ["HubViTConfig"]

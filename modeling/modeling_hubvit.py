@@ -1,0 +1,614 @@
+"""HubViT: the Vision Transformer of Dosovitskiy et al. (2021) for transformers.
+
+Reads top to bottom in the order of the paper: patch embedding (a stride-P
+convolution), prefix tokens ([CLS], distillation, registers), position
+embeddings (resized on the fly to any grid), a pre-norm encoder, the final
+norm, a pooler, and the classification head.
+
+This file travels to the Hub next to every checkpoint: flat, relative imports
+only, no I/O.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_hubvit import HubViTConfig, to_2tuple
+
+
+def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corners):
+    """Resize a (1, gh*gw, C) table laid out row-major over the patch grid to `new_grid`.
+
+    Interpolates in float32 (as timm does) and returns the input object itself at the same grid, so the native
+    resolution is bit-exact.
+    """
+    if tuple(old_grid) == tuple(new_grid):
+        return table
+    channels = table.shape[-1]
+    grid = table.reshape(1, old_grid[0], old_grid[1], channels).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(
+        grid, size=tuple(new_grid), mode=mode, antialias=antialias, align_corners=align_corners
+    )
+    return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], channels).to(table.dtype)
+
+
+def sincos_2d_position_table(grid, dim, temperature=10000.0, device=None, dtype=torch.float32):
+    """big_vision's fixed table: [sin x, cos x, sin y, cos y] over the patch grid, shape (1, gh*gw, dim)."""
+    quarter = dim // 4
+    omega = torch.arange(quarter, device=device, dtype=torch.float32) / (quarter - 1)
+    omega = 1.0 / temperature**omega
+    y, x = torch.meshgrid(
+        torch.arange(grid[0], device=device, dtype=torch.float32),
+        torch.arange(grid[1], device=device, dtype=torch.float32),
+        indexing="ij",
+    )
+    y = y.reshape(-1, 1) * omega
+    x = x.reshape(-1, 1) * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None].to(dtype)
+
+
+def drop_path(x, rate, training):
+    """Stochastic depth (Huang et al., 2016): drop whole residual branches per sample."""
+    if rate == 0.0 or not training:
+        return x
+    keep = 1.0 - rate
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask / keep
+
+
+class HubViTEmbeddings(nn.Module):
+    """Patch embedding, prefix tokens and position embeddings, for any grid of patches."""
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__()
+        self.config = config
+        dim = config.hidden_size
+        self.patch_size = config.patch_size_2d
+        self.grid_size = config.grid_size
+        self.patch_embedding = nn.Conv2d(
+            config.num_channels, dim, kernel_size=self.patch_size, stride=self.patch_size, bias=config.patch_bias
+        )
+        self.class_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        self.distillation_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distillation_token else None
+        self.register_tokens = (
+            nn.Parameter(torch.zeros(1, config.num_register_tokens, dim)) if config.num_register_tokens else None
+        )
+        self.num_prefix_tokens = config.num_prefix_tokens
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        self.position_embedding = None
+        self.position_embedding_rows = self.position_embedding_columns = None
+        if config.position_embedding_type == "learned":
+            rows = num_patches + (self.num_prefix_tokens if config.position_embedding_includes_prefix else 0)
+            self.position_embedding = nn.Parameter(torch.zeros(1, rows, dim))
+        elif config.position_embedding_type == "learned_2d":
+            self.position_embedding_rows = nn.Parameter(torch.zeros(self.grid_size[0], dim // 2))
+            self.position_embedding_columns = nn.Parameter(torch.zeros(self.grid_size[1], dim // 2))
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def resize(self, table, new_grid):
+        config = self.config
+        return resize_position_grid(
+            table,
+            self.grid_size,
+            new_grid,
+            config.interpolation_mode,
+            config.interpolation_antialias,
+            config.interpolation_align_corners,
+        )
+
+    def learned_table(self, grid):
+        """The 1D table at `grid`: prefix rows (if any) untouched, the patch grid resized."""
+        table = self.position_embedding
+        prefix = table.shape[1] - self.grid_size[0] * self.grid_size[1]
+        if tuple(grid) == tuple(self.grid_size):
+            return table
+        return torch.cat([table[:, :prefix], self.resize(table[:, prefix:], grid)], dim=1)
+
+    def learned_2d_table(self, grid):
+        """Row and column tables resized along their own axis, then concatenated per patch: (1, gh*gw, D)."""
+        rows = self.position_embedding_rows
+        cols = self.position_embedding_columns
+        if tuple(grid) != tuple(self.grid_size):
+            rows = resize_position_grid(
+                rows[None], (self.grid_size[0], 1), (grid[0], 1), self.config.interpolation_mode,
+                self.config.interpolation_antialias, self.config.interpolation_align_corners,
+            )[0]
+            cols = resize_position_grid(
+                cols[None], (1, self.grid_size[1]), (1, grid[1]), self.config.interpolation_mode,
+                self.config.interpolation_antialias, self.config.interpolation_align_corners,
+            )[0]
+        table = torch.cat(
+            [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
+        )
+        return table.reshape(1, grid[0] * grid[1], -1)
+
+    def prefix_tokens(self, batch_size):
+        tokens = [t for t in (self.class_token, self.distillation_token, self.register_tokens) if t is not None]
+        return [t.expand(batch_size, -1, -1) for t in tokens]
+
+    def forward(self, pixel_values):
+        patches = self.patch_embedding(pixel_values)
+        grid = (patches.shape[-2], patches.shape[-1])
+        patches = patches.flatten(2).transpose(1, 2)
+        prefix = self.prefix_tokens(patches.shape[0])
+        kind = self.config.position_embedding_type
+        if kind == "learned" and self.config.position_embedding_includes_prefix:
+            embeddings = torch.cat(prefix + [patches], dim=1) + self.learned_table(grid)
+        else:
+            if kind == "learned":
+                patches = patches + self.learned_table(grid)
+            elif kind == "learned_2d":
+                patches = patches + self.learned_2d_table(grid)
+            elif kind == "sincos_2d":
+                patches = patches + sincos_2d_position_table(grid, patches.shape[-1], device=patches.device).to(
+                    patches.dtype
+                )
+            embeddings = torch.cat(prefix + [patches], dim=1) if prefix else patches
+        return self.dropout(embeddings), grid
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Attention written out, so its weights can be returned; inputs (B, H, N, d), output (B, N, H, d)."""
+    weights = torch.matmul(query, key.transpose(-2, -1)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return output, weights
+
+
+def attention_function(config, output_attentions):
+    """The configured attention backend; eager whenever weights are asked for, as no fused kernel returns them."""
+    implementation = "eager" if output_attentions else (config._attn_implementation or "sdpa")
+    if implementation == "eager":
+        return eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+
+
+class HubViTAttention(nn.Module):
+    """Multi-head self-attention with one fused qkv projection (rows ordered [q; k; v], each head-major).
+
+    With `relative_2d` position embeddings it owns a learned per-head bias over (dy, dx) patch offsets, added to
+    the logits; prefix tokens get no bias.
+    """
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.relative_position_bias = None
+        if config.position_embedding_type == "relative_2d":
+            gh, gw = config.grid_size
+            self.relative_position_bias = nn.Parameter(torch.zeros(self.num_heads, 2 * gh - 1, 2 * gw - 1))
+
+    def relative_bias(self, grid, num_tokens):
+        """(1, H, T, T) additive logits bias for a `grid` of patches after `T - gh*gw` prefix tokens."""
+        gh, gw = self.config.grid_size
+        table = self.relative_position_bias
+        if tuple(grid) != (gh, gw):
+            new = (2 * grid[0] - 1, 2 * grid[1] - 1)
+            flat = table.reshape(self.num_heads, -1).t()[None]
+            table = resize_position_grid(
+                flat, (2 * gh - 1, 2 * gw - 1), new, self.config.interpolation_mode,
+                self.config.interpolation_antialias, self.config.interpolation_align_corners,
+            )[0].t().reshape(self.num_heads, *new)
+        ys, xs = torch.meshgrid(
+            torch.arange(grid[0], device=table.device), torch.arange(grid[1], device=table.device), indexing="ij"
+        )
+        ys, xs = ys.reshape(-1), xs.reshape(-1)
+        bias = table[:, ys[:, None] - ys[None, :] + grid[0] - 1, xs[:, None] - xs[None, :] + grid[1] - 1]
+        prefix = num_tokens - grid[0] * grid[1]
+        return F.pad(bias, (prefix, 0, prefix, 0))[None]
+
+    def forward(self, hidden_states, grid, output_attentions=False):
+        batch_size, num_tokens, dim = hidden_states.shape
+        qkv = self.qkv(hidden_states).reshape(batch_size, num_tokens, 3, self.num_heads, self.head_dim)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        mask = None
+        if self.relative_position_bias is not None:
+            mask = self.relative_bias(grid, num_tokens).to(query.dtype)
+        attend = attention_function(self.config, output_attentions)
+        output, weights = attend(
+            self,
+            query,
+            key,
+            value,
+            mask,
+            scaling=self.scaling,
+            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+        )
+        output = self.dropout(self.proj(output.reshape(batch_size, num_tokens, dim)))
+        return output, weights
+
+
+class HubViTMLP(nn.Module):
+    def __init__(self, config: HubViTConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states):
+        return self.dropout(self.fc2(self.activation(self.fc1(hidden_states))))
+
+
+class HubViTLayer(GradientCheckpointingLayer):
+    """Encoder block: x + attention(norm(x)), then x + mlp(norm(x)), with optional layer scale and stochastic depth."""
+
+    def __init__(self, config: HubViTConfig, drop_path_rate=0.0):
+        super().__init__()
+        dim = config.hidden_size
+        self.norm1 = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.attention = HubViTAttention(config)
+        self.norm2 = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.mlp = HubViTMLP(config)
+        scale = config.layer_scale_init_value
+        self.layer_scale1 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
+        self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
+        self.drop_path_rate = drop_path_rate
+
+    def forward(self, hidden_states, grid, output_attentions=False):
+        attended, weights = self.attention(self.norm1(hidden_states), grid, output_attentions)
+        if self.layer_scale1 is not None:
+            attended = attended * self.layer_scale1
+        hidden_states = hidden_states + drop_path(attended, self.drop_path_rate, self.training)
+        transformed = self.mlp(self.norm2(hidden_states))
+        if self.layer_scale2 is not None:
+            transformed = transformed * self.layer_scale2
+        hidden_states = hidden_states + drop_path(transformed, self.drop_path_rate, self.training)
+        return hidden_states, weights
+
+
+class HubViTEncoder(nn.Module):
+    def __init__(self, config: HubViTConfig):
+        super().__init__()
+        depth = config.num_hidden_layers
+        rates = [config.drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.layers = nn.ModuleList([HubViTLayer(config, rate) for rate in rates])
+
+    def forward(self, hidden_states, grid, output_attentions=False, output_hidden_states=False):
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            hidden_states, weights = layer(hidden_states, grid, output_attentions)
+            if output_hidden_states:
+                all_hidden = all_hidden + (hidden_states,)
+            if output_attentions:
+                all_attentions = all_attentions + (weights,)
+        return hidden_states, all_hidden, all_attentions
+
+
+class HubViTMAPHead(nn.Module):
+    """Multihead attention pooling (Lee et al., 2019) as in big_vision/SigLIP: a learned probe attends to all tokens,
+    then a residual MLP; the probe's output is the pooled vector."""
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__()
+        dim = config.hidden_size
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = dim // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
+        self.probe = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.mlp = HubViTMLP(config)
+
+    def forward(self, hidden_states):
+        batch_size, num_tokens, dim = hidden_states.shape
+        query = self.q(self.probe).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        query = query.expand(batch_size, -1, -1, -1)
+        kv = self.kv(hidden_states).reshape(batch_size, num_tokens, 2, self.num_heads, self.head_dim)
+        key, value = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        attend = attention_function(self.config, False)
+        output, _ = attend(self, query, key, value, None, scaling=self.scaling, dropout=0.0)
+        output = self.proj(output.reshape(batch_size, 1, dim))
+        output = output + self.mlp(self.norm(output))
+        return output[:, 0]
+
+
+class HubViTPooler(nn.Module):
+    """Turns the token sequence into the one vector the classifier reads (no extra dense layer)."""
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__()
+        self.pooling = config.pooling
+        self.distillation_token = config.distillation_token
+        self.num_prefix_tokens = config.num_prefix_tokens
+        self.fc_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.fc_norm else None
+        self.map_head = HubViTMAPHead(config) if config.pooling == "map" else None
+
+    def forward(self, hidden_states):
+        if self.pooling == "none":
+            return None
+        if self.pooling == "map":
+            return self.map_head(hidden_states)
+        if self.pooling == "mean":
+            pooled = hidden_states[:, self.num_prefix_tokens :].mean(dim=1)
+            return self.fc_norm(pooled) if self.fc_norm is not None else pooled
+        if self.distillation_token:
+            return (hidden_states[:, 0] + hidden_states[:, 1]) / 2
+        return hidden_states[:, 0]
+
+
+class HubViTPreTrainedModel(PreTrainedModel):
+    """Weights initialised as in the paper's code (google-research/vision_transformer): Xavier-uniform dense kernels
+    and zero biases, LeCun-normal patch embedding, position table N(0, 0.02), zero [CLS], zero-initialised head."""
+
+    config_class = HubViTConfig
+    config: HubViTConfig
+    base_model_prefix = "hubvit"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HubViTEmbeddings", "HubViTLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+    _can_record_outputs = {"hidden_states": HubViTLayer, "attentions": HubViTAttention}
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Conv2d):
+            init.lecun_normal_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, HubViTEmbeddings):
+            for table in (module.position_embedding, module.position_embedding_rows, module.position_embedding_columns):
+                if table is not None:
+                    init.normal_(table, std=std)
+            if module.class_token is not None:
+                init.zeros_(module.class_token)
+            for token in (module.distillation_token, module.register_tokens):
+                if token is not None:
+                    init.normal_(token, std=std)
+        elif isinstance(module, HubViTAttention) and module.relative_position_bias is not None:
+            init.zeros_(module.relative_position_bias)
+        elif isinstance(module, HubViTLayer) and module.layer_scale1 is not None:
+            init.constant_(module.layer_scale1, self.config.layer_scale_init_value)
+            init.constant_(module.layer_scale2, self.config.layer_scale_init_value)
+        elif isinstance(module, HubViTMAPHead):
+            init.xavier_uniform_(module.probe.view(1, -1))
+        elif isinstance(module, HubViTForImageClassification):
+            for head in (module.classifier, module.distillation_classifier):
+                if isinstance(head, nn.Linear):
+                    init.zeros_(head.weight)
+                    init.zeros_(head.bias)
+
+
+def check_pixel_values(pixel_values, config):
+    """Clear errors for inputs no ViT can take; returns them padded when `dynamic_img_pad` is set."""
+    if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
+        shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+        raise ValueError(f"pixel_values must be a (batch, channels, height, width) tensor, got {shape}")
+    _, channels, height, width = pixel_values.shape
+    if channels != config.num_channels:
+        raise ValueError(f"pixel_values has {channels} channels, the model expects num_channels={config.num_channels}")
+    ph, pw = config.patch_size_2d
+    if height % ph or width % pw:
+        if config.dynamic_img_pad:
+            return F.pad(pixel_values, (0, (pw - width % pw) % pw, 0, (ph - height % ph) % ph))
+        raise ValueError(
+            f"Input height={height} and width={width} must be divisible by patch_size=({ph}, {pw}); "
+            "resize the image or set dynamic_img_pad=True"
+        )
+    return pixel_values
+
+
+class HubViTModel(HubViTPreTrainedModel):
+    """The ViT body: `last_hidden_state` after the final norm and `pooler_output`, the vector the classifier reads.
+
+    `hidden_states` holds the encoder input (after `pre_norm`) and every block's output, before the final norm.
+    """
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__(config)
+        self.embeddings = HubViTEmbeddings(config)
+        self.pre_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
+        self.encoder = HubViTEncoder(config)
+        self.norm = None if config.fc_norm else nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.pooler = HubViTPooler(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.patch_embedding
+
+    def forward(
+        self,
+        pixel_values=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        interpolate_pos_encoding=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized."""
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        pixel_values = check_pixel_values(pixel_values, self.config)
+        pixel_values = pixel_values.to(self.embeddings.patch_embedding.weight.dtype)
+        hidden_states, grid = self.embeddings(pixel_values)
+        if self.pre_norm is not None:
+            hidden_states = self.pre_norm(hidden_states)
+        hidden_states, all_hidden, all_attentions = self.encoder(
+            hidden_states, grid, output_attentions, output_hidden_states
+        )
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        pooled = self.pooler(hidden_states)
+        output = BaseModelOutputWithPooling(
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=all_hidden,
+            attentions=all_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+    @torch.no_grad()
+    def resize_position_embeddings(self, image_size):
+        """Resize the position tables for a new native resolution (high-resolution fine-tuning, as in the paper)."""
+        config = self.config
+        ph, pw = config.patch_size_2d
+        new_size = to_2tuple(image_size, "image_size")
+        if new_size[0] % ph or new_size[1] % pw:
+            raise ValueError(f"image_size={image_size!r} is not divisible by patch_size={config.patch_size!r}")
+        new_grid = (new_size[0] // ph, new_size[1] // pw)
+        embeddings = self.embeddings
+        if embeddings.position_embedding is not None:
+            embeddings.position_embedding = nn.Parameter(embeddings.learned_table(new_grid).detach().clone())
+        if embeddings.position_embedding_rows is not None:
+            table = embeddings.learned_2d_table(new_grid).reshape(new_grid[0], new_grid[1], -1)
+            half = table.shape[-1] // 2
+            embeddings.position_embedding_rows = nn.Parameter(table[:, 0, :half].clone())
+            embeddings.position_embedding_columns = nn.Parameter(table[0, :, half:].clone())
+        for layer in self.encoder.layers:
+            attention = layer.attention
+            if attention.relative_position_bias is not None:
+                bias = attention.relative_position_bias
+                gh, gw = config.grid_size
+                if (gh, gw) != new_grid:
+                    new = (2 * new_grid[0] - 1, 2 * new_grid[1] - 1)
+                    flat = bias.reshape(bias.shape[0], -1).t()[None]
+                    flat = resize_position_grid(
+                        flat, (2 * gh - 1, 2 * gw - 1), new, config.interpolation_mode,
+                        config.interpolation_antialias, config.interpolation_align_corners,
+                    )
+                    attention.relative_position_bias = nn.Parameter(flat[0].t().reshape(bias.shape[0], *new).clone())
+        config.image_size = new_size[0] if new_size[0] == new_size[1] else list(new_size)
+        embeddings.grid_size = new_grid
+        return self
+
+
+@dataclass
+class HubViTImageClassifierOutput(ImageClassifierOutput):
+    """`logits` plus, for DeiT-distilled models, the two heads' logits whose mean `logits` is."""
+
+    cls_logits: torch.FloatTensor | None = None
+    distillation_logits: torch.FloatTensor | None = None
+
+
+def classification_loss(labels, logits, config):
+    """Loss chosen as transformers does: regression for one label, cross-entropy for integer labels, BCE otherwise."""
+    num_labels = logits.shape[-1]
+    problem_type = config.problem_type
+    if problem_type is None:
+        if num_labels == 1:
+            problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            problem_type = "single_label_classification"
+        else:
+            problem_type = "multi_label_classification"
+    if problem_type == "regression":
+        return F.mse_loss(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype)) if num_labels == 1 else F.mse_loss(
+            logits, labels.to(logits.dtype)
+        )
+    if problem_type == "single_label_classification":
+        return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
+    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+
+
+class HubViTForImageClassification(HubViTPreTrainedModel):
+    """ViT with a linear head on the pooled vector (and DeiT's second head on the distillation token).
+
+    `num_labels=0` gives an identity head: `logits` are then the features. With a distillation token the two heads
+    are averaged, as DeiT does at inference.
+    """
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__(config)
+        if config.pooling == "none" and config.num_labels > 0:
+            raise ValueError("pooling='none' has no vector to classify; use HubViTModel or another pooling")
+        self.num_labels = config.num_labels
+        self.hubvit = HubViTModel(config)
+        features = config.hidden_size
+        self.pre_logits = None
+        if config.representation_size is not None:
+            self.pre_logits = nn.Sequential(nn.Linear(features, config.representation_size), nn.Tanh())
+            features = config.representation_size
+        self.classifier = nn.Linear(features, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.distillation_classifier = (
+            nn.Linear(features, config.num_labels) if config.distillation_token and config.num_labels > 0 else None
+        )
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        interpolate_pos_encoding=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.hubvit(
+            pixel_values,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        cls_logits = distillation_logits = None
+        if self.distillation_classifier is not None:
+            tokens = outputs.last_hidden_state
+            cls_logits = self.classifier(tokens[:, 0])
+            distillation_logits = self.distillation_classifier(tokens[:, 1])
+            logits = (cls_logits + distillation_logits) / 2
+        else:
+            features = outputs.pooler_output
+            if self.pre_logits is not None:
+                features = self.pre_logits(features)
+            logits = self.classifier(features)
+        loss = classification_loss(labels, logits, self.config) if labels is not None else None
+        output = HubViTImageClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            cls_logits=cls_logits,
+            distillation_logits=distillation_logits,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def resize_position_embeddings(self, image_size):
+        self.hubvit.resize_position_embeddings(image_size)
+        return self
+
+
+HubViTConfig.register_for_auto_class()
+HubViTModel.register_for_auto_class("AutoModel")
+HubViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+
+__all__ = ["HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel"]

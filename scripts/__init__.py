@@ -1,0 +1,1 @@
+"""Runnable entry points (the `hubvit` command, fine-tuning); thin wrappers around the library."""
