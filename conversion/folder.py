@@ -1,0 +1,86 @@
+"""The one writer of hubvit checkpoint folders, whatever produced the weights (conversion, fine-tuning, export).
+
+A folder holds config.json (with `auto_map`), model.safetensors, the two modeling files, preprocessor_config.json
+(transformers' `ViTImageProcessor`) and a model card. It is written to a temporary sibling and renamed into place,
+so a failure never leaves a half-written folder.
+"""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from transformers import ViTImageProcessor
+
+from ..modeling import HubViTConfig, HubViTForImageClassification
+from .card import CardInfo, render_card
+from .common import ConversionError
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
+
+
+def make_image_processor(config, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), resample="bilinear"):
+    """transformers' own `ViTImageProcessor` resizing to the model's native resolution."""
+    from PIL import Image
+
+    resample_id = {
+        "nearest": Image.Resampling.NEAREST,
+        "bilinear": Image.Resampling.BILINEAR,
+        "bicubic": Image.Resampling.BICUBIC,
+        "lanczos": Image.Resampling.LANCZOS,
+    }[resample]
+    height, width = config.image_size_2d
+    return ViTImageProcessor(
+        do_resize=True,
+        size={"height": height, "width": width},
+        resample=resample_id,
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=[float(m) for m in mean],
+        image_std=[float(s) for s in std],
+    )
+
+
+def build_model(config: HubViTConfig, state_dict):
+    """A `HubViTForImageClassification` holding exactly `state_dict` (keys without the `hubvit.` prefix allowed)."""
+    model = HubViTForImageClassification(config)
+    expected = model.state_dict()
+    prefixed = {key if key in expected else f"hubvit.{key}": value for key, value in state_dict.items()}
+    missing, unexpected = model.load_state_dict(prefixed, strict=False)
+    if missing or unexpected:
+        raise ConversionError(f"state dict does not fit the config: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    return model.eval()
+
+
+def expected_shapes(config: HubViTConfig):
+    """Target tensor names (without the `hubvit.` prefix) and shapes for `config`, built on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        model = HubViTForImageClassification(config)
+    return {key.removeprefix("hubvit."): tuple(value.shape) for key, value in model.state_dict().items()}
+
+
+def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = None, overwrite=False):
+    """Write `model` as a hubvit checkpoint folder at `out_dir`, atomically; returns the path."""
+    out = Path(out_dir)
+    if out.exists() and not overwrite and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    image_processor = image_processor or make_image_processor(model.config)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(staging)
+        image_processor.save_pretrained(staging)
+        if card is not None:
+            render_card(model, card, image_processor).save(staging / "README.md")
+        missing = [name for name in REQUIRED_FILES if not (staging / name).is_file()]
+        if missing:
+            raise RuntimeError(f"save_pretrained did not write {missing}")
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
