@@ -11,14 +11,15 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["hubvit", "hubvit.modeling", "hubvit.conversion", "hubvit.scripts"],
+    packages=["hubvit", "hubvit.modeling", "hubvit.conversion", "hubvit.scripts", "hubvit.model_cards"],
     package_dir={
-        "hubvit": ".",
+        "hubvit": "hubvit",
+        "hubvit.model_cards": "model_cards",
         "hubvit.modeling": "modeling",
         "hubvit.conversion": "conversion",
         "hubvit.scripts": "scripts",
     },
-    package_data={"hubvit": ["model_cards/*.md"], "hubvit.scripts": ["metrics/*/*.py"]},
+    package_data={"hubvit.model_cards": ["*.md"], "hubvit.scripts": ["metrics/*/*.py"]},
     install_requires=[
         "transformers>=5",
         "torch",

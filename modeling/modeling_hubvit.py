@@ -372,7 +372,11 @@ class HubViTPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
-            init.xavier_uniform_(module.weight)
+            heads = (getattr(self, "classifier", None), getattr(self, "distillation_classifier", None))
+            if any(module is head for head in heads):
+                init.zeros_(module.weight)
+            else:
+                init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Conv2d):
@@ -398,11 +402,6 @@ class HubViTPreTrainedModel(PreTrainedModel):
             init.constant_(module.layer_scale2, self.config.layer_scale_init_value)
         elif isinstance(module, HubViTMAPHead):
             init.xavier_uniform_(module.probe.view(1, -1))
-        elif isinstance(module, HubViTForImageClassification):
-            for head in (module.classifier, module.distillation_classifier):
-                if isinstance(head, nn.Linear):
-                    init.zeros_(head.weight)
-                    init.zeros_(head.bias)
 
 
 def check_pixel_values(pixel_values, config):

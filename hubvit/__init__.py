@@ -4,6 +4,12 @@ Importing this package registers the classes with transformers' Auto classes, so
 hubvit folders without `trust_remote_code`.
 """
 
+import os
+
+if not os.path.isdir(os.path.join(__path__[0], "modeling")):
+    # Source checkout: the subpackages are the repository's top-level folders (setup.py maps them the same way).
+    __path__.append(os.path.dirname(__path__[0]))
+
 from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
 from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel

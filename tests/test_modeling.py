@@ -1,0 +1,390 @@
+"""The HubViT model as a specification: architecture, any resolution, backends, persistence and errors.
+
+Tolerances: float32 parity between two computations of the same function is 1e-5 relative to the output scale
+(the size of float32 rounding accumulated over a few tiny blocks); identical computations must be bit-exact.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModel, AutoModelForImageClassification
+
+from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
+from hubvit.modeling.modeling_hubvit import resize_position_grid, sincos_2d_position_table
+from utils import randomize_, tiny_config
+
+RTOL = 1e-5
+
+
+def assert_close(actual, expected, rtol=RTOL):
+    scale = expected.abs().max().clamp_min(1e-6)
+    diff = (actual - expected).abs().max()
+    assert diff <= rtol * scale, f"max diff {diff:.3g} > {rtol:g} x output scale {scale:.3g}"
+
+
+def make(config, seed=0, cls=HubViTForImageClassification):
+    torch.manual_seed(seed)
+    return randomize_(cls(config), seed).eval()
+
+
+def pixels(height=32, width=32, batch=2, seed=1):
+    return torch.randn(batch, 3, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+# --- defaults and config validation -------------------------------------------------------------------------------
+
+
+def test_defaults_are_vit_b16_at_224():
+    config = HubViTConfig()
+    assert (config.image_size, config.patch_size, config.hidden_size) == (224, 16, 768)
+    assert (config.num_hidden_layers, config.num_attention_heads, config.intermediate_size) == (12, 12, 3072)
+    assert config.layer_norm_eps == 1e-6 and config.pooling == "cls" and config.class_token
+    with torch.device("meta"):
+        model = HubViTForImageClassification(HubViTConfig(num_labels=1000))
+    # 86.6M parameters for ViT-B/16 with a 1000-class head (the paper's Table 1 / timm).
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 86.6
+
+
+@pytest.mark.parametrize(
+    "overrides, names",
+    [
+        (dict(hidden_size=100, num_attention_heads=12), ["hidden_size=100", "num_attention_heads=12"]),
+        (dict(class_token=False, pooling="cls"), ["pooling='cls'", "class_token"]),
+        (dict(image_size=225, patch_size=16), ["image_size=225", "patch_size=16"]),
+        (dict(image_size=(224, 100), patch_size=16), ["image_size", "patch_size=16"]),
+        (dict(position_embedding_type="rope"), ["position_embedding_type='rope'", "learned"]),
+        (dict(pooling="max"), ["pooling='max'", "mean"]),
+        (dict(hidden_act="swish2"), ["hidden_act='swish2'"]),
+        (dict(interpolation_mode="nearest"), ["interpolation_mode='nearest'", "bicubic"]),
+        (dict(fc_norm=True, pooling="cls"), ["fc_norm", "pooling='cls'"]),
+        (dict(distillation_token=True, class_token=False, pooling="mean"), ["distillation_token", "class_token"]),
+        (dict(num_register_tokens=-1), ["num_register_tokens"]),
+        (dict(distillation_token=True, pooling="map"), ["distillation_token", "pooling='map'"]),
+    ],
+)
+def test_invalid_config_names_the_fields(overrides, names):
+    with pytest.raises(ValueError) as error:
+        HubViTConfig(**overrides)
+    for name in names:
+        assert name in str(error.value)
+
+
+# --- the seed: patch embedding, position tables -------------------------------------------------------------------
+
+
+def test_patchify_conv_equals_unfold_and_linear():
+    model = make(tiny_config())
+    conv = model.hubvit.embeddings.patch_embedding
+    x = pixels()
+    by_conv = conv(x).flatten(2).transpose(1, 2)
+    patches = F.unfold(x, kernel_size=8, stride=8).transpose(1, 2)
+    by_linear = F.linear(patches, conv.weight.reshape(conv.out_channels, -1), conv.bias)
+    assert_close(by_conv, by_linear)
+
+
+def test_no_position_embedding_with_mean_pooling_is_permutation_invariant():
+    """Without positions, attention and MLP are permutation equivariant, so the mean over patches is invariant."""
+    model = make(tiny_config(position_embedding_type="none", class_token=False, pooling="mean"), cls=HubViTModel)
+    x = pixels(32, 32)
+    blocks = x.unfold(2, 8, 8).unfold(3, 8, 8)
+    order = torch.randperm(16, generator=torch.Generator().manual_seed(3))
+    shuffled = blocks.reshape(2, 3, 16, 8, 8)[:, :, order].reshape(2, 3, 4, 4, 8, 8)
+    shuffled = shuffled.permute(0, 1, 2, 4, 3, 5).reshape(2, 3, 32, 32)
+    with torch.no_grad():
+        original, permuted = model(x), model(shuffled)
+    assert_close(permuted.pooler_output, original.pooler_output)
+    assert_close(permuted.last_hidden_state, original.last_hidden_state[:, order])
+    assert not torch.allclose(permuted.last_hidden_state, original.last_hidden_state, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "mode, antialias, align_corners", [("bicubic", True, False), ("bicubic", False, False), ("bilinear", False, True)]
+)
+@pytest.mark.parametrize("new_grid", [(6, 3), (2, 5), (4, 4)])
+def test_position_table_resize_equals_interpolate(mode, antialias, align_corners, new_grid):
+    config = tiny_config(
+        interpolation_mode=mode, interpolation_antialias=antialias, interpolation_align_corners=align_corners
+    )
+    embeddings = make(config).hubvit.embeddings
+    table = embeddings.position_embedding
+    resized = embeddings.learned_table(new_grid)
+    grid = table[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=new_grid, mode=mode, antialias=antialias, align_corners=align_corners)
+    expected = expected.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1)
+    assert torch.equal(resized[:, :1], table[:, :1]), "the [CLS] row must be untouched"
+    if new_grid == (4, 4):
+        assert resized is table, "the native grid must return the table itself (bit-exact)"
+    else:
+        assert_close(resized[:, 1:], expected, rtol=1e-6)
+
+
+def test_resize_runs_in_float32_for_low_precision_tables():
+    table = torch.randn(1, 16, 8).bfloat16()
+    resized = resize_position_grid(table, (4, 4), (6, 6), "bicubic", True, False)
+    grid = table.float().reshape(1, 4, 4, 8).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(6, 6), mode="bicubic", antialias=True).permute(0, 2, 3, 1).reshape(1, 36, 8)
+    assert resized.dtype == torch.bfloat16
+    assert torch.equal(resized, expected.bfloat16())
+
+
+def test_sincos_table_matches_big_vision_formula():
+    table = sincos_2d_position_table((3, 5), 16)[0]
+    omega = 1.0 / 10000 ** (torch.arange(4) / 3.0)
+    y, x = 2, 4  # row-major index 2 * 5 + 4
+    expected = torch.cat([(x * omega).sin(), (x * omega).cos(), (y * omega).sin(), (y * omega).cos()])
+    assert_close(table[2 * 5 + 4], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["learned", "learned_2d", "relative_2d"])
+def test_native_size_output_is_unchanged_by_resize_path(kind):
+    """Going through the resize code at the native grid is a no-op, bit for bit."""
+    model = make(tiny_config(position_embedding_type=kind))
+    x = pixels()
+    with torch.no_grad():
+        first = model(x).logits
+        second = model(x, interpolate_pos_encoding=True).logits
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("kind", ["learned", "learned_2d", "relative_2d", "sincos_2d"])
+def test_permanent_resize_equals_on_the_fly_resize(kind):
+    model = make(tiny_config(position_embedding_type=kind))
+    x = pixels(48, 24)
+    with torch.no_grad():
+        on_the_fly = model(x).logits
+        model.resize_position_embeddings((48, 24))
+        permanent = model(x).logits
+    assert model.config.image_size == [48, 24]
+    assert_close(permanent, on_the_fly)
+
+
+# --- every option runs, on every backend ---------------------------------------------------------------------------
+
+OPTIONS = [
+    dict(position_embedding_type=kind, pooling=pool, **tokens)
+    for kind, pool, tokens in itertools.product(
+        ["learned", "learned_2d", "relative_2d", "sincos_2d", "none"],
+        ["cls", "mean", "map"],
+        [dict(), dict(num_register_tokens=2)],
+    )
+] + [dict(position_embedding_type=kind, distillation_token=True) for kind in ["learned", "relative_2d"]] + [
+    dict(class_token=False, pooling="mean", position_embedding_type="sincos_2d"),
+    dict(class_token=False, pooling="first"),
+    dict(class_token=False, pooling="map", position_embedding_includes_prefix=False),
+    dict(pooling="mean", fc_norm=True, layer_scale_init_value=0.1),
+    dict(pre_norm=True, patch_bias=False, hidden_act="quick_gelu", layer_norm_eps=1e-5),
+    dict(representation_size=24, hidden_act="gelu_pytorch_tanh"),
+    dict(num_register_tokens=4, position_embedding_includes_prefix=False, layer_scale_init_value=1e-5),
+]
+
+
+def option_id(options):
+    return ",".join(f"{k}={v}" for k, v in options.items())
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=option_id)
+def test_every_option_runs_forward_and_backward_at_two_sizes(options):
+    model = make(tiny_config(num_labels=5, **options))
+    model.train()
+    for height, width in [(32, 32), (40, 24)]:
+        out = model(pixels(height, width), labels=torch.tensor([1, 3]))
+        assert out.logits.shape == (2, 5) and torch.isfinite(out.logits).all()
+        model.zero_grad()
+        out.loss.backward()
+        silent = [n for n, p in model.named_parameters() if p.grad is None]
+        assert not silent, f"parameters without gradient: {silent}"
+
+
+@pytest.mark.parametrize("options", OPTIONS[::4], ids=option_id)
+def test_eager_and_sdpa_agree(options):
+    config = tiny_config(num_labels=5, **options)
+    eager = make(config)
+    eager.set_attn_implementation("eager")
+    sdpa = make(config)
+    sdpa.set_attn_implementation("sdpa")
+    x = pixels(40, 24)
+    with torch.no_grad():
+        assert_close(sdpa(x).logits, eager(x).logits)
+
+
+def test_output_attentions_returns_real_weights_under_sdpa():
+    model = make(tiny_config(position_embedding_type="relative_2d"))
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        out = model(pixels(), output_attentions=True, output_hidden_states=True)
+    assert len(out.attentions) == 2 and len(out.hidden_states) == 3
+    weights = out.attentions[0]
+    assert weights.shape == (2, 4, 17, 17)
+    assert_close(weights.sum(-1), torch.ones(2, 4, 17))
+    layer = model.hubvit.encoder.layers[0]
+    hidden = layer.norm1(out.hidden_states[0])
+    q, k, _ = layer.attention.qkv(hidden).reshape(2, 17, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    logits = q @ k.transpose(-1, -2) * 8**-0.5 + layer.attention.relative_bias((4, 4), 17)
+    assert_close(weights, logits.softmax(-1))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    config = tiny_config(num_labels=5, drop_path_rate=0.0)
+    plain, checkpointed = make(config), make(config)
+    checkpointed.gradient_checkpointing_enable()
+    x, labels = pixels(), torch.tensor([0, 4])
+    grads = []
+    for model in (plain, checkpointed):
+        model.train()
+        model(x, labels=labels).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert checkpointed.hubvit.encoder.layers[0].gradient_checkpointing
+    for name, grad in grads[0].items():
+        assert_close(grads[1][name], grad)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(position_embedding_type="relative_2d", pooling="map")], ids=option_id)
+def test_compiles_fullgraph_without_graph_breaks(options):
+    model = make(tiny_config(num_labels=5, **options))
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    x = pixels(40, 24)
+    with torch.no_grad():
+        assert_close(compiled(x).logits, model(x).logits)
+
+
+def test_bf16_autocast_runs_close_to_fp32():
+    model = make(tiny_config(num_labels=5))
+    x = pixels()
+    with torch.no_grad():
+        reference = model(x).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(x).logits
+    assert low.dtype == torch.bfloat16
+    # bf16 keeps 8 bits of mantissa: about 1% relative error after a few matmuls.
+    assert_close(low.float(), reference, rtol=0.1)
+
+
+# --- heads and losses ----------------------------------------------------------------------------------------------
+
+
+def test_pooler_output_is_what_the_classifier_reads():
+    model = make(tiny_config(num_labels=5, pooling="mean", fc_norm=True, class_token=False))
+    x = pixels()
+    with torch.no_grad():
+        out = model.hubvit(x)
+        logits = model(x).logits
+        tokens = out.last_hidden_state
+        expected_pool = model.hubvit.pooler.fc_norm(tokens.mean(1))
+    assert_close(out.pooler_output, expected_pool)
+    assert_close(logits, model.classifier(out.pooler_output))
+
+
+def test_distillation_heads_are_averaged():
+    model = make(tiny_config(num_labels=5, distillation_token=True))
+    with torch.no_grad():
+        out = model(pixels())
+        tokens = model.hubvit(pixels()).last_hidden_state
+    assert_close(out.cls_logits, model.classifier(tokens[:, 0]))
+    assert_close(out.distillation_logits, model.distillation_classifier(tokens[:, 1]))
+    assert_close(out.logits, (out.cls_logits + out.distillation_logits) / 2)
+
+
+def test_zero_labels_gives_identity_head():
+    model = make(tiny_config(num_labels=0))
+    with torch.no_grad():
+        out = model(pixels())
+        pooled = model.hubvit(pixels()).pooler_output
+    assert isinstance(model.classifier, torch.nn.Identity)
+    assert torch.equal(out.logits, pooled)
+
+
+@pytest.mark.parametrize(
+    "num_labels, labels, expected_type",
+    [
+        (5, torch.tensor([1, 4]), "single"),
+        (5, torch.tensor([[1.0, 0, 0, 1, 0], [0, 1, 0, 0, 0]]), "multi"),
+        (1, torch.tensor([0.5, -1.0]), "regression"),
+    ],
+)
+def test_loss_follows_transformers_problem_types(num_labels, labels, expected_type):
+    model = make(tiny_config(num_labels=num_labels))
+    out = model(pixels(), labels=labels)
+    if expected_type == "single":
+        expected = F.cross_entropy(out.logits, labels)
+    elif expected_type == "multi":
+        expected = F.binary_cross_entropy_with_logits(out.logits, labels)
+    else:
+        expected = F.mse_loss(out.logits.squeeze(-1), labels)
+    assert_close(out.loss, expected)
+
+
+def test_initialisation_follows_the_paper():
+    torch.manual_seed(0)
+    model = HubViTForImageClassification(tiny_config(num_labels=5, hidden_size=64, intermediate_size=128))
+    assert torch.count_nonzero(model.classifier.weight) == 0, "zero-initialised head"
+    assert torch.count_nonzero(model.hubvit.embeddings.class_token) == 0
+    table = model.hubvit.embeddings.position_embedding
+    assert 0.015 < table.std().item() < 0.025, "position table ~ N(0, 0.02)"
+    fc1 = model.hubvit.encoder.layers[0].mlp.fc1.weight
+    bound = (6 / sum(fc1.shape)) ** 0.5
+    assert fc1.abs().max() <= bound and fc1.abs().max() > 0.9 * bound, "Xavier-uniform dense kernels"
+
+
+# --- persistence ---------------------------------------------------------------------------------------------------
+
+
+def test_save_and_load_round_trip_is_exact(tmp_path):
+    model = make(tiny_config(num_labels=5, position_embedding_type="relative_2d", num_register_tokens=2))
+    model.save_pretrained(tmp_path)
+    loaded, info = AutoModelForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert type(loaded) is HubViTForImageClassification
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    x = pixels(40, 24)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(x).logits, model(x).logits)
+
+
+def test_missing_and_unexpected_keys_are_reported(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = make(tiny_config(num_labels=5))
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    weights.pop("hubvit.encoder.layers.1.mlp.fc2.weight")
+    weights["hubvit.encoder.layers.1.mlp.fc3.weight"] = torch.zeros(3)
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    _, info = AutoModelForImageClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert "hubvit.encoder.layers.1.mlp.fc2.weight" in info["missing_keys"]
+    assert "hubvit.encoder.layers.1.mlp.fc3.weight" in info["unexpected_keys"]
+
+
+def test_auto_classes_know_hubvit_without_trust_flag(tmp_path):
+    model = make(tiny_config(), cls=HubViTModel)
+    model.save_pretrained(tmp_path)
+    assert type(AutoModel.from_pretrained(tmp_path)) is HubViTModel
+
+
+# --- bad inputs ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "x, words",
+    [
+        (torch.randn(2, 3, 30, 32), ["height=30", "width=32", "patch_size=(8, 8)"]),
+        (torch.randn(2, 1, 32, 32), ["1 channels", "num_channels=3"]),
+        (torch.randn(3, 32, 32), ["(3, 32, 32)", "(batch, channels, height, width)"]),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(x, words):
+    model = make(tiny_config())
+    with pytest.raises(ValueError) as error:
+        model(x)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_dynamic_img_pad_pads_bottom_right():
+    model = make(tiny_config(dynamic_img_pad=True))
+    x = pixels(30, 27)
+    with torch.no_grad():
+        padded = model(F.pad(x, (0, 5, 0, 2))).logits
+        assert torch.equal(model(x).logits, padded)
