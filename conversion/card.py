@@ -24,12 +24,33 @@ CITATIONS = {
     "augreg": "@article{steiner2022how,\n  title = {How to train your ViT? Data, Augmentation, and Regularization in "
     "Vision Transformers},\n  author = {Steiner, Andreas and Kolesnikov, Alexander and Zhai, Xiaohua and Wightman, "
     "Ross and Uszkoreit, Jakob and Beyer, Lucas},\n  journal = {TMLR},\n  year = {2022}\n}",
+    "deit3": "@inproceedings{touvron2022deit,\n  title = {DeiT III: Revenge of the ViT},\n  author = {Touvron, Hugo and "
+    "Cord, Matthieu and J{\\'e}gou, Herv{\\'e}},\n  booktitle = {ECCV},\n  year = {2022}\n}",
+    "registers": "@inproceedings{darcet2024vision,\n  title = {Vision Transformers Need Registers},\n  author = "
+    "{Darcet, Timoth{\\'e}e and Oquab, Maxime and Mairal, Julien and Bojanowski, Piotr},\n  booktitle = {ICLR},\n"
+    "  year = {2024}\n}",
+    "openclip": "@inproceedings{cherti2023reproducible,\n  title = {Reproducible Scaling Laws for Contrastive "
+    "Language-Image Learning},\n  author = {Cherti, Mehdi and others},\n  booktitle = {CVPR},\n  year = {2023}\n}",
+    "big_vision": "@article{beyer2022better,\n  title = {Better plain ViT baselines for ImageNet-1k},\n  author = "
+    "{Beyer, Lucas and Zhai, Xiaohua and Kolesnikov, Alexander},\n  journal = {arXiv preprint arXiv:2205.01580},\n"
+    "  year = {2022}\n}",
+    "timm": "@misc{rw2019timm,\n  title = {PyTorch Image Models},\n  author = {Wightman, Ross},\n  year = {2019},\n"
+    "  publisher = {GitHub},\n  howpublished = {\\url{https://github.com/huggingface/pytorch-image-models}}\n}",
 }
+
+
+REPO_PLACEHOLDER = "REPO_ID"
+SIZE_NAMES = {(192, 12): "Ti", (384, 12): "S", (768, 12): "B", (1024, 24): "L", (1280, 32): "H"}
 
 
 @dataclass
 class CardInfo:
-    """What a card says beyond the config: where the weights came from and how they were checked."""
+    """What a card says beyond the config: where the weights came from and how they were checked.
+
+    `max_abs_diff` is the figure measured at conversion against the source library (`verification` says how);
+    `eval_results` ({metric: value}) the metrics of a fine-tuned model, on `eval_split` of `datasets[0]`.
+    `citation_key` (a key of CITATIONS, or a list of them) defaults to `family`.
+    """
 
     provenance: str
     command: str
@@ -41,14 +62,88 @@ class CardInfo:
     license: str | None = None
     datasets: list = field(default_factory=list)
     base_model: str | None = None
-    citation_key: str | None = None
-    repo_id: str = "REPO_ID"
+    citation_key: str | list | None = None
+    repo_id: str = REPO_PLACEHOLDER
     title: str | None = None
+    eval_split: str | None = None
 
 
 def count_parameters(model):
     total = sum(p.numel() for p in model.parameters())
     return f"{total / 1e6:.1f}M" if total >= 1e5 else f"{total / 1e3:.1f}K"
+
+
+def model_name(config, family):
+    """ViT-B/16 style name when the width and depth are a standard size, else ViT-{width}d{depth}/{patch}."""
+    width, depth, (patch, _) = config.hidden_size, config.num_hidden_layers, config.patch_size_2d
+    size = SIZE_NAMES.get((width, depth), f"{width}d{depth}")
+    return f"hubvit ViT-{size}/{patch} ({family})"
+
+
+def citations(info: CardInfo):
+    keys = info.citation_key if info.citation_key is not None else info.family
+    keys = [keys] if isinstance(keys, str) else list(keys or [])
+    return [CITATIONS[key] for key in dict.fromkeys(keys) if key in CITATIONS]
+
+
+def eval_metadata(info: CardInfo, name):
+    """`model-index` entries for numeric eval results, which need a dataset to be named."""
+    from huggingface_hub import EvalResult
+
+    if not info.eval_results or not info.datasets:
+        return None
+    dataset = info.datasets[0]
+    results = [
+        EvalResult(
+            task_type="image-classification",
+            dataset_type=dataset,
+            dataset_name=dataset,
+            dataset_split=info.eval_split,
+            metric_type=metric.removeprefix("eval_"),
+            metric_value=float(value),
+        )
+        for metric, value in info.eval_results.items()
+        if is_metric(metric, value)
+    ]
+    return results or None
+
+
+def is_metric(name, value):
+    """An `eval_*` quality figure (not the run's speed or size), as transformers and `evaluate` name them."""
+    speed = ("runtime", "samples_per_second", "steps_per_second", "num_samples")
+    return (
+        name.startswith("eval_")
+        and not name.endswith(speed)
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    )
+
+
+def format_value(value):
+    if isinstance(value, float):
+        return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
+
+
+def format_diff(value):
+    """How a verification figure is written in the card (and searched for by tests)."""
+    return f"{value:.2e}"
+
+
+def resample_name(resample):
+    from PIL import Image
+
+    if resample is None:
+        return "bilinear"
+    try:
+        return Image.Resampling(resample).name.lower()
+    except ValueError:
+        return str(resample)
+
+
+def set_repo_id(text, repo_id):
+    """A rendered card's text with its usage snippets pointing at `repo_id` instead of the placeholder."""
+    return text.replace(f'"{REPO_PLACEHOLDER}"', f'"{repo_id}"')
 
 
 def render_card(model, info: CardInfo, image_processor=None):
@@ -59,6 +154,8 @@ def render_card(model, info: CardInfo, image_processor=None):
     tags = ["vision", "vit", "hubvit", "image-classification" if not headless else "feature-extraction"]
     if info.family and info.family not in tags:
         tags.append(info.family)
+    title = info.title or model_name(config, info.family)
+    eval_results = eval_metadata(info, title)
     metadata = {
         "library_name": "transformers",
         "pipeline_tag": pipeline_tag,
@@ -66,6 +163,8 @@ def render_card(model, info: CardInfo, image_processor=None):
         "license": info.license,
         "datasets": info.datasets or None,
         "base_model": info.base_model,
+        "eval_results": eval_results,
+        "model_name": title if eval_results else None,
     }
     card_data = ModelCardData(**{k: v for k, v in metadata.items() if v is not None})
     (h, w), (ph, pw) = config.image_size_2d, config.patch_size_2d
@@ -87,7 +186,10 @@ def render_card(model, info: CardInfo, image_processor=None):
         extras.append(f"representation layer {config.representation_size}")
     eval_table = None
     if info.eval_results:
-        rows = "\n".join(f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in info.eval_results.items())
+        split = f" ({info.eval_split})" if info.eval_split else ""
+        rows = "\n".join(
+            f"| {k}{split if k.startswith('eval_') else ''} | {format_value(v)} |" for k, v in info.eval_results.items()
+        )
         eval_table = "| metric | value |\n| --- | --- |\n" + rows
     mean = getattr(image_processor, "image_mean", None)
     std = getattr(image_processor, "image_std", None)
@@ -95,7 +197,7 @@ def render_card(model, info: CardInfo, image_processor=None):
     return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATES / "hubvit.md"),
-        title=info.title or f"hubvit ViT-{config.hidden_size}/{ph} ({info.family})",
+        title=title,
         summary=info.provenance.split("\n")[0],
         patch=f"{ph}x{pw}",
         width=config.hidden_size,
@@ -115,12 +217,13 @@ def render_card(model, info: CardInfo, image_processor=None):
         command=info.command,
         dropped=info.dropped,
         verification=info.verification,
+        max_abs_diff=format_diff(info.max_abs_diff) if info.max_abs_diff is not None else None,
         eval_table=eval_table,
-        resample=getattr(resample, "name", str(resample)).lower() if resample is not None else "bilinear",
+        resample=resample_name(resample),
         mean=[round(float(m), 4) for m in mean] if mean is not None else "n/a",
         std=[round(float(s), 4) for s in std] if std is not None else "n/a",
         auto_class="AutoModel" if headless else "AutoModelForImageClassification",
         pipeline_tag=pipeline_tag,
         repo_id=info.repo_id,
-        family_citation=CITATIONS.get(info.citation_key) if info.citation_key else None,
+        family_citations=citations(info),
     )

@@ -1,0 +1,279 @@
+"""Publishing hubvit folders to the Hugging Face Hub: `hubvit push LOCAL_DIR REPO_ID`.
+
+Nothing is uploaded until the folder has proven it works the way users will load it: the required files are
+there, and a fresh Python in which `hubvit` cannot be imported loads it with `trust_remote_code=True` (so the
+modeling files in the folder, not the installed package, do the work), fills every weight and runs a forward pass
+through the folder's own image processor. Token and endpoint come from huggingface_hub's usual places (`HF_TOKEN`
+or `hf auth login`; `HF_ENDPOINT`).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .card import REPO_PLACEHOLDER, set_repo_id
+from .folder import REQUIRED_FILES
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
+
+LOAD_CHECK = r"""
+import json, sys
+sys.modules["hubvit"] = None
+folder = sys.argv[1]
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
+
+config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+auto = AutoModelForImageClassification if config.num_labels else AutoModel
+model, info = auto.from_pretrained(folder, trust_remote_code=True, output_loading_info=True)
+problems = {key: sorted(map(str, value)) for key, value in info.items() if value}
+if problems:
+    sys.exit(f"the weights do not fit the model: {problems}")
+model.eval()
+height, width = config.image_size_2d
+image = np.random.default_rng(0).integers(0, 256, (height + 5, width + 3, 3), dtype=np.uint8)
+try:
+    processor = AutoImageProcessor.from_pretrained(folder)
+except OSError:
+    processor = None
+if processor is None:
+    pixel_values = torch.randn(1, config.num_channels, height, width)
+else:
+    pixel_values = processor(images=image, return_tensors="pt")["pixel_values"]
+with torch.no_grad():
+    outputs = model(pixel_values=pixel_values)
+name = "logits" if config.num_labels else "pooler_output"
+output = getattr(outputs, name)
+if output is None:
+    name, output = "last_hidden_state", outputs.last_hidden_state
+if not torch.isfinite(output).all():
+    sys.exit(f"the forward pass gave non-finite {name}")
+print(json.dumps({"class": type(model).__name__, "module": type(model).__module__, "output": name,
+                  "shape": list(output.shape), "processor": type(processor).__name__ if processor else None}))
+"""
+
+
+class PushError(ValueError):
+    """A folder or a Hub request that cannot be published; nothing was uploaded."""
+
+
+def add_arguments(parser):
+    parser.add_argument("local_dir", metavar="LOCAL_DIR", help="a hubvit folder (written by `hubvit convert` ...)")
+    parser.add_argument("repo_id", metavar="REPO_ID", help="the Hub repo, `namespace/name` (or `name` for yours)")
+    parser.add_argument("--private", action="store_true", help="create the repo private (refused if it is public)")
+    parser.add_argument("--revision", metavar="BRANCH", help="push to this branch, created from main if new")
+    parser.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
+    parser.add_argument("--commit-message", metavar="MSG", help="the commit (or pull request) title")
+
+
+def main(args):
+    info = push_folder(
+        args.local_dir,
+        args.repo_id,
+        private=args.private,
+        revision=args.revision,
+        create_pr=args.create_pr,
+        commit_message=args.commit_message,
+    )
+    print(info.pr_url or info.commit_url)
+    return Path(args.local_dir)
+
+
+def check_files(folder):
+    """The files a hubvit folder needs, and a config that points the Auto classes at its own code."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PushError(f"{folder} is not a folder")
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if "model.safetensors" in missing and (folder / "model.safetensors.index.json").is_file():
+        missing.remove("model.safetensors")
+    if missing:
+        raise PushError(f"{folder} is missing {', '.join(missing)}; a hubvit folder needs {', '.join(REQUIRED_FILES)}")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except ValueError as error:
+        raise PushError(f"{folder / 'config.json'} is not valid JSON: {error}") from None
+    if config.get("model_type") != "hubvit":
+        raise PushError(f"{folder / 'config.json'} has model_type {config.get('model_type')!r}, expected 'hubvit'")
+    auto_map = config.get("auto_map") or {}
+    for auto in ("AutoConfig", "AutoModel", "AutoModelForImageClassification"):
+        if auto not in auto_map:
+            raise PushError(f"{folder / 'config.json'} has no auto_map entry for {auto}; trust_remote_code needs it")
+    readme = folder / "README.md"
+    if readme.is_file():
+        from huggingface_hub import ModelCard
+
+        try:
+            ModelCard(readme.read_text(encoding="utf-8"))
+        except Exception as error:
+            raise PushError(f"{readme} has unreadable YAML metadata: {error}") from None
+
+
+def check_loads(folder, timeout=1800):
+    """Load `folder` with `trust_remote_code=True` in a Python where hubvit is hidden and run one forward pass.
+
+    Returns what loaded (class, module, output name and shape); raises PushError with the loader's own error.
+    """
+    folder = Path(folder).resolve()
+    with tempfile.TemporaryDirectory(prefix="hubvit-check-") as scratch:
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "HF_MODULES_CACHE": str(Path(scratch) / "modules"),
+            "TRANSFORMERS_VERBOSITY": "error",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        try:
+            result = subprocess.run(
+                [sys.executable, "-c", LOAD_CHECK, str(folder)],
+                cwd=scratch,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise PushError(f"{folder} did not load and run within {timeout} s") from None
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        raise PushError(
+            f"{folder} does not load and run with trust_remote_code=True where hubvit is not installed, so it would "
+            "not work from the Hub:\n  " + "\n  ".join(lines[-12:])
+        )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+_checked = {}
+
+
+def check_folder(folder):
+    """`check_files` then `check_loads`, remembered for an unchanged folder (same names, sizes and times)."""
+    check_files(folder)
+    folder = Path(folder).resolve()
+    key = (str(folder),) + tuple(
+        (str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(upload_files(folder))
+    )
+    if key not in _checked:
+        _checked[key] = check_loads(folder)
+    return _checked[key]
+
+
+def upload_files(folder):
+    """Every file of `folder` except hidden ones (.git, .cache, editor files) and Python caches."""
+    folder = Path(folder)
+    return [
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and not any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(folder).parts)
+    ]
+
+
+def require_token(api):
+    """The user's write token, or a PushError saying how to provide one."""
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import HfHubHTTPError
+
+    token = api.token or get_token()
+    if not token:
+        raise PushError(
+            "no Hugging Face token: set HF_TOKEN or run `hf auth login` (a token with write access) before pushing"
+        )
+    try:
+        who = api.whoami(token=token)
+    except HfHubHTTPError as error:
+        raise PushError(f"the token was refused by {api.endpoint}: {error}") from None
+    role = who.get("auth", {}).get("accessToken", {}).get("role")
+    if role == "read":
+        raise PushError(f"the token of {who.get('name')} is read-only; pushing needs a token with write access")
+    return token
+
+
+def push_folder(
+    folder,
+    repo_id,
+    *,
+    private=False,
+    revision=None,
+    create_pr=False,
+    commit_message=None,
+    token=None,
+    endpoint=None,
+):
+    """Check `folder`, then publish it to `repo_id` as one commit (or pull request); returns the `CommitInfo`.
+
+    The card's usage snippets get the real repo id (in the uploaded copy; the local README keeps its text). Weight
+    files left in the repo by an earlier push but absent from the folder are deleted in the same commit, so a
+    stale shard or index never shadows the new weights.
+    """
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub.errors import HFValidationError, HfHubHTTPError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise PushError(f"repo id {repo_id!r} is not valid: {error}") from None
+    folder = Path(folder)
+    check_files(folder)
+    api = HfApi(endpoint=endpoint, token=token)
+    token = require_token(api)
+    check = check_folder(folder)
+
+    try:
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, token=token).repo_id
+        if private and not api.model_info(repo_id, token=token).private:
+            raise PushError(
+                f"{repo_id} exists and is public; --private does not change an existing repo. Make it private on the "
+                "Hub (settings, or HfApi().update_repo_settings(repo_id, private=True)) or push without --private"
+            )
+        if revision and not revision.startswith("refs/"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True, token=token)
+
+        files = {path.relative_to(folder).as_posix(): path for path in upload_files(folder)}
+        operations = []
+        for name, path in sorted(files.items()):
+            content = path
+            if name == "README.md":
+                text = path.read_text(encoding="utf-8")
+                if f'"{REPO_PLACEHOLDER}"' in text:
+                    content = set_repo_id(text, repo_id).encode("utf-8")
+            operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=content))
+        operations += [
+            CommitOperationDelete(path_in_repo=name) for name in stale_weights(api, repo_id, revision, files, token)
+        ]
+        description = (
+            f"Checked before upload: loads with trust_remote_code=True where hubvit is not installed "
+            f"({check['class']}) and runs a forward pass ({check['output']} {tuple(check['shape'])})."
+        )
+        return api.create_commit(
+            repo_id,
+            operations,
+            commit_message=commit_message or f"Upload hubvit model from {folder.resolve().name}",
+            commit_description=description,
+            revision=revision,
+            create_pr=create_pr,
+            token=token,
+        )
+    except HfHubHTTPError as error:
+        raise PushError(f"the Hub at {api.endpoint} refused the push to {repo_id}: {error}") from None
+
+
+def stale_weights(api, repo_id, revision, files, token):
+    from fnmatch import fnmatch
+
+    from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
+
+    try:
+        present = api.list_repo_files(repo_id, revision=revision, token=token)
+    except (EntryNotFoundError, RevisionNotFoundError):
+        return []
+    return [
+        name
+        for name in present
+        if name not in files and "/" not in name and any(fnmatch(name, pattern) for pattern in WEIGHT_PATTERNS)
+    ]
