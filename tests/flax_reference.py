@@ -19,14 +19,22 @@ Linen's auto-naming rules. GELU defaults to ``nn.gelu`` (tanh approximation)
 as in both originals; ``approximate_gelu=False`` gives exact-erf GELU, which is
 what timm uses, for cross-checks. Inputs are NHWC float arrays.
 
-Logits: ``model.apply({'params': params}, images)``. The final-LN token
-sequence is also sown as ``intermediates/encoded`` and the pooled feature
-(input to ``pre_logits``/``head``) as ``intermediates/pooled``; get them with
-``model.apply(..., mutable=['intermediates'])``.
+Typical use::
+
+    model = VisionTransformerOrig(num_classes=10, patch_size=8, hidden_size=32,
+                                  num_layers=2, num_heads=4, mlp_dim=64)
+    params = random_params(model, image_size=32, seed=0)
+    flatten_to_npz(params, 'w.npz')
+    logits = run(model, params, images_nhwc)   # = model.apply({'params': params}, x)
+
+The final-LN token sequence is also sown as ``intermediates/encoded`` and the
+pooled feature (input to ``pre_logits``/``head``) as ``intermediates/pooled``;
+``run(..., intermediates=True)`` returns them too.
 """
 from typing import Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.ndimage
@@ -290,8 +298,9 @@ def randomize(params, seed=0):
     Init values (zero cls/head, unit LN scales, zero biases) hide transposes
     and missing keys; random values of the right scale expose them while
     keeping activations O(1) through a few layers: LN scales 1 + 0.1 N, biases
-    0.1 N, kernels N / sqrt(fan_in), cls/pos/probe 0.5 N. Returns a nested
-    dict of float32 numpy arrays with the same structure.
+    0.1 N, kernels N / sqrt(fan_in), cls/pos/probe 0.5 N. ``params`` may hold
+    arrays or anything with a ``.shape`` (``jax.eval_shape`` output). Returns
+    a nested dict of float32 numpy arrays with the same structure.
     """
     rng = np.random.default_rng(seed)
     flat = traverse_util.flatten_dict(params)
@@ -310,6 +319,34 @@ def randomize(params, seed=0):
             v = 0.5 * z
         out[path] = v.astype(np.float32)
     return traverse_util.unflatten_dict(out)
+
+
+def random_params(model, image_size, seed=0, channels=3):
+    """Randomized params for ``model`` at ``image_size`` (int or (h, w)).
+
+    Uses ``jax.eval_shape`` for the tree, so nothing is computed by ``init``
+    (eager Flax init on CPU costs seconds even for tiny models).
+    """
+    h, w = _grid(image_size)
+    x = jax.ShapeDtypeStruct((1, h, w, channels), jnp.float32)
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)['params']
+    return randomize(shapes, seed)
+
+
+def run(model, params, images, intermediates=False):
+    """``model.apply`` under ``jax.jit`` with XLA's backend optimizations off.
+
+    For the tiny test models compiling dominates: an eager first call costs
+    seconds, a default jit about 1 s of CPU, an unoptimized one about half.
+    Returns numpy logits, or (logits, encoded, pooled) with ``intermediates``.
+    """
+    def fn(p, x):
+        return model.apply({'params': p}, x, mutable=['intermediates'])
+    out, state = jax.jit(fn, compiler_options={'xla_backend_optimization_level': 0})(params, images)
+    if not intermediates:
+        return np.asarray(out)
+    inter = state['intermediates']
+    return np.asarray(out), np.asarray(inter['encoded'][0]), np.asarray(inter['pooled'][0])
 
 
 def flatten_params(params, prefix=''):

@@ -12,16 +12,18 @@ import pytest
 jax = pytest.importorskip('jax')
 torch = pytest.importorskip('torch')
 timm = pytest.importorskip('timm')
+from flax import traverse_util  # noqa: E402
 from timm.models.vision_transformer import _load_weights  # noqa: E402
 
 try:
     from flax_reference import (VisionTransformerBV, VisionTransformerOrig, flatten_params,
-                                flatten_to_npz, posemb_sincos_2d, randomize,
-                                resize_posemb_bv, resize_posemb_orig, to_bfloat16)
+                                flatten_to_npz, posemb_sincos_2d, random_params, randomize,
+                                resize_posemb_bv, resize_posemb_orig, run, to_bfloat16)
 except ImportError:  # tests/ imported as a package
     from tests.flax_reference import (VisionTransformerBV, VisionTransformerOrig, flatten_params,
-                                      flatten_to_npz, posemb_sincos_2d, randomize,
-                                      resize_posemb_bv, resize_posemb_orig, to_bfloat16)
+                                      flatten_to_npz, posemb_sincos_2d, random_params,
+                                      randomize, resize_posemb_bv, resize_posemb_orig, run,
+                                      to_bfloat16)
 
 IMG, P, D, DEPTH, H, MLP, NC = 32, 8, 32, 2, 4, 64, 10
 N = (IMG // P) ** 2
@@ -34,16 +36,11 @@ def images(n=2, size=IMG, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
 
 
-def init(model, size=IMG):
-    return model.init(jax.random.PRNGKey(0), images(1, size))['params']
-
-
-def run(model, params, x):
-    return np.asarray(model.apply({'params': params}, x))
-
-
-def shapes(params):
-    return {k: v.shape for k, v in flatten_params(params).items()}
+def shapes(model):
+    """{'a/b': shape} of the param tree, traced only (eager init is slow)."""
+    x = jax.ShapeDtypeStruct((1, IMG, IMG, 3), np.float32)
+    tree = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)['params']
+    return {k: v.shape for k, v in traverse_util.flatten_dict(tree, sep='/').items()}
 
 
 def rel_err(a, b):
@@ -93,12 +90,12 @@ def test_orig_layout(classifier):
     want |= {'pre_logits/kernel': (D, 16), 'pre_logits/bias': (16,),
              'head/kernel': (16, NC), 'head/bias': (NC,)}
     model = VisionTransformerOrig(**ORIG, classifier=classifier, representation_size=16)
-    assert shapes(init(model)) == want
+    assert shapes(model) == want
 
 
-@pytest.mark.parametrize('pool', ['tok', 'gap', 'map', '0'])
-@pytest.mark.parametrize('scan', [False, True])
-@pytest.mark.parametrize('posemb', ['learn', 'sincos2d'])
+@pytest.mark.parametrize('pool,scan,posemb', [
+    ('tok', False, 'learn'), ('tok', True, 'sincos2d'), ('gap', False, 'sincos2d'), ('gap', True, 'learn'),
+    ('map', False, 'learn'), ('map', True, 'learn'), ('0', False, 'learn'), ('0', True, 'sincos2d')])
 def test_bv_layout(pool, scan, posemb):
     want = dict(STEM) | HEAD | ln('Transformer/encoder_norm')
     if scan:
@@ -114,22 +111,23 @@ def test_bv_layout(pool, scan, posemb):
         want |= {'MAPHead_0/probe': (1, 1, D)} | mha('MAPHead_0/MultiHeadDotProductAttention_0') \
             | ln('MAPHead_0/LayerNorm_0') | mlp('MAPHead_0/MlpBlock_0')
     model = VisionTransformerBV(**BV, pool_type=pool, scan=scan, posemb=posemb)
-    assert shapes(init(model)) == want
+    assert shapes(model) == want
 
 
 def test_bv_pre_logits_layout():
-    got = shapes(init(VisionTransformerBV(**BV, rep_size=True)))
+    got = shapes(VisionTransformerBV(**BV, rep_size=True))
     assert got['pre_logits/kernel'] == (D, D) and got['head/kernel'] == (D, NC)
 
 
 def test_randomize_replaces_everything():
-    params = init(VisionTransformerBV(**BV, pool_type='map', scan=True))
-    a, b = flatten_params(randomize(params, 0)), flatten_params(randomize(params, 1))
-    assert shapes(params) == {k: v.shape for k, v in a.items()}
+    model = VisionTransformerBV(**BV, pool_type='map', scan=True)
+    a, b = flatten_params(random_params(model, IMG, 0)), flatten_params(random_params(model, IMG, 1))
+    assert shapes(model) == {k: v.shape for k, v in a.items()}
     for k, v in a.items():
         assert v.dtype == np.float32 and np.all(v != 0) and np.all(v != 1), k
         assert not np.array_equal(v, b[k]), k
-    np.testing.assert_array_equal(a['head/kernel'], flatten_params(randomize(params, 0))['head/kernel'])
+    again = flatten_params(random_params(model, IMG, 0))
+    assert all(np.array_equal(v, again[k]) for k, v in a.items())  # seeded
 
 
 # ------------------------------------------------------- cross-check vs timm
@@ -155,18 +153,17 @@ ORIG_TIMM = {'token': {}, 'gap': dict(class_token=False, global_pool='avg', fc_n
 @pytest.mark.parametrize('classifier', ['token', 'gap'])
 def test_orig_matches_timm(classifier, tmp_path):
     model = VisionTransformerOrig(**ORIG, classifier=classifier, approximate_gelu=False)
-    params = randomize(init(model), seed=1)
+    params = random_params(model, IMG, seed=1)
     flatten_to_npz(params, tmp_path / 'w.npz')
     x = images()
     ref = run(model, params, x)
     assert rel_err(timm_logits(timm_vit(**ORIG_TIMM[classifier]), tmp_path / 'w.npz', x), ref) < 1e-5
-    # The tanh GELU the originals use is measurably different: the check has teeth.
-    tanh = run(VisionTransformerOrig(**ORIG, classifier=classifier), params, x)
-    assert rel_err(tanh, ref) > 1e-5
+    if classifier == 'token':  # tanh GELU (the original) differs measurably: the check has teeth
+        assert rel_err(run(VisionTransformerOrig(**ORIG), params, x), ref) > 1e-5
 
 
 # pool_type '0' is not covered: timm refuses token pooling without a class
-# token ('Token pooling needs the class token'); test_bv_first_token covers it.
+# token ('Token pooling needs the class token'); test_pooling_and_pre_logits covers it.
 BV_TIMM = {
     'tok': dict(no_embed_class=True),
     'gap': dict(class_token=False, global_pool='avg', fc_norm=False),
@@ -182,7 +179,7 @@ BV_TIMM = {
 ])
 def test_bv_matches_timm(pool, scan, prefix, tmp_path):
     model = VisionTransformerBV(**BV, pool_type=pool, scan=scan, approximate_gelu=False)
-    params = randomize(init(model), seed=2)
+    params = random_params(model, IMG, seed=2)
     flatten_to_npz(params, tmp_path / 'w.npz', prefix=prefix)
     x = images()
     got = timm_logits(timm_vit(**BV_TIMM[pool]), tmp_path / 'w.npz', x)
@@ -191,7 +188,7 @@ def test_bv_matches_timm(pool, scan, prefix, tmp_path):
 
 def test_bv_bfloat16_void_matches_timm(tmp_path):
     model = VisionTransformerBV(**BV, pool_type='tok', approximate_gelu=False)
-    params = to_bfloat16(randomize(init(model), seed=3))
+    params = to_bfloat16(random_params(model, IMG, seed=3))
     flat = flatten_to_npz(params, tmp_path / 'w.npz', prefix='params/', bfloat16_as_void=True)
     assert all(v.dtype == np.dtype('V2') for v in flat.values())
     with np.load(tmp_path / 'w.npz') as f:
@@ -208,7 +205,7 @@ def test_bv_sincos_matches_timm(tmp_path):
     checked entry by entry in test_sincos_table.
     """
     model = VisionTransformerBV(**BV, pool_type='map', posemb='sincos2d', approximate_gelu=False)
-    params = randomize(init(model), seed=4)
+    params = random_params(model, IMG, seed=4)
     flatten_to_npz(params | {'pos_embedding': np.asarray(posemb_sincos_2d(IMG // P, IMG // P, D))},
                    tmp_path / 'w.npz', prefix='params/')
     x = images()
@@ -231,31 +228,17 @@ def test_sincos_table():
 
 # ---------------------------------------- parts timm cannot load: self-checks
 
-def encoded_and_pooled(model, params, x):
-    logits, state = model.apply({'params': params}, x, mutable=['intermediates'])
-    inter = state['intermediates']
-    return np.asarray(logits), np.asarray(inter['encoded'][0]), np.asarray(inter['pooled'][0])
-
-
-def test_bv_first_token():
-    model = VisionTransformerBV(**BV, pool_type='0')
-    params = randomize(init(model), seed=5)
-    logits, enc, pooled = encoded_and_pooled(model, params, images())
-    assert enc.shape == (2, N, D)
-    np.testing.assert_array_equal(pooled, enc[:, 0])
-    want = enc[:, 0] @ params['head']['kernel'] + params['head']['bias']
-    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize('which', ['orig', 'bv'])
-def test_pre_logits(which):
-    """timm dropped the representation layer (its loader skips pre_logits)."""
+def test_pooling_and_pre_logits(which):
+    """What timm cannot load: pool_type '0' (timm wants a class token for
+    token pooling) and pre_logits (timm dropped the representation layer)."""
     if which == 'orig':
         model = VisionTransformerOrig(**ORIG, representation_size=16)
     else:
-        model = VisionTransformerBV(**BV, rep_size=16, pool_type='tok')
-    params = randomize(init(model), seed=6)
-    logits, enc, pooled = encoded_and_pooled(model, params, images())
+        model = VisionTransformerBV(**BV, rep_size=16, pool_type='0')
+    params = random_params(model, IMG, seed=6)
+    logits, enc, pooled = run(model, params, images(), intermediates=True)
+    assert enc.shape == (2, N + (which == 'orig'), D)
     np.testing.assert_array_equal(pooled, enc[:, 0])
     hid = np.tanh(pooled @ params['pre_logits']['kernel'] + params['pre_logits']['bias'])
     want = hid @ params['head']['kernel'] + params['head']['bias']
@@ -289,7 +272,7 @@ def test_resize_posemb():
 
 def test_resized_table_runs_at_new_resolution():
     """Fine-tuning flow: a 32px checkpoint's table resized for a 48px model."""
-    params = randomize(init(VisionTransformerOrig(**ORIG)), seed=8)
+    params = random_params(VisionTransformerOrig(**ORIG), IMG, seed=8)
     table = params['Transformer']['posembed_input']['pos_embedding']
     params['Transformer']['posembed_input']['pos_embedding'] = resize_posemb_orig(table, 48 // P)
     out = run(VisionTransformerOrig(**ORIG), params, images(size=48))
