@@ -67,11 +67,11 @@ class Layout:
     scanned: bool
     depth: int
 
-    def block(self, index, part):
-        """Key of a block parameter and the index into its leading depth axis (None when blocks are looped)."""
+    def block(self, index):
+        """Key prefix of block `index` and its index into the leading depth axis (None when blocks are looped)."""
         if self.scanned:
-            return f"{self.prefix}Transformer/encoderblock/{part}", index
-        return f"{self.prefix}Transformer/encoderblock_{index}/{part}", None
+            return f"{self.prefix}Transformer/encoderblock", index
+        return f"{self.prefix}Transformer/encoderblock_{index}", None
 
 
 def _listing(keys, limit=30):
@@ -108,11 +108,8 @@ def detect_layout(source, path):
         if wrong:
             raise ConversionError(f"{path}: scanned block arrays must all lead with depth {depth}:\n{_listing(wrong)}")
     else:
-        indices = {
-            int(key.split("/")[1].removeprefix("encoderblock_"))
-            for key in inside
-            if key.startswith("Transformer/encoderblock_") and key.split("/")[1][len("encoderblock_"):].isdigit()
-        }
+        looped = (re.match(r"Transformer/encoderblock_(\d+)/", key) for key in inside)
+        indices = {int(match.group(1)) for match in looped if match}
         if not indices:
             raise ConversionError(
                 f"{path}: no encoder blocks under '{prefix}Transformer/encoderblock_<i>/' or "
@@ -135,10 +132,9 @@ def read_config(source, layout, args, path):
     p = layout.prefix
     ph, pw, channels, width = _shape(source, f"{p}embedding/kernel", layout, path)
     names = BLOCK_NAMES[layout.name]
-    query, _ = layout.block(0, f"{names[1]}/query/kernel")
-    heads = _shape(source, query, layout, path)[-2]
-    fc1, _ = layout.block(0, f"{names[3]}/Dense_0/kernel")
-    mlp = _shape(source, fc1, layout, path)[-1]
+    first, _ = layout.block(0)
+    heads = _shape(source, f"{first}/{names[1]}/query/kernel", layout, path)[-2]
+    mlp = _shape(source, f"{first}/{names[3]}/Dense_0/kernel", layout, path)[-1]
     class_token = f"{p}cls" in source
     has_map = f"{p}MAPHead_0/probe" in source
 
@@ -147,6 +143,8 @@ def read_config(source, layout, args, path):
         raise ConversionError(f"{path}: --pool-type tok needs a [CLS] token, but there is no '{p}cls'")
     if pool_type == "map" and not has_map:
         raise ConversionError(f"{path}: --pool-type map needs '{p}MAPHead_0/...', which the file lacks")
+    if class_token and pool_type != "tok":
+        raise ConversionError(f"{path}: the file has a [CLS] token ('{p}cls'), so it pools with it (pool_type tok)")
     if has_map and pool_type != "map":
         raise ConversionError(f"{path}: the file has a MAP head ('{p}MAPHead_0/...'); its pool_type is map")
 
@@ -293,8 +291,7 @@ def convert_state_dict(source, layout, config, args, path):
     ln1, attention, ln2, mlp = BLOCK_NAMES[layout.name]
     for i in range(layout.depth):
         target = f"encoder.layers.{i}"
-        key, index = layout.block(i, "")
-        key = key.rstrip("/")
+        key, index = layout.block(i)
         map_norm(mapping, f"{target}.norm1", f"{key}/{ln1}", index)
         map_attention(mapping, f"{target}.attention", f"{key}/{attention}", True, index)
         map_norm(mapping, f"{target}.norm2", f"{key}/{ln2}", index)
@@ -308,7 +305,7 @@ def convert_state_dict(source, layout, config, args, path):
         map_mlp(mapping, "pooler.map_head.mlp", f"{head}/MlpBlock_0")
     dropped_pre_logits = args.drop_pre_logits and mapping.has(f"{p}pre_logits/kernel")
     if dropped_pre_logits:
-        mapping.drop(f"{p}pre_logits/.*", "representation layer dropped (--drop-pre-logits)")
+        mapping.drop(f"{re.escape(p)}pre_logits/.*", "representation layer dropped (--drop-pre-logits)")
     elif config.representation_size:
         map_dense(mapping, "pre_logits.0", f"{p}pre_logits")
     features = config.representation_size or config.hidden_size
@@ -316,7 +313,7 @@ def convert_state_dict(source, layout, config, args, path):
         reason = "head replaced by a fresh zero-initialised one (--num-labels)" if args.num_labels is not None else (
             "head sat on the dropped representation layer (--drop-pre-logits)"
         )
-        mapping.drop(f"{p}head/.*", reason)
+        mapping.drop(f"{re.escape(p)}head/.*", reason)
         if config.num_labels:
             mapping.combine("classifier.weight", [], lambda: torch.zeros(config.num_labels, features))
             mapping.combine("classifier.bias", [], lambda: torch.zeros(config.num_labels))
