@@ -110,7 +110,7 @@ def eval_metadata(info: CardInfo, name):
 
 def is_metric(name, value):
     """An `eval_*` quality figure (not the run's speed or size), as transformers and `evaluate` name them."""
-    speed = ("runtime", "samples_per_second", "steps_per_second", "num_samples")
+    speed = ("runtime", "_runtime_s", "per_second", "_samples", "_steps", "_epoch")
     return (
         name.startswith("eval_")
         and not name.endswith(speed)

@@ -71,7 +71,7 @@ def add_arguments(parser):
 
 
 def main(args):
-    info = push_folder(
+    push_folder(
         args.local_dir,
         args.repo_id,
         private=args.private,
@@ -79,7 +79,6 @@ def main(args):
         create_pr=args.create_pr,
         commit_message=args.commit_message,
     )
-    print(info.pr_url or info.commit_url)
     return Path(args.local_dir)
 
 
@@ -223,6 +222,11 @@ def push_folder(
     api = HfApi(endpoint=endpoint, token=token)
     token = require_token(api)
     check = check_folder(folder)
+    summary = (
+        f"{check['class']} loads with trust_remote_code=True where hubvit is not installed and runs a forward pass "
+        f"({check['output']} {tuple(check['shape'])})"
+    )
+    print(f"checked {folder}: {summary}")
 
     try:
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True, token=token).repo_id
@@ -246,21 +250,19 @@ def push_folder(
         operations += [
             CommitOperationDelete(path_in_repo=name) for name in stale_weights(api, repo_id, revision, files, token)
         ]
-        description = (
-            f"Checked before upload: loads with trust_remote_code=True where hubvit is not installed "
-            f"({check['class']}) and runs a forward pass ({check['output']} {tuple(check['shape'])})."
-        )
-        return api.create_commit(
+        info = api.create_commit(
             repo_id,
             operations,
             commit_message=commit_message or f"Upload hubvit model from {folder.resolve().name}",
-            commit_description=description,
+            commit_description=f"Checked before upload: {summary}.",
             revision=revision,
             create_pr=create_pr,
             token=token,
         )
     except HfHubHTTPError as error:
         raise PushError(f"the Hub at {api.endpoint} refused the push to {repo_id}: {error}") from None
+    print(f"pushed {folder} to {info.pr_url or info.commit_url}")
+    return info
 
 
 def stale_weights(api, repo_id, revision, files, token):

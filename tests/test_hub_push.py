@@ -131,10 +131,13 @@ def test_push_load_and_update(hub_server, folder, tmp_path, capsys):
     assert torch.equal(torch.tensor(remote["logits"]), local_logits)
     assert remote["pipeline_label"] == LABELS[local_logits.argmax().item()]
 
+    stale = {"model.safetensors.index.json": "{}", "model-00001-of-00002.safetensors": b"old shard", "notes.txt": "x"}
+    server.commit(repo_id, stale, message="someone else's commit")
     newer = write(tmp_path / "tiny-deit", seed=1)
     assert cli(["push", str(newer), repo_id, "--commit-message", "retrained"]) == 0
     assert list(server.repos) == [repo_id]
-    assert [c.title for c in server.commits(repo_id)][:2] == ["retrained", head.title]
+    assert [c.title for c in server.commits(repo_id)][:3] == ["retrained", "someone else's commit", head.title]
+    assert set(server.files(repo_id)) == local_files | {".gitattributes", "notes.txt"}  # stale weights deleted
     assert server.files(repo_id)["model.safetensors"] == (newer / "model.safetensors").read_bytes()
     updated = logits(repo_id)  # the installed hubvit code with the Hub's new weights
     assert torch.equal(updated, logits(newer)) and not torch.equal(updated, local_logits)
@@ -204,7 +207,13 @@ def test_card_of_a_fine_tuned_headless_model(tmp_path):
         command="accelerate launch scripts/finetune.py --dataset digits",
         family="dinov2",
         citation_key=["dinov2", "registers"],
-        eval_results={"eval_accuracy": 0.9712, "eval_top5_accuracy": 0.9981, "eval_runtime": 3.2, "train_runtime_s": 41.0},
+        eval_results={
+            "eval_accuracy": 0.9712,
+            "eval_top5_accuracy": 0.9981,
+            "eval_runtime": 3.2,
+            "eval_samples": 360,
+            "train_runtime_s": 41.0,
+        },
         datasets=["digits"],
         eval_split="validation",
     )
