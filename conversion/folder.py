@@ -77,6 +77,7 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
         missing = [name for name in REQUIRED_FILES if not (staging / name).is_file()]
         if missing:
             raise RuntimeError(f"save_pretrained did not write {missing}")
+        staging.chmod(0o755)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)
