@@ -83,12 +83,12 @@ POOLER_REASON = (
 
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="folder written by transformers' save_pretrained (config.json + weights)")
+    parser.add_argument("src", metavar="SRC", help="folder written by transformers' save_pretrained")
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument(
         "--keep-pooler",
         action="store_true",
-        help="refused: transformers' ViT/DeiT pooler (dense + tanh) has no hubvit layer; without it the pooler is dropped",
+        help="refused: the ViT/DeiT pooler (dense + tanh) has no hubvit layer; without it the pooler is dropped",
     )
     parser.add_argument(
         "--drop-head",
@@ -116,7 +116,7 @@ def read_json(path):
 
 
 def read_folder_weights(src):
-    """All tensors of a folder: model.safetensors, its sharded index, or pytorch_model.bin (read without pickle code)."""
+    """All tensors of a folder: model.safetensors, its sharded index, or pytorch_model.bin (no pickled code run)."""
     src = Path(src)
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (src / name).is_file():
@@ -159,10 +159,12 @@ def hubvit_settings(family, cfg):
             "this checkpoint cannot be converted"
         )
     if cfg["hidden_act"] not in HIDDEN_ACTS:
-        raise ConversionError(f"hidden_act={cfg['hidden_act']!r} is not supported by hubvit; expected one of {list(HIDDEN_ACTS)}")
+        raise ConversionError(
+            f"hidden_act={cfg['hidden_act']!r} is not supported by hubvit; expected one of {list(HIDDEN_ACTS)}"
+        )
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     if cfg.get("head_dim") is not None and cfg["head_dim"] * heads != hidden:
-        raise ConversionError(f"head_dim={cfg['head_dim']} x {heads} heads != hidden_size={hidden}; hubvit needs them equal")
+        raise ConversionError(f"head_dim={cfg['head_dim']} x {heads} heads != hidden_size={hidden}; hubvit needs equal")
     if family in ("vit", "deit"):
         intermediate = cfg["intermediate_size"]
     else:
@@ -202,7 +204,7 @@ def label_names(cfg, num_labels):
         return {}
     id2label = {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
     if sorted(id2label) != list(range(num_labels)):
-        raise ConversionError(f"config.json id2label has {len(id2label)} entries for a classifier of {num_labels} classes")
+        raise ConversionError(f"config.json id2label has {len(id2label)} entries for a head of {num_labels} classes")
     return id2label
 
 
@@ -211,14 +213,15 @@ def preprocessing(src, family, config):
     path = Path(src) / "preprocessor_config.json"
     if not path.is_file():
         mean, std, resample = DEFAULT_PREPROCESSING[family]
-        return mean, std, resample, [f"no preprocessor_config.json in SRC: {family} defaults (mean {mean}, std {std}, {resample})"]
+        note = f"No preprocessor_config.json in SRC: {family} defaults (mean {mean}, std {std}, {resample})"
+        return mean, std, resample, [note]
     raw = read_json(path)
     mean, std, resample = DEFAULT_PREPROCESSING[family]
     mean, std = raw.get("image_mean", mean), raw.get("image_std", std)
     value = raw.get("resample", resample)
     resample = RESAMPLE_NAMES.get(value, value) if isinstance(value, int) else str(value).lower()
     if resample not in RESAMPLE_NAMES.values():
-        raise ConversionError(f"{path}: resample={value!r}; expected one of nearest, bilinear, bicubic, lanczos (or 0-3)")
+        raise ConversionError(f"{path}: resample={value!r}; expected nearest, bilinear, bicubic or lanczos (0-3)")
     notes = []
     height, width = config.image_size_2d
     size, crop = raw.get("size") or {}, raw.get("crop_size") if raw.get("do_center_crop") else None
@@ -347,7 +350,7 @@ def verify(src, architecture, head, model, tolerance):
     reference, info = getattr(transformers, architecture).from_pretrained(str(src), output_loading_info=True)
     missing = [k for k in info["missing_keys"] if "pooler" not in k]
     if missing:
-        raise ConversionError(f"transformers itself cannot load SRC completely (missing {missing}); nothing was written")
+        raise ConversionError(f"transformers itself cannot load SRC completely (missing {missing}); nothing written")
     reference = reference.float().eval()
     sizes = [model.config.image_size_2d, off_native_size(model.config)]
     results = [compare(reference, model, architecture, head, size, tolerance) for size in sizes]
@@ -357,9 +360,7 @@ def verify(src, architecture, head, model, tolerance):
             f"the converted model does not reproduce transformers' {architecture}; nothing was written.\n"
             + "\n".join(f"    {f}" for f in failed)
         )
-    text = "; ".join(
-        f"{h}x{w}: " + ", ".join(lines) for (h, w), (_, lines, _) in zip(sizes, results)
-    )
+    text = "; ".join(f"{h}x{w}: " + ", ".join(lines) for (h, w), (_, lines, _) in zip(sizes, results))
     return max(worst for worst, _, _ in results), text
 
 
@@ -381,9 +382,8 @@ def main(args):
             "has no such pooling, so the head cannot be converted faithfully. Pass --drop-head to convert the body "
             "only (a headless hubvit folder), or convert the matching base model."
         )
-    reference_architecture = architecture
     if args.drop_head:
-        head, reference_architecture = None, BASE_MODELS[family]
+        head = None
     settings = hubvit_settings(family, cfg)
     weights, weights_path = read_folder_weights(src)
     num_labels = 0
@@ -392,6 +392,7 @@ def main(args):
         num_labels = int(weights[key].shape[0]) if key in weights else 0
         if not num_labels:
             head = None  # saved with num_labels=0: an identity head
+    reference_architecture = architecture if head else BASE_MODELS[family]
     id2label = label_names(cfg, num_labels)
     config = HubViTConfig(
         **settings,
@@ -405,16 +406,16 @@ def main(args):
         weights, family, head, config, args.drop_head, f"transformers {architecture} folder ({weights_path})"
     )
     model = build_model(config, state_dict)
-    notes = list(mapping.report())
+    notes = []
     if head == "cls_only":
         notes.append(
             "DeiTForImageClassification has one head on [CLS] beside a distillation token; hubvit averages two heads "
-            "there, so classifier = 2 x W and distillation_classifier = 0 with the same bias (logits identical; "
-            "cls_logits/distillation_logits are not DeiT's)"
+            "there, so classifier = 2 x W and distillation_classifier = 0 with the same bias: logits are identical, "
+            "cls_logits and distillation_logits are not DeiT's."
         )
     mean, std, resample, processor_notes = preprocessing(src, family, config)
     notes += processor_notes
-    for line in notes:
+    for line in mapping.report() + notes:
         print(line)
 
     import transformers
@@ -424,27 +425,23 @@ def main(args):
         max_abs_diff, text = verify(src, reference_architecture, head, model, args.tolerance)
         print(f"verify: {text}")
         verification = (
-            f"transformers {transformers.__version__} `{reference_architecture}` loaded from the source folder and this model, "
-            f"same weights, one random float32 batch of 2 images (transformers with interpolate_pos_encoding at the "
-            f"larger size): {text}. Tolerance {args.tolerance:g} relative to the output scale. Position tables are "
-            f"resized as transformers does for {family}: bicubic, align_corners=False, "
-            f"antialias={ANTIALIAS[family]}."
+            f"transformers {transformers.__version__} `{reference_architecture}` loaded from the source folder and "
+            "this model, same weights, one random float32 batch of 2 images (transformers with "
+            f"interpolate_pos_encoding at the larger size): {text}. Tolerance {args.tolerance:g} relative to the "
+            f"output scale. Position tables are resized as transformers does for {family}: bicubic, "
+            f"align_corners=False, antialias={ANTIALIAS[family]}."
         )
-    command = shlex.join(
-        ["hubvit", "convert", "transformers", str(args.src), str(args.out)] + (["--drop-head"] if args.drop_head else [])
-    )
+    command = ["hubvit", "convert", "transformers", str(args.src), str(args.out)]
     card = CardInfo(
-        provenance=(
-            f"Converted from a transformers {transformers.__version__} `{architecture}` folder "
-            f"(`{src.name}`, model_type `{cfg.get('model_type')}`)."
-        ),
-        command=command,
+        provenance=f"Converted from a transformers {transformers.__version__} `{architecture}` folder.\n\n"
+        + " ".join(note if note.endswith(".") else f"{note}." for note in notes),
+        command=shlex.join(command + (["--drop-head"] if args.drop_head else [])),
         family=family.replace("_", "-"),
         verification=verification,
         max_abs_diff=max_abs_diff,
-        dropped=notes[1:],
+        dropped=mapping.report()[1:],
         citation_key=CITATIONS.get(family),
-        title=f"hubvit {src.name} ({architecture})",
+        title=f"hubvit {src.name}" + ("" if src.name == architecture else f" ({architecture})"),
     )
     image_processor = make_image_processor(config, mean, std, resample)
     out = write_folder(model, args.out, image_processor, card, overwrite=getattr(args, "overwrite", False))
@@ -455,6 +452,13 @@ def main(args):
 # ---------------------------------------------------------------------------------------------------------- export
 
 VIT_INTERPOLATION = ("bicubic", False, False)
+VIT_LAYER_NAMES = {
+    "norm1": "layernorm_before",
+    "attention.proj": "attention.o_proj",
+    "norm2": "layernorm_after",
+    "mlp.fc1": "mlp.fc1",
+    "mlp.fc2": "mlp.fc2",
+}
 
 
 def export_problems(config):
@@ -465,12 +469,15 @@ def export_problems(config):
         (not config.class_token, "class_token=False (ViT always prepends [CLS])"),
         (config.distillation_token, "distillation_token=True (DeiT, not ViT)"),
         (config.num_register_tokens, f"num_register_tokens={config.num_register_tokens} (ViT has no registers)"),
-        (config.position_embedding_type != "learned", f"position_embedding_type={config.position_embedding_type!r} (ViT has a learned 1D table)"),
+        (
+            config.position_embedding_type != "learned",
+            f"position_embedding_type={config.position_embedding_type!r} (ViT has a learned 1D table)",
+        ),
         (config.pooling != "cls", f"pooling={config.pooling!r} (ViT classifies the [CLS] token)"),
         (config.fc_norm, "fc_norm=True (ViT norms before pooling)"),
         (config.layer_scale_init_value is not None, "layer_scale_init_value set (ViT has no layer scale)"),
         (config.pre_norm, "pre_norm=True (ViT has no LayerNorm before the encoder)"),
-        (config.representation_size is not None, f"representation_size={config.representation_size} (ViT has no pre-logits layer)"),
+        (config.representation_size is not None, f"representation_size={config.representation_size} (no pre-logits)"),
         (config.dynamic_img_pad, "dynamic_img_pad=True (ViT does not pad inputs)"),
         (config.hidden_act not in ACT2FN, f"hidden_act={config.hidden_act!r} (not in transformers' ACT2FN)"),
     ]
@@ -500,6 +507,7 @@ def export_notes(config):
 def vit_config(config):
     from transformers import ViTConfig
 
+    labels = dict(id2label=dict(config.id2label), label2id=dict(config.label2id or {})) if config.num_labels else {}
     return ViTConfig(
         image_size=config.image_size,
         patch_size=config.patch_size,
@@ -515,49 +523,67 @@ def vit_config(config):
         attention_probs_dropout_prob=config.attention_probs_dropout_prob,
         initializer_range=config.initializer_range,
         num_labels=config.num_labels,
-        id2label=dict(config.id2label) if config.num_labels else None,
-        label2id=dict(config.label2id) if config.num_labels and config.label2id else None,
+        **labels,
     )
 
 
 def map_to_vit(weights, config, prefix, description):
-    """ViT state dict (v5 in-memory names) of a hubvit state dict, through the shared strict mapper."""
+    """The shared strict mapper from a hubvit state dict to ViT's v5 in-memory names under `prefix`."""
     mapping = StrictMapping(weights, description)
     dim = config.hidden_size
-    h, e = "hubvit.", f"{prefix}embeddings."
-    mapping.map(f"{e}cls_token", f"{h}embeddings.class_token")
+    ours, theirs = "hubvit.embeddings.", f"{prefix}embeddings."
+    mapping.map(f"{theirs}cls_token", f"{ours}class_token")
+    table = f"{ours}position_embedding"
     if config.position_embedding_includes_prefix:
-        mapping.map(f"{e}position_embeddings", f"{h}embeddings.position_embedding")
+        mapping.map(f"{theirs}position_embeddings", table)
     else:
-        mapping.map(f"{e}position_embeddings", f"{h}embeddings.position_embedding", lambda t: torch.cat([t[:, :1] * 0, t], 1))
+        mapping.map(f"{theirs}position_embeddings", table, lambda t: torch.cat([torch.zeros_like(t[:, :1]), t], 1))
+    patch = f"{theirs}patch_embeddings.projection."
+    mapping.map(f"{patch}weight", f"{ours}patch_embedding.weight")
     if config.patch_bias:
-        mapping.map(f"{e}patch_embeddings.projection.bias", f"{h}embeddings.patch_embedding.bias")
+        mapping.map(f"{patch}bias", f"{ours}patch_embedding.bias")
     else:
-        mapping.map(f"{e}patch_embeddings.projection.bias", f"{h}embeddings.patch_embedding.weight", lambda w: w.new_zeros(w.shape[0]))
-    mapping.map(f"{e}patch_embeddings.projection.weight", f"{h}embeddings.patch_embedding.weight")
+        mapping.map(f"{patch}bias", f"{ours}patch_embedding.weight", lambda w: w.new_zeros(w.shape[0]))
     for i in range(config.num_hidden_layers):
-        src, dst = f"{h}encoder.layers.{i}.", f"{prefix}layers.{i}."
+        src, dst = f"hubvit.encoder.layers.{i}.", f"{prefix}layers.{i}."
         for part in ("weight", "bias") if config.qkv_bias else ("weight",):
             for n, name in enumerate(("q_proj", "k_proj", "v_proj")):
-                mapping.map(f"{dst}attention.{name}.{part}", f"{src}attention.qkv.{part}", lambda t, n=n: t[n * dim : (n + 1) * dim])
-        for ours, theirs in (("norm1", "layernorm_before"), ("attention.proj", "attention.o_proj"), ("norm2", "layernorm_after"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
+                rows = slice(n * dim, (n + 1) * dim)
+                mapping.map(f"{dst}attention.{name}.{part}", f"{src}attention.qkv.{part}", lambda t, r=rows: t[r])
+        for name, vit_name in VIT_LAYER_NAMES.items():
             for part in ("weight", "bias"):
-                mapping.map(f"{dst}{theirs}.{part}", f"{src}{ours}.{part}")
+                mapping.map(f"{dst}{vit_name}.{part}", f"{src}{name}.{part}")
     for part in ("weight", "bias"):
-        mapping.map(f"{prefix}layernorm.{part}", f"{h}norm.{part}")
+        mapping.map(f"{prefix}layernorm.{part}", f"hubvit.norm.{part}")
         if config.num_labels:
             mapping.map(f"classifier.{part}", f"classifier.{part}")
     return mapping
 
 
+def build_vit(config, weights, description):
+    """transformers' ViTForImageClassification (ViTModel without pooler when headless) holding `weights`."""
+    from transformers import ViTForImageClassification, ViTModel
+
+    headless = not config.num_labels
+    vit_class, kwargs = (ViTModel, {"add_pooling_layer": False}) if headless else (ViTForImageClassification, {})
+    vit_cfg = vit_config(config)
+    vit_cfg.architectures = [vit_class.__name__]
+    model = vit_class(vit_cfg, **kwargs).eval()
+    shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    mapping = map_to_vit(weights, config, "" if headless else "vit.", description)
+    model.load_state_dict(mapping.finish(shapes), strict=True)
+    return model, mapping
+
+
 def export_main(args):
-    from transformers import ViTForImageClassification, ViTImageProcessor, ViTModel
+    from transformers import ViTImageProcessor
 
     src, out = Path(args.src), Path(args.out)
-    raw = read_json(src / "config.json") if (src / "config.json").is_file() else None
-    if raw is None or raw.get("model_type") != HubViTConfig.model_type:
-        found = None if raw is None else raw.get("model_type")
-        raise ConversionError(f"{src}: not a hubvit folder (config.json model_type={found!r}, expected 'hubvit')")
+    raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
+    if raw.get("model_type") != HubViTConfig.model_type:
+        raise ConversionError(
+            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
+        )
     config = HubViTConfig.from_pretrained(str(src))
     problems = export_problems(config)
     if problems:
@@ -568,30 +594,24 @@ def export_main(args):
     weights, weights_path = read_folder_weights(src)
     if not any(key.startswith("hubvit.") for key in weights):
         weights = {f"hubvit.{key}": value for key, value in weights.items()}
-    headless = not config.num_labels
-    reference_class = ViTModel if headless else ViTForImageClassification
-    kwargs = {"add_pooling_layer": False} if headless else {}
-    vit = vit_config(config)
-    vit.architectures = [reference_class.__name__]
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in reference_class(vit, **kwargs).state_dict().items()}
-    mapping = map_to_vit(weights, config, "" if headless else "vit.", f"hubvit folder ({weights_path})")
-    state_dict = mapping.finish(shapes)
-    model = reference_class(vit, **kwargs).eval()
-    model.load_state_dict(state_dict, strict=True)
+    model, mapping = build_vit(config, weights, f"hubvit folder ({weights_path})")
     notes = [line.replace("hubvit tensors", "ViT tensors") for line in mapping.report()] + export_notes(config)
 
-    hubvit_model = build_model(config, {k: v for k, v in weights.items()}).eval()
+    hubvit_model = build_model(config, weights)
     pixels = torch.randn(2, config.num_channels, *config.image_size_2d, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        if headless:
-            theirs, ours = model(pixel_values=pixels).last_hidden_state, hubvit_model.hubvit(pixel_values=pixels).last_hidden_state
+        if config.num_labels:
+            field, theirs, ours = "logits", model(pixel_values=pixels).logits, hubvit_model(pixel_values=pixels).logits
         else:
-            theirs, ours = model(pixel_values=pixels).logits, hubvit_model(pixel_values=pixels).logits
+            field = "last_hidden_state"
+            theirs = model(pixel_values=pixels).last_hidden_state
+            ours = hubvit_model.hubvit(pixel_values=pixels).last_hidden_state
     diff, scale = (theirs - ours).abs().max().item(), ours.abs().max().item()
-    notes.append(f"verify: max |Δ{'last_hidden_state' if headless else 'logits'}| = {diff:.2e} (max = {scale:.3g})")
+    notes.append(f"verify: max |Δ{field}| = {diff:.2e} (max |{field}| = {scale:.3g})")
     if not diff <= args.tolerance * scale:
-        raise ConversionError(f"the exported ViT does not reproduce hubvit: max |difference| {diff:.3g} > {args.tolerance:g} x {scale:.3g}; nothing was written")
+        raise ConversionError(
+            f"the exported ViT does not reproduce hubvit: max |Δ{field}| {diff:.3g} > {args.tolerance:g} x {scale:.3g}"
+        )
     for line in notes:
         print(line)
 
@@ -611,5 +631,45 @@ def export_main(args):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    print(f"wrote {out} ({reference_class.__name__})")
+    print(f"wrote {out} ({type(model).__name__})")
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------- measure
+
+
+@torch.no_grad()
+def measure_differences(image_size=224, patch_size=16, width=384, depth=12, heads=6, larger=384, seed=0):
+    """Same timm-like weights (ViT-S/16, truncated normal 0.02, eps 1e-6, bicubic + antialias resizing) run by hubvit
+    and by transformers' ViT: what transformers' default eps and its position-table resizing change."""
+    config = HubViTConfig(
+        image_size=image_size, patch_size=patch_size, hidden_size=width, num_hidden_layers=depth,
+        num_attention_heads=heads, intermediate_size=4 * width, num_labels=1000,
+    )
+    model = HubViTForImageClassification(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" not in name:
+            param.copy_(torch.randn(param.shape, generator=generator).mul_(0.02).clamp_(-0.04, 0.04))
+    x = torch.randn(2, 3, image_size, image_size, generator=generator)
+    big = torch.randn(2, 3, larger, larger, generator=generator)
+    ours = model(pixel_values=x).logits
+    vit, _ = build_vit(config, model.state_dict(), "measurement")
+    results = {f"ViT eps=1e-6, {image_size}px": (vit(pixel_values=x).logits - ours).abs().max().item()}
+    theirs = vit(pixel_values=big, interpolate_pos_encoding=True).logits
+    for antialias in (True, False):
+        config.interpolation_antialias = antialias
+        difference = (model(pixel_values=big).logits - theirs).abs().max().item()
+        results[f"ViT interpolate_pos_encoding vs hubvit antialias={antialias}, {larger}px"] = difference
+    for module in vit.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = 1e-12
+    results[f"ViT eps=1e-12 (its default), {image_size}px"] = (vit(pixel_values=x).logits - ours).abs().max().item()
+    return ours.abs().max().item(), results
+
+
+if __name__ == "__main__":
+    scale, results = measure_differences()
+    print(f"same weights, max |logits| = {scale:.3g}")
+    for what, diff in results.items():
+        print(f"{what}: max |Δlogits| = {diff:.2e}")

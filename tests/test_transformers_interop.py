@@ -183,8 +183,10 @@ def test_refusals(tmp_path, capsys):
     assert cli(["convert", "transformers", str(vit), str(tmp_path / "a"), "--keep-pooler"]) == 2
     assert "--keep-pooler is not supported" in capsys.readouterr().err
 
-    bert = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                          intermediate_size=64, vocab_size=50))
+    bert_config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=50
+    )
+    bert = transformers.BertModel(bert_config)
     clip = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**TINY, intermediate_size=64))
     for name, model in (("bert", bert), ("clip", clip)):
         model.save_pretrained(tmp_path / name)
@@ -221,10 +223,14 @@ def test_export_round_trip(tmp_path):
     """hubvit -> transformers' ViTForImageClassification (no remote code) -> the same logits."""
     labels = dict(id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
     # a table without a [CLS] row and no patch bias are expressible (zero row, zero bias)
-    for name, overrides in (("plain", {}), ("no-cls-row", dict(position_embedding_includes_prefix=False, patch_bias=False))):
-        ours = hubvit_folder(tmp_path / name, **labels, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, **overrides)
+    flax_like = dict(hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)
+    no_cls_row = dict(position_embedding_includes_prefix=False, patch_bias=False)
+    for name, overrides in (("plain", {}), ("no-cls-row", no_cls_row)):
+        ours = hubvit_folder(tmp_path / name, **labels, **overrides, **flax_like)
         assert cli(["export", "transformers", str(tmp_path / name), str(tmp_path / f"{name}-vit")]) == 0
-        vit, info = transformers.ViTForImageClassification.from_pretrained(tmp_path / f"{name}-vit", output_loading_info=True)
+        vit, info = transformers.ViTForImageClassification.from_pretrained(
+            tmp_path / f"{name}-vit", output_loading_info=True
+        )
         assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
         assert type(vit).__module__.startswith("transformers.models.vit")
         assert vit.config.layer_norm_eps == 1e-6 and vit.config.id2label == LABELS
@@ -235,7 +241,8 @@ def test_export_round_trip(tmp_path):
     headless = hubvit_folder(tmp_path / "headless", num_labels=0)
     assert cli(["export", "transformers", str(tmp_path / "headless"), str(tmp_path / "headless-vit")]) == 0
     vit = transformers.ViTModel.from_pretrained(tmp_path / "headless-vit", add_pooling_layer=False).eval()
-    assert_close(vit(pixel_values=pixels()).last_hidden_state, headless.hubvit(pixel_values=pixels()).last_hidden_state, "headless")
+    ours = headless.hubvit(pixel_values=pixels()).last_hidden_state
+    assert_close(vit(pixel_values=pixels()).last_hidden_state, ours, "headless last_hidden_state")
 
 
 @torch.no_grad()
@@ -256,7 +263,8 @@ def test_export_refusals(tmp_path, capsys):
     assert "pooling='map'" in err and "class_token=False" in err
     assert not (tmp_path / "out").exists()
 
-    hubvit_folder(tmp_path / "dino", layer_scale_init_value=1.0, num_register_tokens=2, position_embedding_includes_prefix=False)
+    dinov2_like = dict(layer_scale_init_value=1.0, num_register_tokens=2, position_embedding_includes_prefix=False)
+    hubvit_folder(tmp_path / "dino", **dinov2_like)
     assert cli(["export", "transformers", str(tmp_path / "dino"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "layer_scale_init_value" in err and "num_register_tokens=2" in err
