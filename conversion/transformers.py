@@ -11,6 +11,7 @@ list of offending settings.
 """
 
 import json
+import re
 import shlex
 import shutil
 import tempfile
@@ -251,12 +252,12 @@ def spelling(mapping, candidates):
     return next((key for key in candidates if mapping.has(key)), candidates[0])
 
 
-def map_weights(weights, family, head, config, drop_head, description):
+def map_weights(weights, head, config, drop_head, description):
     """hubvit state dict (through the shared strict mapper) and the mapper itself."""
     mapping = StrictMapping(weights, description)
     p = body_prefix(weights)
-    mapping.drop(rf"{p}pooler\.dense\.(weight|bias)", POOLER_REASON)
-    mapping.drop(rf"{p}embeddings\.mask_token", "masked-image-modelling token of pre-training, unused at inference")
+    mapping.drop(rf"{re.escape(p)}pooler\.dense\.(weight|bias)", POOLER_REASON)
+    mapping.drop(rf"{re.escape(p)}embeddings\.mask_token", "masked-image-modelling token of pre-training, unused here")
     if drop_head:
         mapping.drop(r"(cls_|distillation_)?classifier\.(weight|bias)", "classification head (--drop-head)")
 
@@ -403,7 +404,7 @@ def main(args):
     if not num_labels:
         config.id2label, config.label2id = {}, {}
     state_dict, mapping = map_weights(
-        weights, family, head, config, args.drop_head, f"transformers {architecture} folder ({weights_path})"
+        weights, head, config, args.drop_head, f"transformers {architecture} folder ({weights_path})"
     )
     model = build_model(config, state_dict)
     notes = []
@@ -507,7 +508,10 @@ def export_notes(config):
 def vit_config(config):
     from transformers import ViTConfig
 
-    labels = dict(id2label=dict(config.id2label), label2id=dict(config.label2id or {})) if config.num_labels else {}
+    labels = {}
+    if config.num_labels:
+        id2label = {int(k): v for k, v in config.id2label.items()}
+        labels = dict(id2label=id2label, label2id=config.label2id or {v: k for k, v in id2label.items()})
     return ViTConfig(
         image_size=config.image_size,
         patch_size=config.patch_size,

@@ -64,8 +64,11 @@ CASES = [
     ("Dinov2WithRegistersModel", True),
 ]
 # folders holding transformers v5's in-memory names (`layers.{i}.attention.q_proj`, `mlp.fc1`) instead of the legacy
-# names save_pretrained writes
-IN_MEMORY = [("ViTForImageClassification", False), ("Dinov2WithRegistersModel", True)]
+# names save_pretrained writes; one as a torch pickle (read with weights_only)
+IN_MEMORY = [
+    ("ViTForImageClassification", False, "pytorch_model.bin"),
+    ("Dinov2WithRegistersModel", True, "model.safetensors"),
+]
 SIZES = (32, 48)
 
 LOAD_AS_REMOTE_CODE = """
@@ -106,13 +109,17 @@ def converted(tmp_path_factory):
         assert any(k.endswith("encoder.layer.0.attention.attention.query.weight") for k in on_disk), "legacy names"
         convert(root / architecture, root / f"{architecture}-hubvit")
         references[f"{architecture}-hubvit"] = (architecture, headless, reference)
-    for architecture, headless in IN_MEMORY:
+    for architecture, headless, filename in IN_MEMORY:
         reference = transformers_model(architecture, seed=3)
         src = root / f"{architecture}-in-memory"
         src.mkdir()
         state = reference.state_dict()
         assert any("q_proj" in key for key in state)
-        save_file({k: v.contiguous() for k, v in state.items()}, src / "model.safetensors", metadata={"format": "pt"})
+        state = {k: v.contiguous() for k, v in state.items()}
+        if filename.endswith(".bin"):
+            torch.save(state, src / filename)
+        else:
+            save_file(state, src / filename, metadata={"format": "pt"})
         reference.config.architectures = [architecture]
         reference.config.to_json_file(src / "config.json")
         convert(src, root / f"{architecture}-in-memory-hubvit")
@@ -127,7 +134,7 @@ def converted(tmp_path_factory):
     return references, load_file(root / "outputs.safetensors"), root
 
 
-@pytest.mark.parametrize("name", [f"{a}-hubvit" for a, _ in CASES] + [f"{a}-in-memory-hubvit" for a, _ in IN_MEMORY]
+@pytest.mark.parametrize("name", [f"{a}-hubvit" for a, _ in CASES] + [f"{a}-in-memory-hubvit" for a, _, _ in IN_MEMORY]
                          + ["Dinov2ForImageClassification-body-hubvit"])
 @torch.no_grad()
 def test_converted_folder_matches_transformers(converted, name):
