@@ -152,7 +152,7 @@ def read_source_config(src):
     return architecture, family, head, {**defaults, **raw}
 
 
-def hubvit_settings(family, cfg):
+def hubvit_settings(family, head, cfg):
     """HubViTConfig fields for a transformers config dict; refuses what hubvit cannot run."""
     if cfg.get("use_swiglu_ffn"):
         raise ConversionError(
@@ -192,6 +192,7 @@ def hubvit_settings(family, cfg):
     )
     if family == "deit":
         settings["distillation_token"] = True
+        settings["distillation_head"] = head != "cls_only"
     if family.startswith("dinov2"):
         settings["layer_scale_init_value"] = cfg["layerscale_value"]
     if family == "dinov2_with_registers":
@@ -303,12 +304,8 @@ def map_weights(weights, head, config, drop_head, description):
             mapping.map(f"classifier.{part}", f"cls_classifier.{part}")
             mapping.map(f"distillation_classifier.{part}", f"distillation_classifier.{part}")
     if head == "cls_only":
-        # hubvit averages two heads when a distillation token exists; (2W·cls + b + 0·dist + b) / 2 = W·cls + b
-        # reproduces DeiT's [CLS]-only head exactly (scaling by 2 is exact in floating point).
-        mapping.map("classifier.weight", "classifier.weight", lambda w: 2 * w)
-        mapping.map("classifier.bias", "classifier.bias")
-        mapping.map("distillation_classifier.weight", "classifier.weight", torch.zeros_like)
-        mapping.map("distillation_classifier.bias", "classifier.bias")
+        for part in ("weight", "bias"):
+            mapping.map(f"classifier.{part}", f"classifier.{part}")
     return mapping.finish(expected_shapes(config)), mapping
 
 
@@ -331,7 +328,9 @@ def compare(reference_model, model, architecture, head, size, tolerance):
         pairs = {"logits": (reference.logits, ours.logits)}
     else:
         tokens = reference.last_hidden_state
-        pooled = (tokens[:, 0] + tokens[:, 1]) / 2 if model.config.distillation_token else tokens[:, 0]
+        pooled = tokens[:, 0]
+        if model.config.distillation_token and model.config.distillation_head:
+            pooled = (tokens[:, 0] + tokens[:, 1]) / 2
         body = model.hubvit(pixel_values=pixels)
         pairs = {"last_hidden_state": (tokens, body.last_hidden_state), "pooler_output": (pooled, body.pooler_output)}
     lines, failed, worst = [], [], 0.0
@@ -385,7 +384,7 @@ def main(args):
         )
     if args.drop_head:
         head = None
-    settings = hubvit_settings(family, cfg)
+    settings = hubvit_settings(family, head, cfg)
     weights, weights_path = read_folder_weights(src)
     num_labels = 0
     if head in ("classifier", "cls_only", "teacher"):
@@ -408,12 +407,6 @@ def main(args):
     )
     model = build_model(config, state_dict)
     notes = []
-    if head == "cls_only":
-        notes.append(
-            "DeiTForImageClassification has one head on [CLS] beside a distillation token; hubvit averages two heads "
-            "there, so classifier = 2 x W and distillation_classifier = 0 with the same bias: logits are identical, "
-            "cls_logits and distillation_logits are not DeiT's."
-        )
     mean, std, resample, processor_notes = preprocessing(src, family, config)
     notes += processor_notes
     for line in mapping.report() + notes:

@@ -45,6 +45,9 @@ class HubViTConfig(PretrainedConfig):
         class_token: prepend a learned [CLS] token (paper; False for SigLIP and big_vision `gap`).
         num_register_tokens: learned register tokens after [CLS] (DINOv2 with registers).
         distillation_token: DeiT's distillation token after [CLS], read by a second head.
+        distillation_head: with a distillation token, classify with two heads averaged (DeiT, timm, transformers'
+            `DeiTForImageClassificationWithTeacher`); False classifies from [CLS] alone (transformers'
+            `DeiTForImageClassification`), and `pooler_output` is then the [CLS] token.
         position_embedding_type: `learned` (paper, 1D table), `learned_2d` (row and column tables concatenated),
             `relative_2d` (learned per-head bias over (dy, dx) offsets in every block, as BEiT), `sincos_2d` (fixed,
             big_vision `posemb="sincos2d"`), `none`.
@@ -83,6 +86,7 @@ class HubViTConfig(PretrainedConfig):
         class_token=True,
         num_register_tokens=0,
         distillation_token=False,
+        distillation_head=True,
         position_embedding_type="learned",
         position_embedding_includes_prefix=True,
         interpolation_mode="bicubic",
@@ -114,6 +118,7 @@ class HubViTConfig(PretrainedConfig):
         self.class_token = class_token
         self.num_register_tokens = num_register_tokens
         self.distillation_token = distillation_token
+        self.distillation_head = distillation_head
         self.position_embedding_type = position_embedding_type
         self.position_embedding_includes_prefix = position_embedding_includes_prefix
         self.interpolation_mode = interpolation_mode

@@ -286,6 +286,17 @@ def test_distillation_heads_are_averaged():
     assert_close(out.logits, (out.cls_logits + out.distillation_logits) / 2)
 
 
+def test_distillation_token_without_its_head_classifies_from_cls():
+    """transformers' DeiTForImageClassification: the body keeps the distillation token, one head reads [CLS]."""
+    model = make(tiny_config(num_labels=5, distillation_token=True, distillation_head=False))
+    with torch.no_grad():
+        out = model(pixels())
+        body = model.hubvit(pixels())
+    assert model.distillation_classifier is None
+    assert torch.equal(body.pooler_output, body.last_hidden_state[:, 0])
+    assert_close(out.logits, model.classifier(body.last_hidden_state[:, 0]))
+
+
 def test_zero_labels_gives_identity_head():
     model = make(tiny_config(num_labels=0))
     with torch.no_grad():
