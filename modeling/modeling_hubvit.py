@@ -333,7 +333,7 @@ class HubViTPooler(nn.Module):
     def __init__(self, config: HubViTConfig):
         super().__init__()
         self.pooling = config.pooling
-        self.distillation_token = config.distillation_token
+        self.distillation_token = config.distillation_token and config.distillation_head
         self.num_prefix_tokens = config.num_prefix_tokens
         self.fc_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.fc_norm else None
         self.map_head = HubViTMAPHead(config) if config.pooling == "map" else None
@@ -558,7 +558,9 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
             features = config.representation_size
         self.classifier = nn.Linear(features, config.num_labels) if config.num_labels > 0 else nn.Identity()
         self.distillation_classifier = (
-            nn.Linear(features, config.num_labels) if config.distillation_token and config.num_labels > 0 else None
+            nn.Linear(features, config.num_labels)
+            if config.distillation_token and config.distillation_head and config.num_labels > 0
+            else None
         )
         self.post_init()
 
