@@ -1,0 +1,455 @@
+"""`hubvit convert timm`: a timm Vision Transformer checkpoint as a hubvit folder.
+
+The timm architecture is built on the meta device and its modules are read for the true settings (no guessing from
+names); every setting hubvit cannot express is refused. Tensors go through the shared `StrictMapping`, and the
+result is checked against timm's own forward on the same weights before anything is written.
+"""
+
+import argparse
+import json
+import re
+import shlex
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..modeling import HubViTConfig
+from .card import CITATIONS, CardInfo
+from .common import ConversionError, StrictMapping, read_weights
+from .folder import build_model, expected_shapes, make_image_processor, write_folder
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOLERANCE = 1e-5
+
+RENAMES = [
+    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
+    (r"cls_token", "embeddings.class_token"),
+    (r"dist_token", "embeddings.distillation_token"),
+    (r"reg_token", "embeddings.register_tokens"),
+    (r"pos_embed", "embeddings.position_embedding"),
+    (r"norm_pre\.(weight|bias)", r"pre_norm.\1"),
+    (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
+    (r"blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+    (r"blocks\.(\d+)\.ls([12])\.gamma", r"encoder.layers.\1.layer_scale\2"),
+    (r"blocks\.(\d+)\.mlp\.(fc[12])\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+    (r"norm\.(weight|bias)", r"norm.\1"),
+    (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
+    (r"attn_pool\.latent", "pooler.map_head.probe"),
+    (r"attn_pool\.(q|kv|proj|norm|mlp\.fc1|mlp\.fc2)\.(weight|bias)", r"pooler.map_head.\1.\2"),
+    (r"head\.(weight|bias)", r"classifier.\1"),
+    (r"head_dist\.(weight|bias)", r"distillation_classifier.\1"),
+]
+
+DROPS = [
+    (r"(optimizer|optim|lr_scheduler|scheduler|scaler|amp_scaler)(\..*)?", "training state (optimizer, schedule, AMP)"),
+    (r"(epoch|step|global_step|version|metric|arch|args)", "training metadata, not weights"),
+    (r"(state_dict_ema|model_ema)(\..*)?", "EMA copy stored beside the weights; the main weights are converted"),
+    (r"mask_token", "masked-image-modelling token of DINOv2/iBOT pre-training, unused at inference"),
+]
+
+def add_arguments(parser):
+    parser.add_argument("src", metavar="SRC", help="timm Hub-layout folder (config.json + weights) or a weights file")
+    parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
+    parser.add_argument("--architecture", help="timm model name, needed for a single weights file (e.g. vit_base_patch16_224)")
+    parser.add_argument("--model-args", default=None, help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
+    parser.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run timm and the converted model on the same input and fail above tolerance (default: on)",
+    )
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
+
+
+def import_timm():
+    try:
+        import timm
+    except ImportError:
+        raise ConversionError("converting timm checkpoints needs timm: pip install 'hubvit[timm]'") from None
+    return timm
+
+
+def read_source(src, architecture, model_args):
+    """(architecture, model_args, hub config or None, weights path) of a folder or a single file."""
+    src = Path(src)
+    if src.is_dir():
+        config_path = src / "config.json"
+        if not config_path.is_file():
+            raise ConversionError(f"{src}: a timm folder needs config.json (written by timm.models.save_for_hf)")
+        hub_config = json.loads(config_path.read_text())
+        if "architecture" not in hub_config:
+            raise ConversionError(f"{config_path}: no 'architecture' field; is this a timm checkpoint folder?")
+        if architecture and architecture != hub_config["architecture"]:
+            raise ConversionError(
+                f"--architecture {architecture} disagrees with {config_path}: architecture={hub_config['architecture']!r}"
+            )
+        weights = next((src / name for name in WEIGHT_FILES if (src / name).is_file()), None)
+        if weights is None:
+            raise ConversionError(f"{src}: no weights file; expected one of {list(WEIGHT_FILES)}")
+        args = dict(hub_config.get("model_args") or {})
+        args.setdefault("num_classes", hub_config.get("num_classes", args.get("num_classes")))
+        return hub_config["architecture"], {**args, **model_args}, hub_config, weights
+    if not src.exists():
+        raise ConversionError(f"{src}: no such file or folder")
+    if not architecture:
+        raise ConversionError(f"{src} is a single weights file: say which timm model it is with --architecture NAME")
+    return architecture, dict(model_args), None, src
+
+
+def parse_model_args(text):
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConversionError(f"--model-args is not valid JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ConversionError(f"--model-args must be a JSON object of timm kwargs, got {text!r}")
+    return value
+
+
+def create_timm_model(architecture, model_args, device="meta", **extra):
+    timm = import_timm()
+    if not timm.is_model(architecture.split(".")[0]):
+        raise ConversionError(f"timm {timm.__version__} has no model named {architecture!r}")
+    try:
+        with torch.device(device):
+            return timm.create_model(architecture, pretrained=False, **{**model_args, **extra}).eval()
+    except (TypeError, AssertionError, ValueError, RuntimeError) as error:
+        raise ConversionError(f"timm could not build {architecture} with model_args {model_args}: {error}") from None
+
+
+def activation_name(module):
+    """hubvit's `hidden_act` for a timm activation module, or None when hubvit has no exact equivalent."""
+    from timm.layers import activations
+
+    if isinstance(module, nn.GELU):
+        return {"none": "gelu", "tanh": "gelu_pytorch_tanh"}.get(module.approximate)
+    exact = {
+        activations.GELU: "gelu",
+        activations.GELUTanh: "gelu_pytorch_tanh",
+        activations.QuickGELU: "quick_gelu",
+        nn.SiLU: "silu",
+        activations.Swish: "silu",
+        nn.ReLU: "relu",
+    }
+    return exact.get(type(module))
+
+
+def read_settings(model, architecture):
+    """(HubViTConfig kwargs, []) describing `model`, a timm ViT on the meta device, or (None, what hubvit lacks)."""
+    from timm.layers import Attention, AttentionPoolLatent, LayerScale, Mlp, PatchEmbed
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import Block, VisionTransformer
+
+    if type(model) not in (VisionTransformer, VisionTransformerDistilled):
+        raise ConversionError(
+            f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer and "
+            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP) only"
+        )
+    problems = []
+    blocks = list(model.blocks)
+    first = blocks[0]
+    patch = model.patch_embed
+    if type(patch) is not PatchEmbed or not isinstance(getattr(patch, "proj", None), nn.Conv2d):
+        problems.append(f"patch embedding {type(patch).__name__} (hybrid stems are not supported; expected PatchEmbed)")
+    else:
+        if not isinstance(patch.norm, nn.Identity):
+            problems.append("a norm inside the patch embedding (embed_norm_layer)")
+        if tuple(patch.proj.kernel_size) != tuple(patch.proj.stride) or tuple(patch.proj.padding) != (0, 0):
+            problems.append(f"patch convolution kernel {patch.proj.kernel_size} stride {patch.proj.stride}")
+    norms = [m for name, m in model.named_modules() if "norm" in name.split(".")[-1] and not isinstance(m, nn.Identity)]
+    for module in norms:
+        if not isinstance(module, nn.LayerNorm) or module.weight is None or module.bias is None:
+            problems.append(f"normalisation {type(module).__name__} (hubvit uses LayerNorm with weight and bias)")
+            break
+    eps = {m.eps for m in norms if isinstance(m, nn.LayerNorm)}
+    if len(eps) > 1:
+        problems.append(f"LayerNorms with different eps {sorted(eps)}")
+    acts = {activation_name(b.mlp.act) if hasattr(b.mlp, "act") else None for b in blocks}
+    if model.attn_pool is not None and hasattr(model.attn_pool, "mlp"):
+        acts.add(activation_name(model.attn_pool.mlp.act))
+    if None in acts or len(acts) > 1:
+        kinds = sorted({type(getattr(b.mlp, "act", b.mlp)).__name__ for b in blocks})
+        problems.append(f"MLP activation {kinds} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)")
+    for index, block in enumerate(blocks):
+        where = f"blocks.{index}"
+        if type(block) is not Block:
+            problems.append(f"{where} is {type(block).__name__} (expected the pre-norm Block)")
+            continue
+        attn, mlp = block.attn, block.mlp
+        if type(attn) is not Attention:
+            problems.append(f"{where}.attn is {type(attn).__name__} (expected plain multi-head Attention)")
+        else:
+            if not isinstance(attn.q_norm, nn.Identity) or not isinstance(attn.k_norm, nn.Identity):
+                problems.append(f"{where}.attn has qk-norm (qk_norm=True)")
+            if not isinstance(attn.norm, nn.Identity):
+                problems.append(f"{where}.attn has a norm before its projection (scale_attn_norm=True)")
+            if attn.proj.bias is None:
+                problems.append(f"{where}.attn.proj has no bias (proj_bias=False)")
+            if (attn.qkv.bias is None) != (first.attn.qkv.bias is None) or attn.num_heads != first.attn.num_heads:
+                problems.append(f"{where}.attn differs from blocks.0 (qkv bias or heads)")
+        if type(mlp) is not Mlp or not isinstance(mlp.fc1, nn.Linear):
+            problems.append(f"{where}.mlp is {type(mlp).__name__} (SwiGLU/GLU MLPs are not supported; expected Mlp)")
+        else:
+            if not isinstance(mlp.norm, nn.Identity):
+                problems.append(f"{where}.mlp has a norm inside (scale_mlp_norm=True)")
+            if mlp.fc1.bias is None or mlp.fc2.bias is None:
+                problems.append(f"{where}.mlp has no biases (proj_bias=False)")
+        if type(block.ls1) is not type(first.ls1) or type(block.ls1) not in (LayerScale, nn.Identity):
+            problems.append(f"{where} layer scale {type(block.ls1).__name__} differs from blocks.0")
+    pool = model.global_pool
+    prefix = model.num_prefix_tokens
+    pooling = {"token": "cls", "avg": "mean", "map": "map"}.get(pool)
+    if pooling is None:
+        problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg' or 'map')")
+    if pool == "avg" and model.pool_include_prefix and prefix:
+        problems.append("avg pooling over prefix tokens too (pool_include_prefix=True)")
+    if pool == "map":
+        head = model.attn_pool
+        if type(head) is not AttentionPoolLatent:
+            problems.append(f"attention pool {type(head).__name__} (expected AttentionPoolLatent)")
+        else:
+            if prefix and not model.pool_include_prefix:
+                problems.append(f"MAP pooling that skips {prefix} prefix tokens (hubvit's MAP head reads all tokens)")
+            if head.latent_len != 1 or head.pos_embed is not None or head.pool != "token" or head.mlp is None:
+                problems.append("attention pool with several latents, its own position table or no MLP")
+            if not isinstance(head.q_norm, nn.Identity) or head.q.bias is None or head.num_heads != first.attn.num_heads:
+                problems.append("attention pool with qk-norm, no bias or its own head count")
+            elif head.mlp.fc1.out_features != first.mlp.fc1.out_features:
+                problems.append("attention pool MLP width differs from the blocks'")
+    fc_norm = not isinstance(model.fc_norm, nn.Identity)
+    if isinstance(model.norm, nn.Identity) and not fc_norm:
+        problems.append("no final norm (final_norm=False)")
+    if fc_norm and pool != "avg":
+        problems.append(f"fc_norm with global_pool={pool!r} (hubvit applies fc_norm to mean pooling only)")
+    distilled = getattr(model, "dist_token", None) is not None
+    if distilled and model.num_reg_tokens:
+        problems.append("register tokens in a distilled model (timm ignores them there)")
+    if problems:
+        return None, list(dict.fromkeys(re.sub(r"blocks\.\d+", "blocks.*", p) for p in problems))
+    height, width = (int(v) for v in patch.img_size)
+    ph, pw = (int(v) for v in patch.patch_size)
+    settings = dict(
+        image_size=height if height == width else [height, width],
+        patch_size=ph if ph == pw else [ph, pw],
+        num_channels=patch.proj.in_channels,
+        hidden_size=model.embed_dim,
+        num_hidden_layers=len(blocks),
+        num_attention_heads=first.attn.num_heads,
+        intermediate_size=first.mlp.fc1.out_features,
+        hidden_act=acts.pop(),
+        layer_norm_eps=eps.pop(),
+        qkv_bias=first.attn.qkv.bias is not None,
+        patch_bias=patch.proj.bias is not None,
+        layer_scale_init_value=float(first.ls1.init_values) if isinstance(first.ls1, LayerScale) else None,
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        class_token=model.cls_token is not None,
+        num_register_tokens=model.num_reg_tokens,
+        distillation_token=distilled,
+        position_embedding_type="learned" if model.pos_embed is not None else "none",
+        position_embedding_includes_prefix=not model.no_embed_class,
+        interpolation_mode="bicubic",
+        interpolation_antialias=True,
+        interpolation_align_corners=False,
+        pooling=pooling,
+        fc_norm=fc_norm,
+        dynamic_img_pad=bool(patch.dynamic_img_pad),
+    )
+    return settings, []
+
+
+def clean_state_dict(weights):
+    """Strip DistributedDataParallel's `module.` prefix when every key carries it."""
+    if weights and all(isinstance(k, str) and k.startswith("module.") for k in weights):
+        return {k.removeprefix("module."): v for k, v in weights.items()}
+    return dict(weights)
+
+
+def map_weights(weights, config, description):
+    """The hubvit state dict of a timm state dict, through the shared strict mapper, and the mapper itself."""
+    mapping = StrictMapping(weights, description)
+    for pattern, reason in DROPS:
+        mapping.drop(pattern, reason)
+    for key in weights:
+        if key in mapping.dropped:
+            continue
+        for pattern, target in RENAMES:
+            if re.fullmatch(pattern, key):
+                mapping.map(re.sub(pattern, target, key), key)
+                break
+    return mapping.finish(expected_shapes(config)), mapping
+
+
+def label_names(hub_config, num_classes):
+    """id2label from the checkpoint's own labels, else timm's ImageNet names for ImageNet-sized heads, else LABEL_i."""
+    if not num_classes:
+        return {}, "headless (num_classes=0)"
+    hub_config = hub_config or {}
+    names = hub_config.get("label_names")
+    if names:
+        if isinstance(names, dict):
+            names = {int(k): v for k, v in names.items()}
+        else:
+            names = dict(enumerate(names))
+        if sorted(names) != list(range(num_classes)):
+            raise ConversionError(f"label_names has {len(names)} entries for a head of {num_classes} classes")
+        descriptions = hub_config.get("label_descriptions") or {}
+        return {i: str(descriptions.get(n, n)) for i, n in names.items()}, "the checkpoint's label_names"
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    subset = infer_imagenet_subset({"num_classes": num_classes})
+    if subset:
+        info = ImageNetInfo(subset)
+        return {i: info.index_to_description(i) for i in range(num_classes)}, f"timm's {subset} class names"
+    return {i: f"LABEL_{i}" for i in range(num_classes)}, "no names in the checkpoint (LABEL_i)"
+
+
+def preprocessing(hub_config, model, config):
+    """(mean, std, resample, (height, width), crop_pct) from timm's pretrained_cfg."""
+    cfg = dict(model.pretrained_cfg or {})
+    if hub_config is not None:
+        cfg.update(hub_config.get("pretrained_cfg") or {})
+        size = tuple(cfg.get("input_size", (3, *config.image_size_2d)))[-2:]
+    else:
+        size = config.image_size_2d
+    resample = cfg.get("interpolation") or "bicubic"
+    if resample not in ("nearest", "bilinear", "bicubic", "lanczos"):
+        raise ConversionError(f"pretrained_cfg interpolation={resample!r}; expected nearest, bilinear, bicubic or lanczos")
+    mean = cfg.get("mean") or (0.485, 0.456, 0.406)
+    std = cfg.get("std") or (0.229, 0.224, 0.225)
+    return mean, std, resample, tuple(int(s) for s in size), cfg.get("crop_pct"), cfg.get("license"), cfg.get("tag")
+
+
+def family_of(architecture, tag):
+    tag = tag or ""
+    for needle, family in (("siglip", "siglip"), ("clip", "clip"), ("dinov2", "dinov2"), ("deit3", "deit3"), ("deit", "deit")):
+        if needle in architecture:
+            return family
+    if "dino" in tag:
+        return "dino"
+    return "augreg" if tag.startswith("augreg") else "vit"
+
+
+@torch.no_grad()
+def verify(timm_model, model, tolerance):
+    """Max |timm - hubvit| on one random batch for pre-logit features and logits (if any), and what exceeds `tolerance`."""
+    config = model.config
+    height, width = config.image_size_2d
+    pixels = torch.randn(2, config.num_channels, height, width, generator=torch.Generator().manual_seed(0))
+    features = timm_model.forward_features(pixels)
+    pairs = {"features": (timm_model.forward_head(features, pre_logits=True), model.hubvit(pixels).pooler_output)}
+    if config.num_labels:
+        pairs["logits"] = (timm_model.forward_head(features), model(pixel_values=pixels).logits)
+    lines, worst, failed = [], 0.0, []
+    for name, (reference, ours) in pairs.items():
+        diff = (reference - ours).abs().max().item()
+        scale = reference.abs().max().item()
+        worst = max(worst, diff)
+        lines.append(f"max |Δ{name}| = {diff:.2e} (max |{name}| = {scale:.3g})")
+        if not diff <= tolerance * scale:
+            failed.append(f"{name}: max |difference| {diff:.3g} > {tolerance:g} x max |timm| {scale:.3g}")
+    return worst, lines, failed
+
+
+def refuse(architecture, problems, weights):
+    """ConversionError listing the settings hubvit lacks and the source tensors no rule knows."""
+    unknown = sorted(k for k in weights if not any(re.fullmatch(p, k) for p, _ in RENAMES + DROPS))
+    listed = "".join(f"\n    {p}" for p in problems)
+    if unknown:
+        listed += f"\n  source tensors hubvit has no place for ({len(unknown)}):" + "".join(
+            f"\n    {k}" for k in unknown[:40]
+        )
+    return ConversionError(f"timm {architecture} uses settings hubvit cannot express; nothing was written.{listed}")
+
+
+def describe(args, name, model_args, config, crop_pct, size, label_source, verify_lines):
+    """(provenance, command, verification) texts for the model card."""
+    import timm
+
+    crop = (
+        f" timm evaluates it with crop_pct={crop_pct} (resize to {round(size[0] / crop_pct)} px, centre crop "
+        f"{size[0]}); the image processor here resizes the whole image to {size[0]}x{size[1]}."
+        if crop_pct and crop_pct != 1.0
+        else ""
+    )
+    provenance = (
+        f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
+        f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`.{crop} Labels: {label_source}."
+    )
+    command = shlex.join(
+        ["hubvit", "convert", "timm", str(args.src), str(args.out)]
+        + (["--architecture", args.architecture] if args.architecture else [])
+        + (["--model-args", args.model_args] if args.model_args else [])
+    )
+    verification = None
+    if verify_lines:
+        (h, w) = config.image_size_2d
+        verification = (
+            f"timm {timm.__version__} `{name}` and this model, same weights, one random float32 batch of "
+            f"2x{config.num_channels}x{h}x{w}: " + "; ".join(verify_lines) + f". Tolerance {args.tolerance:g} "
+            "relative to the output scale. At other resolutions the position table is resized as timm's "
+            "`dynamic_img_size=True` does (bicubic, antialias, float32)."
+        )
+    return provenance, command, verification
+
+
+def main(args):
+    import_timm()
+    model_args = parse_model_args(args.model_args)
+    architecture, model_args, hub_config, weights_path = read_source(args.src, args.architecture, model_args)
+    weights = clean_state_dict(read_weights(weights_path))
+    if hub_config is None and "num_classes" not in model_args:
+        head = weights.get("head.weight")
+        model_args["num_classes"] = int(head.shape[0]) if isinstance(head, torch.Tensor) else 0
+    meta_model = create_timm_model(architecture, model_args)
+    settings, problems = read_settings(meta_model, architecture)
+    if problems:
+        raise refuse(architecture, problems, weights)
+    num_classes = meta_model.num_classes
+    id2label, label_source = label_names(hub_config, num_classes)
+    config = HubViTConfig(**settings, num_labels=num_classes, id2label=id2label or None)
+    if not num_classes:
+        config.id2label, config.label2id = {}, {}
+    state_dict, mapping = map_weights(weights, config, f"timm {architecture} checkpoint ({weights_path})")
+    model = build_model(config, state_dict)
+    for line in mapping.report():
+        print(line)
+    print(f"labels: {label_source}")
+
+    mean, std, resample, size, crop_pct, license, tag = preprocessing(hub_config, meta_model, config)
+    image_processor = make_image_processor(config, mean, std, resample)
+    image_processor.size = {"height": size[0], "width": size[1]}
+    name = f"{architecture}.{tag}" if tag else architecture
+
+    max_abs_diff, lines = None, []
+    if args.verify:
+        timm_model = create_timm_model(architecture, model_args, device="cpu")
+        timm_model.load_state_dict({k: v for k, v in weights.items() if k not in mapping.dropped}, strict=True)
+        max_abs_diff, lines, failed = verify(timm_model, model, args.tolerance)
+        print("verify: " + "; ".join(lines))
+        if failed:
+            raise ConversionError(
+                f"the converted model does not reproduce timm {name}; nothing was written.\n"
+                + "\n".join(f"    {f}" for f in failed)
+            )
+
+    provenance, command, verification = describe(
+        args, name, model_args, config, crop_pct, size, label_source, lines
+    )
+    family = family_of(architecture, tag)
+    card = CardInfo(
+        provenance=provenance,
+        command=command,
+        family=family,
+        verification=verification,
+        max_abs_diff=max_abs_diff,
+        dropped=mapping.report()[1:],
+        license=license,
+        citation_key=family if family in CITATIONS else None,
+        title=f"hubvit {name}",
+    )
+    out = write_folder(model, args.out, image_processor, card, overwrite=getattr(args, "overwrite", False))
+    print(f"wrote {out}")
+    return out
