@@ -51,8 +51,8 @@ DROPS = [
 def add_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="timm Hub-layout folder (config.json + weights) or a weights file")
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
-    parser.add_argument("--architecture", help="timm model name, needed for a single weights file (e.g. vit_base_patch16_224)")
-    parser.add_argument("--model-args", default=None, help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
+    parser.add_argument("--architecture", help="timm model name, needed for a single weights file")
+    parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
     parser.add_argument(
         "--verify",
         action=argparse.BooleanOptionalAction,
@@ -82,7 +82,8 @@ def read_source(src, architecture, model_args):
             raise ConversionError(f"{config_path}: no 'architecture' field; is this a timm checkpoint folder?")
         if architecture and architecture != hub_config["architecture"]:
             raise ConversionError(
-                f"--architecture {architecture} disagrees with {config_path}: architecture={hub_config['architecture']!r}"
+                f"--architecture {architecture} disagrees with {config_path}: "
+                f"architecture={hub_config['architecture']!r}"
             )
         weights = next((src / name for name in WEIGHT_FILES if (src / name).is_file()), None)
         if weights is None:
@@ -207,7 +208,7 @@ def read_settings(model, architecture):
     if pool == "avg" and model.pool_include_prefix and prefix:
         problems.append("avg pooling over prefix tokens too (pool_include_prefix=True)")
     if pool == "map":
-        head = model.attn_pool
+        head, heads = model.attn_pool, first.attn.num_heads
         if type(head) is not AttentionPoolLatent:
             problems.append(f"attention pool {type(head).__name__} (expected AttentionPoolLatent)")
         else:
@@ -215,7 +216,7 @@ def read_settings(model, architecture):
                 problems.append(f"MAP pooling that skips {prefix} prefix tokens (hubvit's MAP head reads all tokens)")
             if head.latent_len != 1 or head.pos_embed is not None or head.pool != "token" or head.mlp is None:
                 problems.append("attention pool with several latents, its own position table or no MLP")
-            if not isinstance(head.q_norm, nn.Identity) or head.q.bias is None or head.num_heads != first.attn.num_heads:
+            if not isinstance(head.q_norm, nn.Identity) or head.q.bias is None or head.num_heads != heads:
                 problems.append("attention pool with qk-norm, no bias or its own head count")
             elif head.mlp.fc1.out_features != first.mlp.fc1.out_features:
                 problems.append("attention pool MLP width differs from the blocks'")
@@ -316,7 +317,9 @@ def preprocessing(hub_config, model, config):
         size = config.image_size_2d
     resample = cfg.get("interpolation") or "bicubic"
     if resample not in ("nearest", "bilinear", "bicubic", "lanczos"):
-        raise ConversionError(f"pretrained_cfg interpolation={resample!r}; expected nearest, bilinear, bicubic or lanczos")
+        raise ConversionError(
+            f"pretrained_cfg interpolation={resample!r}; expected nearest, bilinear, bicubic or lanczos"
+        )
     mean = cfg.get("mean") or (0.485, 0.456, 0.406)
     std = cfg.get("std") or (0.229, 0.224, 0.225)
     return mean, std, resample, tuple(int(s) for s in size), cfg.get("crop_pct"), cfg.get("license"), cfg.get("tag")
@@ -324,8 +327,8 @@ def preprocessing(hub_config, model, config):
 
 def family_of(architecture, tag):
     tag = tag or ""
-    for needle, family in (("siglip", "siglip"), ("clip", "clip"), ("dinov2", "dinov2"), ("deit3", "deit3"), ("deit", "deit")):
-        if needle in architecture:
+    for family in ("siglip", "clip", "dinov2", "deit3", "deit"):
+        if family in architecture:
             return family
     if "dino" in tag:
         return "dino"
@@ -334,7 +337,7 @@ def family_of(architecture, tag):
 
 @torch.no_grad()
 def verify(timm_model, model, tolerance):
-    """Max |timm - hubvit| on one random batch for pre-logit features and logits (if any), and what exceeds `tolerance`."""
+    """Max |timm - hubvit| on one random batch (pre-logit features, logits if any) and what exceeds `tolerance`."""
     config = model.config
     height, width = config.image_size_2d
     pixels = torch.randn(2, config.num_channels, height, width, generator=torch.Generator().manual_seed(0))

@@ -128,8 +128,8 @@ def assert_matches_timm(folder, source, state_dict, name, args, headless):
         if headless:
             assert relative_error(pooled, reference(pixels)) <= tolerance
         else:
-            logits = model(pixel_values=pixels).logits
-            assert relative_error(logits, reference(pixels)) <= tolerance, ((h, w), relative_error(logits, reference(pixels)))
+            error = relative_error(model(pixel_values=pixels).logits, reference(pixels))
+            assert error <= tolerance, ((h, w), error)
     return model
 
 
@@ -225,8 +225,8 @@ def test_truncated_file_is_refused(tmp_path, capsys):
 def test_other_architecture_is_refused(tmp_path, capsys):
     resnet = timm.create_model("resnet18", pretrained=False, num_classes=10)
     torch.save(resnet.state_dict(), tmp_path / "resnet18.pth")
-    tiny = json.dumps(TINY)
-    error = refused(tmp_path, capsys, tmp_path / "resnet18.pth", "--architecture", "vit_base_patch16_224", "--model-args", tiny)
+    as_vit = ("--architecture", "vit_base_patch16_224", "--model-args", json.dumps(TINY))
+    error = refused(tmp_path, capsys, tmp_path / "resnet18.pth", *as_vit)
     assert "source tensors nothing maps" in error and "layer1.0.conv1.weight" in error
     assert "hubvit tensors left unfilled" in error and "embeddings.patch_embedding.weight" in error
 
@@ -235,7 +235,7 @@ def test_other_architecture_is_refused(tmp_path, capsys):
 
     deeper = timm_model("vit_base_patch16_224", dict(depth=3))
     torch.save(deeper.state_dict(), tmp_path / "vit3.pth")
-    error = refused(tmp_path, capsys, tmp_path / "vit3.pth", "--architecture", "vit_base_patch16_224", "--model-args", tiny)
+    error = refused(tmp_path, capsys, tmp_path / "vit3.pth", *as_vit)
     assert "mapped tensors hubvit does not have" in error and "encoder.layers.2.attention.qkv.weight" in error
 
 
@@ -290,3 +290,16 @@ def test_verify_fails_above_tolerance(tmp_path, capsys, monkeypatch):
     error = refused(tmp_path, capsys, tmp_path / "timm")
     assert "does not reproduce timm" in error and "logits" in error
     assert convert(tmp_path / "timm", tmp_path / "out", "--no-verify") == 0
+
+
+def test_unclear_sources_are_refused(tmp_path, capsys):
+    torch.save(timm_model("vit_base_patch16_224", {}).state_dict(), tmp_path / "vit.pth")
+    assert "--architecture NAME" in refused(tmp_path, capsys, tmp_path / "vit.pth")
+    error = refused(tmp_path, capsys, tmp_path / "vit.pth", "--architecture", "vit_nonexistent_patch3")
+    assert "has no model named 'vit_nonexistent_patch3'" in error
+    bad_json = ("--architecture", "vit_base_patch16_224", "--model-args", "{depth: 2}")
+    error = refused(tmp_path, capsys, tmp_path / "vit.pth", *bad_json)
+    assert "--model-args is not valid JSON" in error
+    save_for_hf(timm_model("vit_base_patch16_224", {}), tmp_path / "timm")
+    error = refused(tmp_path, capsys, tmp_path / "timm", "--architecture", "deit_base_patch16_224")
+    assert "disagrees with" in error and "vit_base_patch16_224" in error
