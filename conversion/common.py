@@ -42,6 +42,10 @@ def read_weights(path):
             loaded = torch.load(str(path), map_location="cpu", weights_only=True)
             for wrapper in ("state_dict", "model", "module"):
                 if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
+                    others = sorted(str(key) for key in loaded if key != wrapper)
+                    if others:
+                        print(f"{path.name}: weights read from its '{wrapper}' entry; dropped the other top-level "
+                              f"entries {others} (training state beside the weights)")
                     loaded = loaded[wrapper]
             if not isinstance(loaded, dict):
                 raise ConversionError(f"{path}: expected a dict of tensors, found {type(loaded).__name__}")
