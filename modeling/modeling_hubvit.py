@@ -219,7 +219,7 @@ class HubViTAttention(nn.Module):
     def forward(self, hidden_states, grid, output_attentions=False):
         batch_size, num_tokens, dim = hidden_states.shape
         qkv = self.qkv(hidden_states).reshape(batch_size, num_tokens, 3, self.num_heads, self.head_dim)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        query, key, value = (part.transpose(1, 2) for part in qkv.unbind(2))
         mask = None
         if self.relative_position_bias is not None:
             mask = self.relative_bias(grid, num_tokens).to(query.dtype)
