@@ -216,13 +216,15 @@ class HubViTAttention(nn.Module):
         prefix = num_tokens - grid[0] * grid[1]
         return F.pad(bias, (prefix, 0, prefix, 0))[None]
 
-    def forward(self, hidden_states, grid, output_attentions=False):
+    def forward(self, hidden_states, grid, output_attentions=False, num_queries=None):
+        """`num_queries`: attend from the first tokens only (all tokens still give keys and values)."""
         batch_size, num_tokens, dim = hidden_states.shape
         qkv = self.qkv(hidden_states).reshape(batch_size, num_tokens, 3, self.num_heads, self.head_dim)
         query, key, value = (part.transpose(1, 2) for part in qkv.unbind(2))
+        query = query[:, :, :num_queries]
         mask = None
         if self.relative_position_bias is not None:
-            mask = self.relative_bias(grid, num_tokens).to(query.dtype)
+            mask = self.relative_bias(grid, num_tokens)[:, :, :num_queries].to(query.dtype)
         attend = attention_function(self.config, output_attentions)
         output, weights = attend(
             self,
@@ -233,7 +235,7 @@ class HubViTAttention(nn.Module):
             scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
         )
-        output = self.dropout(self.proj(output.reshape(batch_size, num_tokens, dim)))
+        output = self.dropout(self.proj(output.reshape(batch_size, query.shape[2], dim)))
         return output, weights
 
 
@@ -264,11 +266,12 @@ class HubViTLayer(GradientCheckpointingLayer):
         self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
         self.drop_path_rate = drop_path_rate
 
-    def forward(self, hidden_states, grid, output_attentions=False):
-        attended, weights = self.attention(self.norm1(hidden_states), grid, output_attentions)
+    def forward(self, hidden_states, grid, output_attentions=False, num_queries=None):
+        """`num_queries`: update (and return) the first tokens only."""
+        attended, weights = self.attention(self.norm1(hidden_states), grid, output_attentions, num_queries)
         if self.layer_scale1 is not None:
             attended = attended * self.layer_scale1
-        hidden_states = hidden_states + drop_path(attended, self.drop_path_rate, self.training)
+        hidden_states = hidden_states[:, :num_queries] + drop_path(attended, self.drop_path_rate, self.training)
         transformed = self.mlp(self.norm2(hidden_states))
         if self.layer_scale2 is not None:
             transformed = transformed * self.layer_scale2
@@ -283,11 +286,14 @@ class HubViTEncoder(nn.Module):
         rates = [config.drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.layers = nn.ModuleList([HubViTLayer(config, rate) for rate in rates])
 
-    def forward(self, hidden_states, grid, output_attentions=False, output_hidden_states=False):
+    def forward(self, hidden_states, grid, output_attentions=False, output_hidden_states=False, num_output_tokens=None):
         all_hidden = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden_states, weights = layer(hidden_states, grid, output_attentions)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            hidden_states, weights = layer(
+                hidden_states, grid, output_attentions, num_output_tokens if index == last else None
+            )
             if output_hidden_states:
                 all_hidden = all_hidden + (hidden_states,)
             if output_attentions:
@@ -337,6 +343,13 @@ class HubViTPooler(nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens
         self.fc_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.fc_norm else None
         self.map_head = HubViTMAPHead(config) if config.pooling == "map" else None
+
+    @property
+    def num_tokens_read(self):
+        """How many leading tokens the pooled vector depends on; None when it depends on all of them."""
+        if self.pooling in ("cls", "first"):
+            return 2 if self.distillation_token else 1
+        return None
 
     def forward(self, hidden_states):
         if self.pooling == "none":
@@ -448,9 +461,15 @@ class HubViTModel(HubViTPreTrainedModel):
         output_hidden_states=None,
         interpolate_pos_encoding=None,
         return_dict=None,
+        num_output_tokens=None,
         **kwargs,
     ):
-        """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized."""
+        """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized.
+
+        `num_output_tokens` runs the last block for the first tokens only (keys and values still come from every
+        token), so `last_hidden_state` holds just those: what a classifier reading the prefix tokens needs, in the
+        spirit of transformers' `logits_to_keep`.
+        """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -462,7 +481,7 @@ class HubViTModel(HubViTPreTrainedModel):
         if self.pre_norm is not None:
             hidden_states = self.pre_norm(hidden_states)
         hidden_states, all_hidden, all_attentions = self.encoder(
-            hidden_states, grid, output_attentions, output_hidden_states
+            hidden_states, grid, output_attentions, output_hidden_states, num_output_tokens
         )
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
@@ -575,11 +594,18 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         **kwargs,
     ):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        # The heads read the prefix tokens alone, so the last block skips the patch tokens unless they are returned.
+        num_output_tokens = None if output_attentions or output_hidden_states else self.hubvit.pooler.num_tokens_read
         outputs = self.hubvit(
             pixel_values,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            num_output_tokens=num_output_tokens,
         )
         cls_logits = distillation_logits = None
         if self.distillation_classifier is not None:
