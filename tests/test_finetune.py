@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from tests.utils import run_without_hubvit
+from utils import run_without_hubvit, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "finetune.py"
@@ -108,10 +108,8 @@ def test_metric_modules_load_offline_and_agree_with_scikit_learn():
 
 
 def test_parameter_groups_decay_and_layer_scales():
-    from hubvit.scripts.training import parameter_groups
-    from tests.utils import tiny_config
-
     from hubvit import HubViTForImageClassification
+    from hubvit.scripts.training import parameter_groups
 
     model = HubViTForImageClassification(tiny_config(num_labels=3, num_register_tokens=1))
     groups = parameter_groups(model, learning_rate=1.0, weight_decay=0.1, layer_decay=0.5)
