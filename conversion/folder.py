@@ -7,6 +7,7 @@ so a failure never leaves a half-written folder.
 
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers import ViTImageProcessor
@@ -61,22 +62,16 @@ def expected_shapes(config: HubViTConfig):
     return {key.removeprefix("hubvit."): tuple(value.shape) for key, value in model.state_dict().items()}
 
 
-def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = None, overwrite=False):
-    """Write `model` as a hubvit checkpoint folder at `out_dir`, atomically; returns the path."""
+@contextmanager
+def staged_folder(out_dir, overwrite=False):
+    """Yield a temporary sibling of `out_dir` to write into; it replaces `out_dir` only if the block succeeds."""
     out = Path(out_dir)
     if out.exists() and not overwrite and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    image_processor = image_processor or make_image_processor(model.config)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save_pretrained(staging)
-        image_processor.save_pretrained(staging)
-        if card is not None:
-            render_card(model, card, image_processor).save(staging / "README.md")
-        missing = [name for name in REQUIRED_FILES if not (staging / name).is_file()]
-        if missing:
-            raise RuntimeError(f"save_pretrained did not write {missing}")
+        yield staging
         staging.chmod(0o755)
         if out.exists():
             shutil.rmtree(out)
@@ -84,4 +79,17 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return out
+
+
+def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = None, overwrite=False):
+    """Write `model` as a hubvit checkpoint folder at `out_dir`, atomically; returns the path."""
+    image_processor = image_processor or make_image_processor(model.config)
+    with staged_folder(out_dir, overwrite) as staging:
+        model.save_pretrained(staging)
+        image_processor.save_pretrained(staging)
+        if card is not None:
+            render_card(model, card, image_processor).save(staging / "README.md")
+        missing = [name for name in REQUIRED_FILES if not (staging / name).is_file()]
+        if missing:
+            raise RuntimeError(f"save_pretrained did not write {missing}")
+    return Path(out_dir)

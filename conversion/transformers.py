@@ -13,8 +13,6 @@ list of offending settings.
 import json
 import re
 import shlex
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -23,7 +21,7 @@ from ..modeling import HubViTConfig, HubViTForImageClassification
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from .card import CardInfo
 from .common import ConversionError, StrictMapping, read_weights
-from .folder import build_model, expected_shapes, make_image_processor, write_folder
+from .folder import build_model, expected_shapes, make_image_processor, staged_folder, write_folder
 
 TOLERANCE = 1e-5
 
@@ -612,22 +610,12 @@ def export_main(args):
     for line in notes:
         print(line)
 
-    if out.exists() and not getattr(args, "overwrite", False) and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_folder(out, getattr(args, "overwrite", False)) as staging:
         model.save_pretrained(staging)
         if (src / "preprocessor_config.json").is_file():
             ViTImageProcessor.from_pretrained(str(src)).save_pretrained(staging)
         else:
             make_image_processor(config).save_pretrained(staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     print(f"wrote {out} ({type(model).__name__})")
     return out
 

@@ -9,7 +9,6 @@ This file travels to the Hub next to every checkpoint: flat, relative imports
 only, no I/O.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
