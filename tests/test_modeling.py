@@ -303,7 +303,8 @@ def test_zero_labels_gives_identity_head():
         out = model(pixels())
         pooled = model.hubvit(pixels()).pooler_output
     assert isinstance(model.classifier, torch.nn.Identity)
-    assert torch.equal(out.logits, pooled)
+    # The classifier runs the last block for [CLS] alone (the only token it reads): equal up to float rounding.
+    assert_close(out.logits, pooled)
 
 
 @pytest.mark.parametrize(
