@@ -92,7 +92,7 @@ def add_arguments(parser):
     parser.add_argument(
         "--drop-head",
         action="store_true",
-        help="convert only the body of a classifier (needed for DINOv2's, whose head reads [CLS] + mean of patches)",
+        help="convert only the body of a classifier (a headless hubvit folder)",
     )
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the check against transformers")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of the check (1e-5)")
@@ -191,6 +191,8 @@ def hubvit_settings(family, head, cfg):
     if family == "deit":
         settings["distillation_token"] = True
         settings["distillation_head"] = head != "cls_only"
+    if head == "cls_and_mean":
+        settings["pooling"] = "cls_mean"
     if family.startswith("dinov2"):
         settings["layer_scale_init_value"] = cfg["layerscale_value"]
     if family == "dinov2_with_registers":
@@ -301,7 +303,7 @@ def map_weights(weights, head, config, drop_head, description):
         elif head == "teacher":
             mapping.map(f"classifier.{part}", f"cls_classifier.{part}")
             mapping.map(f"distillation_classifier.{part}", f"distillation_classifier.{part}")
-    if head == "cls_only":
+    if head in ("cls_only", "cls_and_mean"):
         for part in ("weight", "bias"):
             mapping.map(f"classifier.{part}", f"classifier.{part}")
     return mapping.finish(expected_shapes(config)), mapping
@@ -322,7 +324,7 @@ def compare(reference_model, model, architecture, head, size, tolerance):
     kwargs = {} if architecture.startswith("Dinov2") else {"interpolate_pos_encoding": True}
     reference = reference_model(pixel_values=pixels, **kwargs)
     ours = model(pixel_values=pixels)
-    if head in ("classifier", "cls_only", "teacher"):
+    if head in ("classifier", "cls_only", "cls_and_mean", "teacher"):
         pairs = {"logits": (reference.logits, ours.logits)}
     else:
         tokens = reference.last_hidden_state
@@ -374,18 +376,12 @@ def main(args):
         )
     src = Path(args.src)
     architecture, family, head, cfg = read_source_config(src)
-    if head == "cls_and_mean" and not args.drop_head:
-        raise ConversionError(
-            f"{architecture}'s classifier reads concat([CLS], mean of patch tokens) (2 x hidden_size inputs); hubvit "
-            "has no such pooling, so the head cannot be converted faithfully. Pass --drop-head to convert the body "
-            "only (a headless hubvit folder), or convert the matching base model."
-        )
     if args.drop_head:
         head = None
     settings = hubvit_settings(family, head, cfg)
     weights, weights_path = read_folder_weights(src)
     num_labels = 0
-    if head in ("classifier", "cls_only", "teacher"):
+    if head in ("classifier", "cls_only", "cls_and_mean", "teacher"):
         key = "cls_classifier.weight" if head == "teacher" else "classifier.weight"
         num_labels = int(weights[key].shape[0]) if key in weights else 0
         if not num_labels:

@@ -7,7 +7,7 @@ hubvit itself. Field names follow transformers' `ViTConfig` where it has one.
 from transformers import PretrainedConfig
 
 POSITION_EMBEDDING_TYPES = ("learned", "learned_2d", "relative_2d", "sincos_2d", "none")
-POOLING_TYPES = ("cls", "mean", "map", "first", "none")
+POOLING_TYPES = ("cls", "mean", "map", "first", "cls_mean", "none")
 HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 INTERPOLATION_MODES = ("bicubic", "bilinear")
 
@@ -56,7 +56,9 @@ class HubViTConfig(PretrainedConfig):
         interpolation_mode, interpolation_antialias, interpolation_align_corners: how position tables are resized
             to a new grid. timm: bicubic + antialias; original JAX fine-tuning: bilinear + align_corners.
         pooling: `cls` (paper), `mean` over patch tokens (big_vision `gap`, timm `avg`), `map` attention pooling
-            (SigLIP, big_vision `map`), `first` token without a class token (big_vision `0`), `none`.
+            (SigLIP, big_vision `map`), `first` token without a class token (big_vision `0`), `cls_mean`: [CLS]
+            concatenated with the mean of the patch tokens, 2 x hidden_size wide (transformers'
+            `Dinov2ForImageClassification`, DINOv2's linear probes), `none`.
         fc_norm: with mean pooling, apply the final LayerNorm after pooling instead of before (timm `fc_norm`).
         representation_size: Dense + tanh before the head (ImageNet-21k checkpoints of the original repo).
         dynamic_img_pad: pad inputs on the bottom/right to a multiple of the patch instead of refusing them (timm).
@@ -155,6 +157,11 @@ class HubViTConfig(PretrainedConfig):
         return h // ph, w // pw
 
     @property
+    def pooled_size(self):
+        """Width of `pooler_output`: what the representation layer or the head reads."""
+        return 2 * self.hidden_size if self.pooling == "cls_mean" else self.hidden_size
+
+    @property
     def num_prefix_tokens(self):
         return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
 
@@ -183,8 +190,10 @@ class HubViTConfig(PretrainedConfig):
         (h, w), (ph, pw) = self.image_size_2d, self.patch_size_2d
         if h % ph or w % pw:
             raise ValueError(f"image_size={self.image_size!r} is not divisible by patch_size={self.patch_size!r}")
-        if self.pooling == "cls" and not self.class_token:
-            raise ValueError("pooling='cls' needs class_token=True; use pooling='mean', 'map' or 'first' without it")
+        if self.pooling in ("cls", "cls_mean") and not self.class_token:
+            raise ValueError(
+                f"pooling={self.pooling!r} needs class_token=True; use pooling='mean', 'map' or 'first' without it"
+            )
         if self.distillation_token and not self.class_token:
             raise ValueError("distillation_token=True needs class_token=True (DeiT puts it after [CLS])")
         if self.distillation_token and self.pooling != "cls":

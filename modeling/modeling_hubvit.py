@@ -358,6 +358,8 @@ class HubViTPooler(nn.Module):
         if self.pooling == "mean":
             pooled = hidden_states[:, self.num_prefix_tokens :].mean(dim=1)
             return self.fc_norm(pooled) if self.fc_norm is not None else pooled
+        if self.pooling == "cls_mean":
+            return torch.cat([hidden_states[:, 0], hidden_states[:, self.num_prefix_tokens :].mean(dim=1)], dim=-1)
         if self.distillation_token:
             return (hidden_states[:, 0] + hidden_states[:, 1]) / 2
         return hidden_states[:, 0]
@@ -569,7 +571,7 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
             raise ValueError("pooling='none' has no vector to classify; use HubViTModel or another pooling")
         self.num_labels = config.num_labels
         self.hubvit = HubViTModel(config)
-        features = config.hidden_size
+        features = config.pooled_size
         self.pre_logits = None
         if config.representation_size is not None:
             self.pre_logits = nn.Sequential(nn.Linear(features, config.representation_size), nn.Tanh())

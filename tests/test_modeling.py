@@ -172,6 +172,7 @@ OPTIONS = [
 ] + [dict(position_embedding_type=kind, distillation_token=True) for kind in ["learned", "relative_2d"]] + [
     dict(class_token=False, pooling="mean", position_embedding_type="sincos_2d"),
     dict(class_token=False, pooling="first"),
+    dict(pooling="cls_mean", num_register_tokens=2, layer_scale_init_value=0.1),
     dict(class_token=False, pooling="map", position_embedding_includes_prefix=False),
     dict(pooling="mean", fc_norm=True, layer_scale_init_value=0.1),
     dict(pre_norm=True, patch_bias=False, hidden_act="quick_gelu", layer_norm_eps=1e-5),
@@ -274,6 +275,19 @@ def test_pooler_output_is_what_the_classifier_reads():
         expected_pool = model.hubvit.pooler.fc_norm(tokens.mean(1))
     assert_close(out.pooler_output, expected_pool)
     assert_close(logits, model.classifier(out.pooler_output))
+
+
+def test_cls_mean_pooling_concatenates_cls_and_patch_mean():
+    """DINOv2's linear-probe input: [CLS] next to the mean of the patch tokens (registers excluded)."""
+    model = make(tiny_config(num_labels=5, pooling="cls_mean", num_register_tokens=2))
+    with torch.no_grad():
+        body = model.hubvit(pixels())
+        logits = model(pixels()).logits
+    tokens = body.last_hidden_state
+    expected = torch.cat([tokens[:, 0], tokens[:, 3:].mean(1)], dim=-1)
+    assert body.pooler_output.shape == (2, 64)
+    assert_close(body.pooler_output, expected)
+    assert_close(logits, model.classifier(expected))
 
 
 def test_distillation_heads_are_averaged():

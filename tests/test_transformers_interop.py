@@ -62,6 +62,8 @@ CASES = [
     ("DeiTForImageClassificationWithTeacher", False),
     ("Dinov2Model", True),
     ("Dinov2WithRegistersModel", True),
+    ("Dinov2ForImageClassification", False),
+    ("Dinov2WithRegistersForImageClassification", False),
 ]
 # folders holding transformers v5's in-memory names (`layers.{i}.attention.q_proj`, `mlp.fc1`) instead of the legacy
 # names save_pretrained writes; one as a torch pickle (read with weights_only)
@@ -125,8 +127,8 @@ def converted(tmp_path_factory):
         convert(src, root / f"{architecture}-in-memory-hubvit")
         references[f"{architecture}-in-memory-hubvit"] = (architecture, headless, reference)
     reference = transformers_model("Dinov2ForImageClassification", seed=4)
-    reference.save_pretrained(root / "Dinov2ForImageClassification")
-    convert(root / "Dinov2ForImageClassification", root / "Dinov2ForImageClassification-body-hubvit", "--drop-head")
+    reference.save_pretrained(root / "Dinov2ForImageClassification-body")
+    convert(root / "Dinov2ForImageClassification-body", root / "Dinov2ForImageClassification-body-hubvit", "--drop-head")
     references["Dinov2ForImageClassification-body-hubvit"] = ("Dinov2Model", True, reference.dinov2)
     jobs = [(name, headless) for name, (_, headless, _) in references.items()]
     code = f"JOBS = {jobs!r}\nSIZES = {SIZES!r}\n" + LOAD_AS_REMOTE_CODE
@@ -160,14 +162,6 @@ def test_converted_folder_matches_transformers(converted, name):
     assert outputs[f"{name}/eps"].item() == pytest.approx(reference.config.layer_norm_eps, rel=1e-9)
     config = json.loads((root / name / "config.json").read_text())
     assert {int(k): v for k, v in config["id2label"].items()} == ({} if headless else LABELS)
-
-
-def test_dinov2_classifier_refused(tmp_path, capsys):
-    """Dinov2ForImageClassification reads concat([CLS], mean of patches): refused unless --drop-head (tested above)."""
-    transformers_model("Dinov2ForImageClassification").save_pretrained(tmp_path / "src")
-    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
-    assert "concat([CLS], mean of patch tokens)" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
 
 
 def test_image_processor_settings_carry_over(tmp_path):
