@@ -134,7 +134,12 @@ def hubvit_to_timm(state):
         (r"^hubvit\.norm\.", "norm."),
         (r"^classifier\.", "head."),
     )
-    out = {}
+    return rename(state, rules)
+
+
+def rename(state, rules, out=None):
+    """`state` with each name rewritten by the first (pattern, target) rule that matches it."""
+    out = {} if out is None else out
     for name, tensor in state.items():
         for pattern, target in rules:
             if re.match(pattern, name):
@@ -155,18 +160,15 @@ def hubvit_to_transformers(state):
         (r"^hubvit\.norm\.", "vit.layernorm."),
         (r"^classifier\.", "classifier."),
     )
-    out = {}
+    out, rest = {}, {}
     for name, tensor in state.items():
         qkv = re.match(r"^hubvit\.encoder\.layers\.(\d+)\.attention\.qkv\.(weight|bias)$", name)
         if qkv:
             for part, chunk in zip(("q", "k", "v"), tensor.chunk(3, dim=0)):
                 out[f"vit.layers.{qkv[1]}.attention.{part}_proj.{qkv[2]}"] = chunk
-            continue
-        for pattern, target in rules:
-            if re.match(pattern, name):
-                out[re.sub(pattern, target, name)] = tensor
-                break
-    return out
+        else:
+            rest[name] = tensor
+    return rename(rest, rules, out)
 
 
 def build_models(arch, libraries):
