@@ -40,6 +40,18 @@ def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corne
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], channels).to(table.dtype)
 
 
+def resize_as_configured(config, table, old_grid, new_grid):
+    """`resize_position_grid` with the interpolation the checkpoint's source uses (recorded in the config)."""
+    return resize_position_grid(
+        table,
+        old_grid,
+        new_grid,
+        config.interpolation_mode,
+        config.interpolation_antialias,
+        config.interpolation_align_corners,
+    )
+
+
 def sincos_2d_position_table(grid, dim, temperature=10000.0, device=None, dtype=torch.float32):
     """big_vision's fixed table: [sin x, cos x, sin y, cos y] over the patch grid, shape (1, gh*gw, dim)."""
     quarter = dim // 4
@@ -93,38 +105,22 @@ class HubViTEmbeddings(nn.Module):
             self.position_embedding_columns = nn.Parameter(torch.zeros(self.grid_size[1], dim // 2))
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def resize(self, table, new_grid):
-        config = self.config
-        return resize_position_grid(
-            table,
-            self.grid_size,
-            new_grid,
-            config.interpolation_mode,
-            config.interpolation_antialias,
-            config.interpolation_align_corners,
-        )
-
     def learned_table(self, grid):
         """The 1D table at `grid`: prefix rows (if any) untouched, the patch grid resized."""
         table = self.position_embedding
         prefix = table.shape[1] - self.grid_size[0] * self.grid_size[1]
         if tuple(grid) == tuple(self.grid_size):
             return table
-        return torch.cat([table[:, :prefix], self.resize(table[:, prefix:], grid)], dim=1)
+        patches = resize_as_configured(self.config, table[:, prefix:], self.grid_size, grid)
+        return torch.cat([table[:, :prefix], patches], dim=1)
 
     def learned_2d_table(self, grid):
         """Row and column tables resized along their own axis, then concatenated per patch: (1, gh*gw, D)."""
         rows = self.position_embedding_rows
         cols = self.position_embedding_columns
         if tuple(grid) != tuple(self.grid_size):
-            rows = resize_position_grid(
-                rows[None], (self.grid_size[0], 1), (grid[0], 1), self.config.interpolation_mode,
-                self.config.interpolation_antialias, self.config.interpolation_align_corners,
-            )[0]
-            cols = resize_position_grid(
-                cols[None], (1, self.grid_size[1]), (1, grid[1]), self.config.interpolation_mode,
-                self.config.interpolation_antialias, self.config.interpolation_align_corners,
-            )[0]
+            rows = resize_as_configured(self.config, rows[None], (self.grid_size[0], 1), (grid[0], 1))[0]
+            cols = resize_as_configured(self.config, cols[None], (1, self.grid_size[1]), (1, grid[1]))[0]
         table = torch.cat(
             [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
         )
@@ -196,17 +192,20 @@ class HubViTAttention(nn.Module):
             gh, gw = config.grid_size
             self.relative_position_bias = nn.Parameter(torch.zeros(self.num_heads, 2 * gh - 1, 2 * gw - 1))
 
-    def relative_bias(self, grid, num_tokens):
-        """(1, H, T, T) additive logits bias for a `grid` of patches after `T - gh*gw` prefix tokens."""
+    def relative_bias_table(self, grid):
+        """The (H, 2gh-1, 2gw-1) table of biases over (dy, dx) offsets, resized to a `grid` of patches."""
         gh, gw = self.config.grid_size
         table = self.relative_position_bias
-        if tuple(grid) != (gh, gw):
-            new = (2 * grid[0] - 1, 2 * grid[1] - 1)
-            flat = table.reshape(self.num_heads, -1).t()[None]
-            table = resize_position_grid(
-                flat, (2 * gh - 1, 2 * gw - 1), new, self.config.interpolation_mode,
-                self.config.interpolation_antialias, self.config.interpolation_align_corners,
-            )[0].t().reshape(self.num_heads, *new)
+        if tuple(grid) == (gh, gw):
+            return table
+        new = (2 * grid[0] - 1, 2 * grid[1] - 1)
+        flat = table.reshape(self.num_heads, -1).t()[None]
+        flat = resize_as_configured(self.config, flat, (2 * gh - 1, 2 * gw - 1), new)
+        return flat[0].t().reshape(self.num_heads, *new)
+
+    def relative_bias(self, grid, num_tokens):
+        """(1, H, T, T) additive logits bias for a `grid` of patches after `T - gh*gw` prefix tokens."""
+        table = self.relative_bias_table(grid)
         ys, xs = torch.meshgrid(
             torch.arange(grid[0], device=table.device), torch.arange(grid[1], device=table.device), indexing="ij"
         )
@@ -515,16 +514,8 @@ class HubViTModel(HubViTPreTrainedModel):
         for layer in self.encoder.layers:
             attention = layer.attention
             if attention.relative_position_bias is not None:
-                bias = attention.relative_position_bias
-                gh, gw = config.grid_size
-                if (gh, gw) != new_grid:
-                    new = (2 * new_grid[0] - 1, 2 * new_grid[1] - 1)
-                    flat = bias.reshape(bias.shape[0], -1).t()[None]
-                    flat = resize_position_grid(
-                        flat, (2 * gh - 1, 2 * gw - 1), new, config.interpolation_mode,
-                        config.interpolation_antialias, config.interpolation_align_corners,
-                    )
-                    attention.relative_position_bias = nn.Parameter(flat[0].t().reshape(bias.shape[0], *new).clone())
+                table = attention.relative_bias_table(new_grid)
+                attention.relative_position_bias = nn.Parameter(table.detach().clone())
         config.image_size = new_size[0] if new_size[0] == new_size[1] else list(new_size)
         embeddings.grid_size = new_grid
         return self
