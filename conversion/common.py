@@ -16,11 +16,15 @@ class ConversionError(ValueError):
     """A checkpoint that cannot be converted faithfully; the message says what did not match."""
 
 
-def _list(title, items, limit=40):
+def listing(items, limit=40):
+    """Sorted items one per indented line, the tail counted rather than printed."""
     items = sorted(items)
-    shown = "\n".join(f"    {item}" for item in items[:limit])
     more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
-    return f"  {title} ({len(items)}):\n{shown}{more}"
+    return "\n".join(f"    {item}" for item in items[:limit]) + more
+
+
+def _list(title, items):
+    return f"  {title} ({len(items)}):\n{listing(items)}"
 
 
 def read_weights(path):

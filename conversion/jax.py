@@ -16,7 +16,7 @@ import torch
 
 from ..modeling import HubViTConfig
 from .card import CardInfo
-from .common import ConversionError, StrictMapping, read_weights
+from .common import ConversionError, StrictMapping, listing, read_weights
 from .folder import build_model, expected_shapes, make_image_processor, write_folder
 
 PREFIXES = ("params/img/", "opt/target/", "params/", "")
@@ -74,19 +74,13 @@ class Layout:
         return f"{self.prefix}Transformer/encoderblock_{index}", None
 
 
-def _listing(keys, limit=30):
-    keys = sorted(keys)
-    more = f"\n    ... and {len(keys) - limit} more" if len(keys) > limit else ""
-    return "\n".join(f"    {key}" for key in keys[:limit]) + more
-
-
 def detect_layout(source, path):
     """The layout of `source`, or `ConversionError` listing the keys when it is not a ViT checkpoint."""
     prefixes = [p for p in PREFIXES if f"{p}embedding/kernel" in source]
     if not prefixes:
         raise ConversionError(
             f"{path} is not a ViT checkpoint: no 'embedding/kernel' under any of the prefixes "
-            f"{[p or '(none)' for p in PREFIXES]}. Keys found ({len(source)}):\n{_listing(source)}"
+            f"{[p or '(none)' for p in PREFIXES]}. Keys found ({len(source)}):\n{listing(source)}"
         )
     prefix = prefixes[0]
     inside = [key[len(prefix):] for key in source if key.startswith(prefix)]
@@ -106,14 +100,14 @@ def detect_layout(source, path):
             if key.startswith(f"{prefix}Transformer/encoderblock/") and source[key].shape[:1] != (depth,)
         ]
         if wrong:
-            raise ConversionError(f"{path}: scanned block arrays must all lead with depth {depth}:\n{_listing(wrong)}")
+            raise ConversionError(f"{path}: scanned block arrays must all lead with depth {depth}:\n{listing(wrong)}")
     else:
         looped = (re.match(r"Transformer/encoderblock_(\d+)/", key) for key in inside)
         indices = {int(match.group(1)) for match in looped if match}
         if not indices:
             raise ConversionError(
                 f"{path}: no encoder blocks under '{prefix}Transformer/encoderblock_<i>/' or "
-                f"'{prefix}Transformer/encoderblock/'. Keys found:\n{_listing(source)}"
+                f"'{prefix}Transformer/encoderblock/'. Keys found:\n{listing(source)}"
             )
         depth = max(indices) + 1
     return Layout(name, prefix, scanned, depth)
@@ -122,7 +116,7 @@ def detect_layout(source, path):
 def _shape(source, key, layout, path):
     if key not in source:
         raise ConversionError(
-            f"{path}: the {layout.name} layout needs {key!r}, which the file lacks; keys found:\n{_listing(source)}"
+            f"{path}: the {layout.name} layout needs {key!r}, which the file lacks; keys found:\n{listing(source)}"
         )
     return tuple(source[key].shape)
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from .card import CITATIONS, CardInfo
-from .common import ConversionError, StrictMapping, read_weights
+from .common import ConversionError, StrictMapping, listing, read_weights
 from .folder import build_model, expected_shapes, make_image_processor, write_folder
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -361,9 +361,7 @@ def refuse(architecture, problems, weights):
     unknown = sorted(k for k in weights if not any(re.fullmatch(p, k) for p, _ in RENAMES + DROPS))
     listed = "".join(f"\n    {p}" for p in problems)
     if unknown:
-        listed += f"\n  source tensors hubvit has no place for ({len(unknown)}):" + "".join(
-            f"\n    {k}" for k in unknown[:40]
-        )
+        listed += f"\n  source tensors hubvit has no place for ({len(unknown)}):\n{listing(unknown)}"
     return ConversionError(f"timm {architecture} uses settings hubvit cannot express; nothing was written.{listed}")
 
 

@@ -388,8 +388,7 @@ def load_model(args, label_names):
 def check_image_size(image_size, config):
     if image_size is None:
         return
-    patch = config.patch_size
-    ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    ph, pw = config.patch_size_2d
     if image_size <= 0 or image_size % ph or image_size % pw:
         raise UsageError(f"--image_size {image_size} is not divisible by the patch size {config.patch_size!r}")
 
