@@ -76,6 +76,30 @@ def drop_path(x, rate, training):
     return x * mask / keep
 
 
+class HubViTLinear(nn.Linear):
+    """`nn.Linear` (same parameters, same function) that on CPU in float32 multiplies through oneDNN.
+
+    transformers and timm reach the BLAS sgemm, which on the AMD EPYC (Zen 5) we benchmark on runs at half the
+    FLOP/s of oneDNN's AVX-512 kernels (MKL 2024.2, torch 2.14: benchmarks/README.md). oneDNN is reached through
+    a public op: the (tokens, in) activations, viewed copy-free as a channels-last image of height 1, go through a
+    1x1 convolution with the bias fused, and its channels-last output is the (tokens, out) product. Other devices,
+    dtypes and traced or compiled graphs take `F.linear`.
+    """
+
+    def forward(self, input):
+        if (
+            torch.compiler.is_compiling()
+            or input.device.type != "cpu"
+            or input.dtype != torch.float32
+            or input.numel() == 0
+            or not torch.backends.mkldnn.enabled
+        ):
+            return F.linear(input, self.weight, self.bias)
+        image = input.reshape(1, 1, -1, self.in_features).permute(0, 3, 1, 2)
+        output = F.conv2d(image, self.weight[:, :, None, None], self.bias)
+        return output.permute(0, 2, 3, 1).reshape(*input.shape[:-1], self.out_features)
+
+
 class HubViTEmbeddings(nn.Module):
     """Patch embedding, prefix tokens and position embeddings, for any grid of patches."""
 
@@ -184,8 +208,8 @@ class HubViTAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
         self.is_causal = False
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
-        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.qkv = HubViTLinear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
+        self.proj = HubViTLinear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.relative_position_bias = None
         if config.position_embedding_type == "relative_2d":
@@ -240,9 +264,9 @@ class HubViTAttention(nn.Module):
 class HubViTMLP(nn.Module):
     def __init__(self, config: HubViTConfig):
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc1 = HubViTLinear(config.hidden_size, config.intermediate_size)
         self.activation = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc2 = HubViTLinear(config.intermediate_size, config.hidden_size)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states):
@@ -312,9 +336,9 @@ class HubViTMAPHead(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.is_causal = False
         self.probe = nn.Parameter(torch.zeros(1, 1, dim))
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.q = HubViTLinear(dim, dim)
+        self.kv = HubViTLinear(dim, 2 * dim)
+        self.proj = HubViTLinear(dim, dim)
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.mlp = HubViTMLP(config)
 

@@ -12,13 +12,16 @@ import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForImageClassification
 
 from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
-from hubvit.modeling.modeling_hubvit import resize_position_grid, sincos_2d_position_table
+from hubvit.modeling.modeling_hubvit import HubViTLinear, resize_position_grid, sincos_2d_position_table
 from utils import randomize_, tiny_config
 
 RTOL = 1e-5
 
 
 def assert_close(actual, expected, rtol=RTOL):
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if expected.numel() == 0:
+        return
     scale = expected.abs().max().clamp_min(1e-6)
     diff = (actual - expected).abs().max()
     assert diff <= rtol * scale, f"max diff {diff:.3g} > {rtol:g} x output scale {scale:.3g}"
@@ -82,6 +85,56 @@ def test_patchify_conv_equals_unfold_and_linear():
     patches = F.unfold(x, kernel_size=8, stride=8).transpose(1, 2)
     by_linear = F.linear(patches, conv.weight.reshape(conv.out_channels, -1), conv.bias)
     assert_close(by_conv, by_linear)
+
+
+def aten_ops(fn):
+    """Names of the aten ops `fn` runs on the CPU, read with the profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        fn()
+    return {event.key for event in profile.key_averages()}
+
+
+@pytest.mark.parametrize(
+    "shape, view",
+    [
+        ((2, 7, 24), lambda x: x),
+        ((9, 24), lambda x: x),
+        ((24,), lambda x: x),
+        ((7, 2, 24), lambda x: x.transpose(0, 1)),
+        ((3, 24, 5), lambda x: x.transpose(1, 2)),
+        ((0, 24), lambda x: x),
+    ],
+    ids=["3d", "2d", "1d", "transposed", "strided-features", "empty"],
+)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_linear_through_onednn_equals_f_linear_with_gradients(shape, view, bias):
+    torch.manual_seed(0)
+    layer = HubViTLinear(24, 40, bias=bias)
+    source = torch.randn(shape, requires_grad=True)
+    outputs, grads = [], []
+    for fn in (lambda x: layer(x), lambda x: F.linear(x, layer.weight, layer.bias)):
+        layer.zero_grad(set_to_none=True)
+        source.grad = None
+        out = fn(view(source))
+        out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+        outputs.append(out)
+        grads.append([t.grad for t in (source, layer.weight, layer.bias) if t is not None and t.grad is not None])
+    assert_close(outputs[0], outputs[1])
+    for mine, reference in zip(*grads, strict=True):
+        assert_close(mine, reference)
+
+
+def test_linear_multiplies_through_a_convolution_only_on_cpu_float32(monkeypatch):
+    layer = HubViTLinear(24, 40)
+    x = torch.randn(5, 24)
+    assert "aten::convolution" in aten_ops(lambda: layer(x))
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert "aten::convolution" not in aten_ops(lambda: layer(x))
+    monkeypatch.undo()
+    double = layer.double()
+    ops = aten_ops(lambda: double(x.double()))
+    assert "aten::convolution" not in ops and "aten::addmm" in ops
+    assert torch.equal(double(x.double()), F.linear(x.double(), double.weight, double.bias))
 
 
 def test_no_position_embedding_with_mean_pooling_is_permutation_invariant():
