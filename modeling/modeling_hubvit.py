@@ -82,8 +82,9 @@ class HubViTLinear(nn.Linear):
     transformers and timm reach the BLAS sgemm, which on the AMD EPYC (Zen 5) we benchmark on runs at half the
     FLOP/s of oneDNN's AVX-512 kernels (MKL 2024.2, torch 2.14: benchmarks/README.md). oneDNN is reached through
     a public op: the (tokens, in) activations, viewed copy-free as a channels-last image of height 1, go through a
-    1x1 convolution with the bias fused, and its channels-last output is the (tokens, out) product. Other devices,
-    dtypes and traced or compiled graphs take `F.linear`.
+    1x1 convolution with the bias fused, and its channels-last output is the (tokens, out) product. On one thread
+    ATen runs such a convolution on its own sgemm path, as fast as `F.linear`. Other devices, dtypes and compiled
+    graphs take `F.linear`.
     """
 
     def forward(self, input):
