@@ -10,7 +10,7 @@ with `interpolate_pos_encoding=True`; JAX at the native size only, the Flax mode
 the features of a headless model), once as run by default on CPU (HubViT's projections through oneDNN) and once with
 oneDNN off (`torch.backends.mkldnn.flags(enabled=False)`), where both sides multiply with the same BLAS kernels.
 
-    python benchmarks/parity.py                   # both tables, about 6 minutes on 2 cores
+    python benchmarks/parity.py                   # both tables, about 7 minutes on 2 cores
     python benchmarks/parity.py --only timm       # or: --only transformers, --only jax
 """
 
