@@ -83,8 +83,8 @@ class HubViTLinear(nn.Linear):
     FLOP/s of oneDNN's AVX-512 kernels (MKL 2024.2, torch 2.14: benchmarks/README.md). oneDNN is reached through
     a public op: the (tokens, in) activations, viewed copy-free as a channels-last image of height 1, go through a
     1x1 convolution with the bias fused, and its channels-last output is the (tokens, out) product. On one thread
-    ATen runs such a convolution on its own sgemm path, as fast as `F.linear`. Other devices, dtypes and compiled
-    graphs take `F.linear`.
+    ATen keeps such a convolution off oneDNN (its own path is slower than `F.linear`), so one thread, like other
+    devices, dtypes and compiled graphs, takes `F.linear`.
     """
 
     def forward(self, input):
@@ -94,6 +94,7 @@ class HubViTLinear(nn.Linear):
             or input.dtype != torch.float32
             or input.numel() == 0
             or not torch.backends.mkldnn.enabled
+            or torch.get_num_threads() == 1
         ):
             return F.linear(input, self.weight, self.bias)
         image = input.reshape(1, 1, -1, self.in_features).permute(0, 3, 1, 2)

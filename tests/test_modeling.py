@@ -97,26 +97,27 @@ def aten_ops(fn):
 @pytest.mark.parametrize(
     "shape, view",
     [
-        ((2, 7, 24), lambda x: x),
-        ((9, 24), lambda x: x),
-        ((24,), lambda x: x),
-        ((7, 2, 24), lambda x: x.transpose(0, 1)),
-        ((3, 24, 5), lambda x: x.transpose(1, 2)),
-        ((0, 24), lambda x: x),
+        ((3, 120, 64), lambda x: x),
+        ((2, 7, 64), lambda x: x),
+        ((9, 64), lambda x: x),
+        ((64,), lambda x: x),
+        ((7, 2, 64), lambda x: x.transpose(0, 1)),
+        ((3, 64, 5), lambda x: x.transpose(1, 2)),
+        ((0, 64), lambda x: x),
     ],
-    ids=["3d", "2d", "1d", "transposed", "strided-features", "empty"],
+    ids=["onednn-sized", "3d", "2d", "1d", "transposed", "strided-features", "empty"],
 )
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_linear_through_onednn_equals_f_linear_with_gradients(shape, view, bias):
+def test_linear_through_onednn_equals_f_linear_with_gradients(two_threads, shape, view, bias):
     torch.manual_seed(0)
-    layer = HubViTLinear(24, 40, bias=bias)
+    layer = HubViTLinear(64, 40, bias=bias)
     source = torch.randn(shape, requires_grad=True)
     outputs, grads = [], []
     for fn in (lambda x: layer(x), lambda x: F.linear(x, layer.weight, layer.bias)):
         layer.zero_grad(set_to_none=True)
         source.grad = None
         out = fn(view(source))
-        out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
         outputs.append(out)
         grads.append([t.grad for t in (source, layer.weight, layer.bias) if t is not None and t.grad is not None])
     assert_close(outputs[0], outputs[1])
@@ -124,10 +125,21 @@ def test_linear_through_onednn_equals_f_linear_with_gradients(shape, view, bias)
         assert_close(mine, reference)
 
 
-def test_linear_multiplies_through_a_convolution_only_on_cpu_float32(monkeypatch):
-    layer = HubViTLinear(24, 40)
-    x = torch.randn(5, 24)
-    assert "aten::convolution" in aten_ops(lambda: layer(x))
+@pytest.fixture
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_linear_multiplies_through_a_convolution_only_on_cpu_float32_with_threads(two_threads, monkeypatch):
+    layer = HubViTLinear(64, 40)
+    x = torch.randn(3, 120, 64)
+    assert "aten::mkldnn_convolution" in aten_ops(lambda: layer(x))
+    torch.set_num_threads(1)
+    assert "aten::convolution" not in aten_ops(lambda: layer(x))
+    torch.set_num_threads(2)
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
     assert "aten::convolution" not in aten_ops(lambda: layer(x))
     monkeypatch.undo()
