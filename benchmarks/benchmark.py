@@ -60,10 +60,9 @@ def forward_flops(arch, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, num_classe
     return 2 * (patches * 3 * patch_size * patch_size * d + depth * block + d * num_classes)
 
 
-def build_hubvit(arch):
-    from hubvit import HubViTConfig, HubViTForImageClassification
-
-    config = HubViTConfig(
+def config_fields(arch):
+    """The fields HubViTConfig and transformers' ViTConfig share, for `arch` with the benchmark's head."""
+    return dict(
         image_size=IMAGE_SIZE,
         patch_size=PATCH_SIZE,
         hidden_size=arch["hidden_size"],
@@ -75,6 +74,12 @@ def build_hubvit(arch):
         num_labels=NUM_CLASSES,
         attn_implementation="sdpa",
     )
+
+
+def build_hubvit(arch):
+    from hubvit import HubViTConfig, HubViTForImageClassification
+
+    config = HubViTConfig(**config_fields(arch))
     model = HubViTForImageClassification(config)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -107,19 +112,7 @@ def build_transformers(arch):
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
-        hidden_size=arch["hidden_size"],
-        num_hidden_layers=arch["num_hidden_layers"],
-        num_attention_heads=arch["num_attention_heads"],
-        intermediate_size=arch["intermediate_size"],
-        hidden_act="gelu",
-        layer_norm_eps=1e-6,
-        qkv_bias=True,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        num_labels=NUM_CLASSES,
-        attn_implementation="sdpa",
+        **config_fields(arch), hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
     return ViTForImageClassification(config)
 

@@ -127,6 +127,7 @@ JAX_CASES = (  # (label, Flax module name, module fields): ViT-S/16 and ViT-B/16
 )
 
 
+@torch.no_grad()
 def jax_row(label, module, fields, root):
     import jax
     import numpy as np
@@ -143,7 +144,7 @@ def jax_row(label, module, fields, root):
     model = load(root / f"{name}-hubvit", headless=False)
     errors = []
     for _, context in modes():
-        with context(), torch.no_grad():
+        with context():
             logits = model(pixel_values=torch.from_numpy(images).permute(0, 3, 1, 2)).logits
             errors.append(relative_error(logits, reference))
     return label, errors

@@ -94,6 +94,15 @@ def aten_ops(fn):
     return {event.key for event in profile.key_averages()}
 
 
+@pytest.fixture
+def two_threads():
+    """HubViTLinear reaches oneDNN only with more than one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize(
     "shape, view",
     [
@@ -123,14 +132,6 @@ def test_linear_through_onednn_equals_f_linear_with_gradients(two_threads, shape
     assert_close(outputs[0], outputs[1])
     for mine, reference in zip(*grads, strict=True):
         assert_close(mine, reference)
-
-
-@pytest.fixture
-def two_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_linear_multiplies_through_a_convolution_only_on_cpu_float32_with_threads(two_threads, monkeypatch):
