@@ -6,9 +6,8 @@ built at full size (ViT-B widths, 12 layers, 224 px; ViT-M/16 GAP at its 256 px)
 the way its library saves (`save_for_hf`, `save_pretrained`, `.npz`), converted with the `hubvit` CLI, loaded with
 `AutoModel*.from_pretrained(..., trust_remote_code=True)` and run next to the source on the same batch, at the native
 size and a non-square one (one patch shorter, one wider; timm with `dynamic_img_size=True`, transformers' ViT/DeiT
-with `interpolate_pos_encoding=True`; JAX at the native size only, the Flax models take no other). Printed: max |hubvit - source| / max |source| for the classifier output (or
-the features of a headless model), once as run by default on CPU (HubViT's projections through oneDNN) and once with
-oneDNN off (`torch.backends.mkldnn.flags(enabled=False)`), where both sides multiply with the same BLAS kernels.
+with `interpolate_pos_encoding=True`; JAX at the native size only, the Flax models take no other). Printed: max
+|hubvit - source| / max |source| for the classifier output (or the features of a headless model).
 
     python benchmarks/parity.py                   # both tables, about 7 minutes on 2 cores
     python benchmarks/parity.py --only timm       # or: --only transformers, --only jax
@@ -20,7 +19,6 @@ import io
 import os
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
@@ -40,14 +38,6 @@ VIT_B = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, imag
 
 def relative_error(ours, reference):
     return ((ours - reference).abs().max() / reference.abs().max()).item()
-
-
-def modes():
-    """(name, context) pairs: HubViT's default CPU path, then oneDNN off for both sides."""
-    return (
-        ("default", contextlib.nullcontext),
-        ("oneDNN off", lambda: torch.backends.mkldnn.flags(enabled=False)),
-    )
 
 
 def pixels(height, width):
@@ -82,13 +72,11 @@ def timm_row(family, root):
     model = load(root / f"{family}-hubvit", headless)
     (height, width), (ph, pw) = model.config.image_size_2d, model.config.patch_size_2d
     errors = []
-    for _, context in modes():
-        with context():
-            for reference, (h, w) in ((source, (height, width)), (dynamic, (height - ph, width + pw))):
-                x = pixels(h, w)
-                ours = model(pixel_values=x)
-                ours = ours.pooler_output if headless else ours.logits
-                errors.append(relative_error(ours, reference(x)))
+    for reference, (h, w) in ((source, (height, width)), (dynamic, (height - ph, width + pw))):
+        x = pixels(h, w)
+        ours = model(pixel_values=x)
+        ours = ours.pooler_output if headless else ours.logits
+        errors.append(relative_error(ours, reference(x)))
     return f"{family} (`{name}`, {height}x{width} px)", errors
 
 
@@ -105,15 +93,13 @@ def transformers_row(architecture, headless, root):
     model = load(root / f"{architecture}-hubvit", headless)
     errors = []
     resize = {} if architecture.startswith("Dinov2") else {"interpolate_pos_encoding": True}
-    for _, context in modes():
-        with context():
-            for h, w in ((224, 224), (208, 240)):
-                x = pixels(h, w)
-                theirs, ours = source(pixel_values=x, **resize), model(pixel_values=x)
-                if headless:
-                    errors.append(relative_error(ours.last_hidden_state, theirs.last_hidden_state))
-                else:
-                    errors.append(relative_error(ours.logits, theirs.logits))
+    for h, w in ((224, 224), (208, 240)):
+        x = pixels(h, w)
+        theirs, ours = source(pixel_values=x, **resize), model(pixel_values=x)
+        if headless:
+            errors.append(relative_error(ours.last_hidden_state, theirs.last_hidden_state))
+        else:
+            errors.append(relative_error(ours.logits, theirs.logits))
     return architecture, errors
 
 
@@ -142,22 +128,16 @@ def jax_row(label, module, fields, root):
     flax_reference.flatten_to_npz(params, root / f"{name}.npz")
     assert quietly(cli, ["convert", "jax", str(root / f"{name}.npz"), str(root / f"{name}-hubvit")]) == 0
     model = load(root / f"{name}-hubvit", headless=False)
-    errors = []
-    for _, context in modes():
-        with context():
-            logits = model(pixel_values=torch.from_numpy(images).permute(0, 3, 1, 2)).logits
-            errors.append(relative_error(logits, reference))
-    return label, errors
+    logits = model(pixel_values=torch.from_numpy(images).permute(0, 3, 1, 2)).logits
+    return label, [relative_error(logits, reference)]
 
 
 def print_table(title, rows, sizes=2):
-    names = [name for name, _ in modes()]
     print(f"\n{title}: max |Δ| / max |source|" + (", native / non-square size" if sizes == 2 else ", native size"))
-    print("| source | " + " | ".join(names) + " |")
-    print("| --- | " + " | ".join("---" for _ in names) + " |")
+    print("| source | parity |")
+    print("| --- | --- |")
     for label, errors in rows:
-        pairs = [" / ".join(f"{e:.1e}" for e in errors[i : i + sizes]) for i in range(0, len(errors), sizes)]
-        print(f"| {label} | " + " | ".join(pairs) + " |", flush=True)
+        print(f"| {label} | " + " / ".join(f"{e:.1e}" for e in errors) + " |", flush=True)
 
 
 def main(argv=None):
@@ -167,7 +147,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")

@@ -9,7 +9,7 @@ from transformers import PretrainedConfig
 POSITION_EMBEDDING_TYPES = ("learned", "learned_2d", "relative_2d", "sincos_2d", "none")
 POOLING_TYPES = ("cls", "mean", "map", "first", "cls_mean", "none")
 HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
-INTERPOLATION_MODES = ("bicubic", "bilinear")
+INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")
 
 
 def to_2tuple(value, name):
@@ -36,6 +36,9 @@ class HubViTConfig(PretrainedConfig):
         hidden_act: `gelu` (erf; timm, transformers), `gelu_pytorch_tanh` (Flax `nn.gelu`, the original JAX
             checkpoints), `quick_gelu` (OpenAI CLIP).
         layer_norm_eps: 1e-6 (JAX, timm), 1e-5 (OpenAI CLIP, OpenCLIP), 1e-12 (transformers' ViT default).
+        final_layer_norm_eps: eps of the final norm (or `fc_norm`) when it differs from the blocks' (`None`: the
+            same). The design document's reference ViT on `nn.TransformerEncoder` uses 1e-5 in its blocks (PyTorch's
+            default) and 1e-6 in its final norm.
         qkv_bias: biases on the query/key/value projections (all but a few research variants).
         patch_bias: bias on the patch embedding (False for CLIP).
         hidden_dropout_prob, attention_probs_dropout_prob, drop_path_rate: regularisation for training (DeiT uses
@@ -54,7 +57,8 @@ class HubViTConfig(PretrainedConfig):
         position_embedding_includes_prefix: the learned table also has rows for the prefix tokens ([CLS],
             registers, distillation); False is timm's `no_embed_class` (big_vision, DeiT-III, DINOv2 registers).
         interpolation_mode, interpolation_antialias, interpolation_align_corners: how position tables are resized
-            to a new grid. timm: bicubic + antialias; original JAX fine-tuning: bilinear + align_corners.
+            to a new grid. timm: bicubic + antialias; original JAX fine-tuning: bilinear + align_corners; `nearest`
+            (antialias and align_corners ignored) for the resolution experiment's comparison of modes.
         pooling: `cls` (paper), `mean` over patch tokens (big_vision `gap`, timm `avg`), `map` attention pooling
             (SigLIP, big_vision `map`), `first` token without a class token (big_vision `0`), `cls_mean`: [CLS]
             concatenated with the mean of the patch tokens, 2 x hidden_size wide (transformers'
@@ -78,6 +82,7 @@ class HubViTConfig(PretrainedConfig):
         intermediate_size=3072,
         hidden_act="gelu",
         layer_norm_eps=1e-6,
+        final_layer_norm_eps=None,
         qkv_bias=True,
         patch_bias=True,
         hidden_dropout_prob=0.0,
@@ -110,6 +115,7 @@ class HubViTConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size
         self.hidden_act = hidden_act
         self.layer_norm_eps = layer_norm_eps
+        self.final_layer_norm_eps = final_layer_norm_eps
         self.qkv_bias = qkv_bias
         self.patch_bias = patch_bias
         self.hidden_dropout_prob = hidden_dropout_prob
@@ -162,6 +168,11 @@ class HubViTConfig(PretrainedConfig):
         return 2 * self.hidden_size if self.pooling == "cls_mean" else self.hidden_size
 
     @property
+    def final_norm_eps(self):
+        """The final norm's eps: `final_layer_norm_eps` where set, else the blocks' `layer_norm_eps`."""
+        return self.layer_norm_eps if self.final_layer_norm_eps is None else self.final_layer_norm_eps
+
+    @property
     def num_prefix_tokens(self):
         return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
 
@@ -212,8 +223,16 @@ class HubViTConfig(PretrainedConfig):
             not isinstance(self.representation_size, int) or self.representation_size <= 0
         ):
             raise ValueError(f"representation_size must be a positive int or None, got {self.representation_size!r}")
-        if not 0.0 <= self.drop_path_rate < 1.0:
-            raise ValueError(f"drop_path_rate must be in [0, 1), got {self.drop_path_rate!r}")
+        for name in ("layer_norm_eps", "final_layer_norm_eps"):
+            value = getattr(self, name)
+            if value is None and name == "final_layer_norm_eps":
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "drop_path_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
 
 
 __all__ = ["HubViTConfig"]

@@ -20,6 +20,9 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import TransformersKwargs
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_hubvit import HubViTConfig, to_2tuple
 
@@ -27,16 +30,15 @@ from .configuration_hubvit import HubViTConfig, to_2tuple
 def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corners):
     """Resize a (1, gh*gw, C) table laid out row-major over the patch grid to `new_grid`.
 
-    Interpolates in float32 (as timm does) and returns the input object itself at the same grid, so the native
-    resolution is bit-exact.
+    Interpolates in float32 (as timm does). Every size takes the same path, so traced and exported graphs run at
+    any grid; at the native grid each supported mode is the identity (tests check it bit for bit).
     """
-    if tuple(old_grid) == tuple(new_grid):
-        return table
     channels = table.shape[-1]
     grid = table.reshape(1, old_grid[0], old_grid[1], channels).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(
-        grid, size=tuple(new_grid), mode=mode, antialias=antialias, align_corners=align_corners
-    )
+    if mode == "nearest":
+        grid = F.interpolate(grid, size=tuple(new_grid), mode=mode)
+    else:
+        grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, antialias=antialias, align_corners=align_corners)
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], channels).to(table.dtype)
 
 
@@ -76,32 +78,6 @@ def drop_path(x, rate, training):
     return x * mask / keep
 
 
-class HubViTLinear(nn.Linear):
-    """`nn.Linear` (same parameters, same function) that on CPU in float32 multiplies through oneDNN.
-
-    transformers and timm reach the BLAS sgemm, which on the AMD EPYC (Zen 5) we benchmark on runs at half the
-    FLOP/s of oneDNN's AVX-512 kernels (MKL 2024.2, torch 2.14: benchmarks/README.md). oneDNN is reached through
-    a public op: the (tokens, in) activations, viewed copy-free as a channels-last image of height 1, go through a
-    1x1 convolution with the bias fused, and its channels-last output is the (tokens, out) product. On one thread
-    ATen keeps such a convolution off oneDNN (its own path is slower than `F.linear`), so one thread, like other
-    devices, dtypes and compiled graphs, takes `F.linear`.
-    """
-
-    def forward(self, input):
-        if (
-            torch.compiler.is_compiling()
-            or input.device.type != "cpu"
-            or input.dtype != torch.float32
-            or input.numel() == 0
-            or not torch.backends.mkldnn.enabled
-            or torch.get_num_threads() == 1
-        ):
-            return F.linear(input, self.weight, self.bias)
-        image = input.reshape(1, 1, -1, self.in_features).permute(0, 3, 1, 2)
-        output = F.conv2d(image, self.weight[:, :, None, None], self.bias)
-        return output.permute(0, 2, 3, 1).reshape(*input.shape[:-1], self.out_features)
-
-
 class HubViTEmbeddings(nn.Module):
     """Patch embedding, prefix tokens and position embeddings, for any grid of patches."""
 
@@ -135,18 +111,15 @@ class HubViTEmbeddings(nn.Module):
         """The 1D table at `grid`: prefix rows (if any) untouched, the patch grid resized."""
         table = self.position_embedding
         prefix = table.shape[1] - self.grid_size[0] * self.grid_size[1]
-        if tuple(grid) == tuple(self.grid_size):
-            return table
         patches = resize_as_configured(self.config, table[:, prefix:], self.grid_size, grid)
         return torch.cat([table[:, :prefix], patches], dim=1)
 
     def learned_2d_table(self, grid):
         """Row and column tables resized along their own axis, then concatenated per patch: (1, gh*gw, D)."""
-        rows = self.position_embedding_rows
-        cols = self.position_embedding_columns
-        if tuple(grid) != tuple(self.grid_size):
-            rows = resize_as_configured(self.config, rows[None], (self.grid_size[0], 1), (grid[0], 1))[0]
-            cols = resize_as_configured(self.config, cols[None], (1, self.grid_size[1]), (1, grid[1]))[0]
+        rows = resize_as_configured(self.config, self.position_embedding_rows[None], (self.grid_size[0], 1), (grid[0], 1))[0]
+        cols = resize_as_configured(
+            self.config, self.position_embedding_columns[None], (1, self.grid_size[1]), (1, grid[1])
+        )[0]
         table = torch.cat(
             [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
         )
@@ -210,8 +183,8 @@ class HubViTAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
         self.is_causal = False
-        self.qkv = HubViTLinear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
-        self.proj = HubViTLinear(config.hidden_size, config.hidden_size)
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.relative_position_bias = None
         if config.position_embedding_type == "relative_2d":
@@ -222,8 +195,6 @@ class HubViTAttention(nn.Module):
         """The (H, 2gh-1, 2gw-1) table of biases over (dy, dx) offsets, resized to a `grid` of patches."""
         gh, gw = self.config.grid_size
         table = self.relative_position_bias
-        if tuple(grid) == (gh, gw):
-            return table
         new = (2 * grid[0] - 1, 2 * grid[1] - 1)
         flat = table.reshape(self.num_heads, -1).t()[None]
         flat = resize_as_configured(self.config, flat, (2 * gh - 1, 2 * gw - 1), new)
@@ -240,16 +211,19 @@ class HubViTAttention(nn.Module):
         prefix = num_tokens - grid[0] * grid[1]
         return F.pad(bias, (prefix, 0, prefix, 0))[None]
 
-    def forward(self, hidden_states, grid, output_attentions=False, num_queries=None):
-        """`num_queries`: attend from the first tokens only (all tokens still give keys and values)."""
-        batch_size, num_tokens, dim = hidden_states.shape
+    def forward(self, hidden_states, grid, num_queries=None, **kwargs):
+        """Returns the attended tokens and the attention weights (None from fused kernels).
+
+        `num_queries`: attend from the first tokens only (all tokens still give keys and values).
+        """
+        batch_size, num_tokens = hidden_states.shape[0], hidden_states.shape[1]
         qkv = self.qkv(hidden_states).reshape(batch_size, num_tokens, 3, self.num_heads, self.head_dim)
         query, key, value = (part.transpose(1, 2) for part in qkv.unbind(2))
         query = query[:, :, :num_queries]
         mask = None
         if self.relative_position_bias is not None:
             mask = self.relative_bias(grid, num_tokens)[:, :, :num_queries].to(query.dtype)
-        attend = attention_function(self.config, output_attentions)
+        attend = attention_function(self.config, kwargs.get("output_attentions", False))
         output, weights = attend(
             self,
             query,
@@ -259,16 +233,16 @@ class HubViTAttention(nn.Module):
             scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
         )
-        output = self.dropout(self.proj(output.reshape(batch_size, query.shape[2], dim)))
+        output = self.dropout(self.proj(output.reshape(batch_size, query.shape[2], -1)))
         return output, weights
 
 
 class HubViTMLP(nn.Module):
     def __init__(self, config: HubViTConfig):
         super().__init__()
-        self.fc1 = HubViTLinear(config.hidden_size, config.intermediate_size)
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation = ACT2FN[config.hidden_act]
-        self.fc2 = HubViTLinear(config.intermediate_size, config.hidden_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states):
@@ -290,17 +264,16 @@ class HubViTLayer(GradientCheckpointingLayer):
         self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
         self.drop_path_rate = drop_path_rate
 
-    def forward(self, hidden_states, grid, output_attentions=False, num_queries=None):
+    def forward(self, hidden_states, grid, num_queries=None, **kwargs):
         """`num_queries`: update (and return) the first tokens only."""
-        attended, weights = self.attention(self.norm1(hidden_states), grid, output_attentions, num_queries)
+        attended, _ = self.attention(self.norm1(hidden_states), grid, num_queries, **kwargs)
         if self.layer_scale1 is not None:
             attended = attended * self.layer_scale1
         hidden_states = hidden_states[:, :num_queries] + drop_path(attended, self.drop_path_rate, self.training)
         transformed = self.mlp(self.norm2(hidden_states))
         if self.layer_scale2 is not None:
             transformed = transformed * self.layer_scale2
-        hidden_states = hidden_states + drop_path(transformed, self.drop_path_rate, self.training)
-        return hidden_states, weights
+        return hidden_states + drop_path(transformed, self.drop_path_rate, self.training)
 
 
 class HubViTEncoder(nn.Module):
@@ -310,19 +283,12 @@ class HubViTEncoder(nn.Module):
         rates = [config.drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.layers = nn.ModuleList([HubViTLayer(config, rate) for rate in rates])
 
-    def forward(self, hidden_states, grid, output_attentions=False, output_hidden_states=False, num_output_tokens=None):
-        all_hidden = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+    def forward(self, hidden_states, grid, num_output_tokens=None, **kwargs):
+        """`num_output_tokens`: the last block updates (and returns) only the first tokens."""
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
-            hidden_states, weights = layer(
-                hidden_states, grid, output_attentions, num_output_tokens if index == last else None
-            )
-            if output_hidden_states:
-                all_hidden = all_hidden + (hidden_states,)
-            if output_attentions:
-                all_attentions = all_attentions + (weights,)
-        return hidden_states, all_hidden, all_attentions
+            hidden_states = layer(hidden_states, grid, num_output_tokens if index == last else None, **kwargs)
+        return hidden_states
 
 
 class HubViTMAPHead(nn.Module):
@@ -338,14 +304,14 @@ class HubViTMAPHead(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.is_causal = False
         self.probe = nn.Parameter(torch.zeros(1, 1, dim))
-        self.q = HubViTLinear(dim, dim)
-        self.kv = HubViTLinear(dim, 2 * dim)
-        self.proj = HubViTLinear(dim, dim)
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.mlp = HubViTMLP(config)
 
     def forward(self, hidden_states):
-        batch_size, num_tokens, dim = hidden_states.shape
+        batch_size, num_tokens, dim = hidden_states.shape[0], hidden_states.shape[1], hidden_states.shape[2]
         query = self.q(self.probe).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2)
         query = query.expand(batch_size, -1, -1, -1)
         kv = self.kv(hidden_states).reshape(batch_size, num_tokens, 2, self.num_heads, self.head_dim)
@@ -365,7 +331,7 @@ class HubViTPooler(nn.Module):
         self.pooling = config.pooling
         self.distillation_token = config.distillation_token and config.distillation_head
         self.num_prefix_tokens = config.num_prefix_tokens
-        self.fc_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.fc_norm else None
+        self.fc_norm = nn.LayerNorm(config.hidden_size, eps=config.final_norm_eps) if config.fc_norm else None
         self.map_head = HubViTMAPHead(config) if config.pooling == "map" else None
 
     @property
@@ -444,14 +410,27 @@ class HubViTPreTrainedModel(PreTrainedModel):
 
 
 def check_pixel_values(pixel_values, config):
-    """Clear errors for inputs no ViT can take; returns them padded when `dynamic_img_pad` is set."""
+    """Clear errors for inputs no ViT can take; returns them padded when `dynamic_img_pad` is set.
+
+    Every test here reads shapes and dtypes only, which tracing and `torch.export` resolve statically.
+    """
     if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
         shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
         raise ValueError(f"pixel_values must be a (batch, channels, height, width) tensor, got {shape}")
-    _, channels, height, width = pixel_values.shape
+    if not pixel_values.dtype.is_floating_point:
+        raise ValueError(
+            f"pixel_values must be floating point, got {pixel_values.dtype}: run the image processor "
+            "(it scales and normalises the pixels) instead of passing raw image values"
+        )
+    batch_size, channels, height, width = pixel_values.shape
+    shape = tuple(pixel_values.shape)
+    if batch_size == 0:
+        raise ValueError(f"pixel_values holds no image: shape {shape} has batch size 0")
     if channels != config.num_channels:
         raise ValueError(f"pixel_values has {channels} channels, the model expects num_channels={config.num_channels}")
     ph, pw = config.patch_size_2d
+    if height < ph or width < pw:
+        raise ValueError(f"pixel_values of shape {shape} is smaller than one patch of {ph}x{pw} pixels")
     if height % ph or width % pw:
         if config.dynamic_img_pad:
             return F.pad(pixel_values, (0, (pw - width % pw) % pw, 0, (ph - height % ph) % ph))
@@ -462,10 +441,19 @@ def check_pixel_values(pixel_values, config):
     return pixel_values
 
 
+def check_kwargs(kwargs, model):
+    """A misspelt keyword is an error, as it is for any Python function; transformers' own keywords pass through."""
+    unknown = sorted(set(kwargs) - set(TransformersKwargs.__annotations__))
+    if unknown:
+        raise TypeError(f"{type(model).__name__}.forward() got unexpected keyword arguments {unknown}")
+
+
 class HubViTModel(HubViTPreTrainedModel):
     """The ViT body: `last_hidden_state` after the final norm and `pooler_output`, the vector the classifier reads.
 
-    `hidden_states` holds the encoder input (after `pre_norm`) and every block's output, before the final norm.
+    `hidden_states` holds the encoder input (after `pre_norm`) and every block's output, before the final norm;
+    like `attentions`, they are recorded by transformers' output capturing (`_can_record_outputs`), so
+    `output_hidden_states=[0, 2]` selects layers.
     """
 
     def __init__(self, config: HubViTConfig):
@@ -473,52 +461,31 @@ class HubViTModel(HubViTPreTrainedModel):
         self.embeddings = HubViTEmbeddings(config)
         self.pre_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
         self.encoder = HubViTEncoder(config)
-        self.norm = None if config.fc_norm else nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = None if config.fc_norm else nn.LayerNorm(config.hidden_size, eps=config.final_norm_eps)
         self.pooler = HubViTPooler(config)
         self.post_init()
 
     def get_input_embeddings(self):
         return self.embeddings.patch_embedding
 
-    def forward(
-        self,
-        pixel_values=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        interpolate_pos_encoding=None,
-        return_dict=None,
-        num_output_tokens=None,
-        **kwargs,
-    ):
+    @capture_outputs(tie_last_hidden_states=False)
+    def forward(self, pixel_values=None, interpolate_pos_encoding=None, num_output_tokens=None, **kwargs):
         """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized.
 
         `num_output_tokens` runs the last block for the first tokens only (keys and values still come from every
         token), so `last_hidden_state` holds just those: what a classifier reading the prefix tokens needs, in the
-        spirit of transformers' `logits_to_keep`.
+        spirit of transformers' `logits_to_keep`. The default computes every token.
         """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        check_kwargs(kwargs, self)
         pixel_values = check_pixel_values(pixel_values, self.config)
         pixel_values = pixel_values.to(self.embeddings.patch_embedding.weight.dtype)
         hidden_states, grid = self.embeddings(pixel_values)
         if self.pre_norm is not None:
             hidden_states = self.pre_norm(hidden_states)
-        hidden_states, all_hidden, all_attentions = self.encoder(
-            hidden_states, grid, output_attentions, output_hidden_states, num_output_tokens
-        )
+        hidden_states = self.encoder(hidden_states, grid, num_output_tokens, **kwargs)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-        pooled = self.pooler(hidden_states)
-        output = BaseModelOutputWithPooling(
-            last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_hidden,
-            attentions=all_attentions,
-        )
-        return output if return_dict else output.to_tuple()
+        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=self.pooler(hidden_states))
 
     @torch.no_grad()
     def resize_position_embeddings(self, image_size):
@@ -555,26 +522,6 @@ class HubViTImageClassifierOutput(ImageClassifierOutput):
     distillation_logits: torch.FloatTensor | None = None
 
 
-def classification_loss(labels, logits, config):
-    """Loss chosen as transformers does: regression for one label, cross-entropy for integer labels, BCE otherwise."""
-    num_labels = logits.shape[-1]
-    problem_type = config.problem_type
-    if problem_type is None:
-        if num_labels == 1:
-            problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            problem_type = "single_label_classification"
-        else:
-            problem_type = "multi_label_classification"
-    if problem_type == "regression":
-        return F.mse_loss(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype)) if num_labels == 1 else F.mse_loss(
-            logits, labels.to(logits.dtype)
-        )
-    if problem_type == "single_label_classification":
-        return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
-    return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
-
-
 class HubViTForImageClassification(HubViTPreTrainedModel):
     """ViT with a linear head on the pooled vector (and DeiT's second head on the distillation token).
 
@@ -601,30 +548,15 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         )
         self.post_init()
 
-    def forward(
-        self,
-        pixel_values=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        interpolate_pos_encoding=None,
-        return_dict=None,
-        **kwargs,
-    ):
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        # The heads read the prefix tokens alone, so the last block skips the patch tokens unless they are returned.
-        num_output_tokens = None if output_attentions or output_hidden_states else self.hubvit.pooler.num_tokens_read
-        outputs = self.hubvit(
-            pixel_values,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            num_output_tokens=num_output_tokens,
-        )
+    @can_return_tuple
+    def forward(self, pixel_values=None, labels=None, interpolate_pos_encoding=None, num_output_tokens=None, **kwargs):
+        """Logits (and the loss for `labels`, chosen by transformers' `loss_function` from `problem_type`).
+
+        `num_output_tokens` is passed to the body: with the number of tokens the head reads
+        (`self.hubvit.pooler.num_tokens_read`), the last block skips the patch tokens for the same logits.
+        """
+        check_kwargs(kwargs, self)
+        outputs = self.hubvit(pixel_values, num_output_tokens=num_output_tokens, **kwargs)
         cls_logits = distillation_logits = None
         if self.distillation_classifier is not None:
             tokens = outputs.last_hidden_state
@@ -636,8 +568,8 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
             if self.pre_logits is not None:
                 features = self.pre_logits(features)
             logits = self.classifier(features)
-        loss = classification_loss(labels, logits, self.config) if labels is not None else None
-        output = HubViTImageClassifierOutput(
+        loss = self.loss_function(labels, logits, self.config, **kwargs) if labels is not None else None
+        return HubViTImageClassifierOutput(
             loss=loss,
             logits=logits,
             hidden_states=outputs.hidden_states,
@@ -645,7 +577,6 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
             cls_logits=cls_logits,
             distillation_logits=distillation_logits,
         )
-        return output if return_dict else output.to_tuple()
 
     def resize_position_embeddings(self, image_size):
         self.hubvit.resize_position_embeddings(image_size)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForImageClassification
 
 from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
-from hubvit.modeling.modeling_hubvit import HubViTLinear, resize_position_grid, sincos_2d_position_table
+from hubvit.modeling.modeling_hubvit import resize_position_grid, sincos_2d_position_table
 from utils import randomize_, tiny_config
 
 RTOL = 1e-5
@@ -60,11 +60,16 @@ def test_defaults_are_vit_b16_at_224():
         (dict(position_embedding_type="rope"), ["position_embedding_type='rope'", "learned"]),
         (dict(pooling="max"), ["pooling='max'", "mean"]),
         (dict(hidden_act="swish2"), ["hidden_act='swish2'"]),
-        (dict(interpolation_mode="nearest"), ["interpolation_mode='nearest'", "bicubic"]),
+        (dict(interpolation_mode="area"), ["interpolation_mode='area'", "bicubic"]),
         (dict(fc_norm=True, pooling="cls"), ["fc_norm", "pooling='cls'"]),
         (dict(distillation_token=True, class_token=False, pooling="mean"), ["distillation_token", "class_token"]),
         (dict(num_register_tokens=-1), ["num_register_tokens"]),
         (dict(distillation_token=True, pooling="map"), ["distillation_token", "pooling='map'"]),
+        (dict(layer_norm_eps=0.0), ["layer_norm_eps", "positive"]),
+        (dict(final_layer_norm_eps=float("nan")), ["final_layer_norm_eps", "nan"]),
+        (dict(hidden_dropout_prob=1.0), ["hidden_dropout_prob", "[0, 1)"]),
+        (dict(attention_probs_dropout_prob=-0.1), ["attention_probs_dropout_prob", "-0.1"]),
+        (dict(drop_path_rate=1.5), ["drop_path_rate", "1.5"]),
     ],
 )
 def test_invalid_config_names_the_fields(overrides, names):
@@ -85,69 +90,6 @@ def test_patchify_conv_equals_unfold_and_linear():
     patches = F.unfold(x, kernel_size=8, stride=8).transpose(1, 2)
     by_linear = F.linear(patches, conv.weight.reshape(conv.out_channels, -1), conv.bias)
     assert_close(by_conv, by_linear)
-
-
-def aten_ops(fn):
-    """Names of the aten ops `fn` runs on the CPU, read with the profiler."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        fn()
-    return {event.key for event in profile.key_averages()}
-
-
-@pytest.fixture
-def two_threads():
-    """HubViTLinear reaches oneDNN only with more than one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize(
-    "shape, view",
-    [
-        ((3, 120, 64), lambda x: x),
-        ((2, 7, 64), lambda x: x),
-        ((9, 64), lambda x: x),
-        ((64,), lambda x: x),
-        ((7, 2, 64), lambda x: x.transpose(0, 1)),
-        ((3, 64, 5), lambda x: x.transpose(1, 2)),
-        ((0, 64), lambda x: x),
-    ],
-    ids=["onednn-sized", "3d", "2d", "1d", "transposed", "strided-features", "empty"],
-)
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_linear_through_onednn_equals_f_linear_with_gradients(two_threads, shape, view, bias):
-    torch.manual_seed(0)
-    layer = HubViTLinear(64, 40, bias=bias)
-    source = torch.randn(shape, requires_grad=True)
-    outputs, grads = [], []
-    for fn in (lambda x: layer(x), lambda x: F.linear(x, layer.weight, layer.bias)):
-        layer.zero_grad(set_to_none=True)
-        source.grad = None
-        out = fn(view(source))
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
-        outputs.append(out)
-        grads.append([t.grad for t in (source, layer.weight, layer.bias) if t is not None and t.grad is not None])
-    assert_close(outputs[0], outputs[1])
-    for mine, reference in zip(*grads, strict=True):
-        assert_close(mine, reference)
-
-
-def test_linear_multiplies_through_a_convolution_only_on_cpu_float32_with_threads(two_threads, monkeypatch):
-    layer = HubViTLinear(64, 40)
-    x = torch.randn(3, 120, 64)
-    assert "aten::mkldnn_convolution" in aten_ops(lambda: layer(x))
-    torch.set_num_threads(1)
-    assert "aten::convolution" not in aten_ops(lambda: layer(x))
-    torch.set_num_threads(2)
-    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
-    assert "aten::convolution" not in aten_ops(lambda: layer(x))
-    monkeypatch.undo()
-    double = layer.double()
-    ops = aten_ops(lambda: double(x.double()))
-    assert "aten::convolution" not in ops and "aten::addmm" in ops
-    assert torch.equal(double(x.double()), F.linear(x.double(), double.weight, double.bias))
 
 
 def test_no_position_embedding_with_mean_pooling_is_permutation_invariant():
@@ -180,10 +122,7 @@ def test_position_table_resize_equals_interpolate(mode, antialias, align_corners
     expected = F.interpolate(grid, size=new_grid, mode=mode, antialias=antialias, align_corners=align_corners)
     expected = expected.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1)
     assert torch.equal(resized[:, :1], table[:, :1]), "the [CLS] row must be untouched"
-    if new_grid == (4, 4):
-        assert resized is table, "the native grid must return the table itself (bit-exact)"
-    else:
-        assert_close(resized[:, 1:], expected, rtol=1e-6)
+    assert_close(resized[:, 1:], expected, rtol=1e-6)
 
 
 def test_resize_runs_in_float32_for_low_precision_tables():
@@ -203,15 +142,17 @@ def test_sincos_table_matches_big_vision_formula():
     assert_close(table[2 * 5 + 4], expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["learned", "learned_2d", "relative_2d"])
-def test_native_size_output_is_unchanged_by_resize_path(kind):
-    """Going through the resize code at the native grid is a no-op, bit for bit."""
-    model = make(tiny_config(position_embedding_type=kind))
-    x = pixels()
-    with torch.no_grad():
-        first = model(x).logits
-        second = model(x, interpolate_pos_encoding=True).logits
-    assert torch.equal(first, second)
+@pytest.mark.parametrize(
+    "mode, antialias, align_corners",
+    [("bicubic", True, False), ("bicubic", False, False), ("bilinear", False, True), ("bilinear", False, False),
+     ("nearest", False, False)],
+)
+@pytest.mark.parametrize("grid", [(4, 4), (3, 5), (1, 7)])
+def test_resize_to_the_same_grid_is_the_identity_bit_for_bit(mode, antialias, align_corners, grid):
+    """Every size takes the resize path (one traced graph for all sizes), so the native grid must come back exact:
+    this is what keeps converted checkpoints bit-exact at their own resolution."""
+    table = torch.randn(1, grid[0] * grid[1], 24, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(resize_position_grid(table, grid, grid, mode, antialias, align_corners), table)
 
 
 @pytest.mark.parametrize("kind", ["learned", "learned_2d", "relative_2d", "sincos_2d"])
@@ -290,6 +231,49 @@ def test_output_attentions_returns_real_weights_under_sdpa():
     q, k, _ = layer.attention.qkv(hidden).reshape(2, 17, 3, 4, 8).permute(2, 0, 3, 1, 4)
     logits = q @ k.transpose(-1, -2) * 8**-0.5 + layer.attention.relative_bias((4, 4), 17)
     assert_close(weights, logits.softmax(-1))
+
+
+def test_output_hidden_states_selects_layers_by_index():
+    """transformers 5's selection: the chosen entries are recorded, the others are None."""
+    model = make(tiny_config(num_hidden_layers=3))
+    with torch.no_grad():
+        every = model(pixels(), output_hidden_states=True).hidden_states
+        chosen = model(pixels(), output_hidden_states=[0, 2]).hidden_states
+    assert len(every) == 4
+    assert [h is not None for h in chosen] == [True, False, True, False]
+    assert torch.equal(chosen[0], every[0]) and torch.equal(chosen[2], every[2])
+
+
+def test_encoder_layers_return_tensors_of_every_token():
+    """What forward hooks (Grad-CAM and friends) see on every block and on the final norm."""
+    model = make(tiny_config(num_labels=5))
+    seen = []
+    modules = [*model.hubvit.encoder.layers, model.hubvit.norm]
+    handles = [m.register_forward_hook(lambda module, args, out: seen.append(out)) for m in modules]
+    with torch.no_grad():
+        model(pixels())
+    for handle in handles:
+        handle.remove()
+    assert [type(out) for out in seen] == [torch.Tensor] * 3
+    assert [tuple(out.shape) for out in seen] == [(2, 17, 32)] * 3
+
+
+def test_num_output_tokens_gives_the_same_logits_for_the_tokens_the_head_reads():
+    model = make(tiny_config(num_labels=5))
+    x = pixels()
+    with torch.no_grad():
+        full = model(x).logits
+        short = model(x, num_output_tokens=model.hubvit.pooler.num_tokens_read)
+        body = model.hubvit(x, num_output_tokens=1)
+    assert body.last_hidden_state.shape == (2, 1, 32)
+    assert_close(short.logits, full)
+
+
+def test_final_layer_norm_eps_applies_to_the_final_norm_only():
+    """The design document's reference ViT: blocks at PyTorch's 1e-5, final norm at 1e-6."""
+    model = make(tiny_config(layer_norm_eps=1e-5, final_layer_norm_eps=1e-6), cls=HubViTModel)
+    assert model.norm.eps == 1e-6
+    assert {layer.norm1.eps for layer in model.encoder.layers} == {1e-5}
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
@@ -383,8 +367,7 @@ def test_zero_labels_gives_identity_head():
         out = model(pixels())
         pooled = model.hubvit(pixels()).pooler_output
     assert isinstance(model.classifier, torch.nn.Identity)
-    # The classifier runs the last block for [CLS] alone (the only token it reads): equal up to float rounding.
-    assert_close(out.logits, pooled)
+    assert torch.equal(out.logits, pooled)
 
 
 @pytest.mark.parametrize(
@@ -464,6 +447,11 @@ def test_auto_classes_know_hubvit_without_trust_flag(tmp_path):
         (torch.randn(2, 3, 30, 32), ["height=30", "width=32", "patch_size=(8, 8)"]),
         (torch.randn(2, 1, 32, 32), ["1 channels", "num_channels=3"]),
         (torch.randn(3, 32, 32), ["(3, 32, 32)", "(batch, channels, height, width)"]),
+        (torch.randn(0, 3, 32, 32), ["(0, 3, 32, 32)", "batch size 0"]),
+        (torch.randn(2, 3, 0, 32), ["(2, 3, 0, 32)", "one patch of 8x8"]),
+        (torch.randn(2, 3, 32, 4), ["(2, 3, 32, 4)", "one patch of 8x8"]),
+        (torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8), ["torch.uint8", "image processor"]),
+        (torch.ones(2, 3, 32, 32, dtype=torch.bool), ["torch.bool", "image processor"]),
     ],
 )
 def test_bad_inputs_raise_clear_errors(x, words):
@@ -472,6 +460,12 @@ def test_bad_inputs_raise_clear_errors(x, words):
         model(x)
     for word in words:
         assert word in str(error.value)
+
+
+def test_misspelt_keyword_is_an_error():
+    model = make(tiny_config())
+    with pytest.raises(TypeError, match="output_attention"):
+        model(pixels(), output_attention=True)
 
 
 def test_dynamic_img_pad_pads_bottom_right():
