@@ -2,7 +2,22 @@
 
 from setuptools import setup
 
-TEST = ["pytest>=8", "timm>=1.0.20", "jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy", "mlxtend>=0.23", "scikit-learn", "tensorboard"]
+ONNX = ["onnx", "onnxscript", "onnxruntime"]
+TEST = [
+    "pytest>=8",
+    "timm>=1.0.20",
+    "jax>=0.4.30",
+    "jaxlib>=0.4.30",
+    "flax>=0.10",
+    "scipy",
+    "scikit-learn",
+    "scikit-image",
+    "tensorboard",
+    "grad-cam",
+    "peft",
+    "parameterized",
+    *ONNX,
+]
 
 setup(
     name="hubvit",
@@ -32,10 +47,13 @@ setup(
         "mlxtend>=0.23",
         "pillow",
         "numpy",
+        "matplotlib",
+        "pyyaml",
     ],
     extras_require={
         "test": TEST,
         "timm": ["timm>=1.0.20"],
+        "onnx": ONNX,
         "jax": ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"],
     },
     entry_points={"console_scripts": ["hubvit=hubvit.scripts.cli:main"]},
