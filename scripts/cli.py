@@ -16,6 +16,7 @@ CONVERTERS = {
 }
 EXPORTERS = {
     "transformers": ("hubvit.conversion.transformers", "a folder transformers' built-in ViT loads"),
+    "timm": ("hubvit.conversion.export_timm", "a timm Hub-layout folder timm.create_model loads"),
 }
 
 
