@@ -206,6 +206,35 @@ def verify(timm_model, hubvit_model, tolerance):
     return lines, failed
 
 
+def card_text(args, architecture, config, lines, notes):
+    """A short timm-style model card: where the weights came from, how to load them, the measured check."""
+    import timm
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from hubvit import __version__
+
+    tags = ["image-classification" if config.num_labels else "image-feature-extraction", "timm", "hubvit"]
+    data = ModelCardData(library_name="timm", tags=tags).to_yaml()
+    (h, w) = config.image_size_2d
+    body = [
+        f"# {Path(args.out).name}",
+        f"Exported from the hubvit folder `{args.src}` with `hubvit export timm {args.src} {args.out}` (hubvit "
+        f"{__version__}, timm {timm.__version__}): timm's `{architecture}` entry point with every structural "
+        "argument in `model_args`.",
+        "## Loading",
+        "```python\nimport timm\n"
+        'model = timm.create_model("local-dir:path/to/this/folder", pretrained=True).eval()\n'
+        '# once uploaded: timm.create_model("hf-hub:OWNER/NAME", pretrained=True)\n```',
+        "## Verification",
+        f"timm and hubvit, same weights, one random float32 batch of 2x{config.num_channels}x{h}x{w}: "
+        + "; ".join(lines)
+        + f". Tolerance {args.tolerance:g} relative to the output scale.",
+    ]
+    if notes:
+        body += ["## Notes", "\n".join(f"- {note}" for note in notes)]
+    return ModelCard(f"---\n{data}\n---\n\n" + "\n\n".join(body) + "\n")
+
+
 def read_hubvit_folder(src):
     src = Path(src)
     raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
@@ -240,7 +269,8 @@ def export_main(args):
     timm_model.load_state_dict(state_dict, strict=True)
 
     lines, failed = verify(timm_model, build_model(config, weights), args.tolerance)
-    for line in [*mapping.report(), *export_notes(config), "verify: " + "; ".join(lines)]:
+    notes = export_notes(config)
+    for line in [*mapping.report(), *notes, "verify: " + "; ".join(lines)]:
         print(line.replace("hubvit tensors", "timm tensors"))
     if failed:
         raise ConversionError(
@@ -255,5 +285,6 @@ def export_main(args):
             safe_serialization=True,
             data_config=data_config(args.src, config),
         )
+        card_text(args, architecture, config, lines, notes).save(staging / "README.md")
     print(f"wrote {args.out} (timm {architecture} with model_args, timm {timm.__version__})")
     return Path(args.out)

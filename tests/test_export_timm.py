@@ -16,7 +16,7 @@ timm = pytest.importorskip("timm")
 from hubvit import HubViTForImageClassification  # noqa: E402
 from hubvit.conversion.folder import make_image_processor, write_folder  # noqa: E402
 from hubvit.scripts.cli import main as cli  # noqa: E402
-from tests.utils import randomize_, run_without_hubvit, tiny_config  # noqa: E402
+from utils import randomize_, run_without_hubvit, tiny_config  # noqa: E402
 
 # name: (hubvit config fields, timm model_args the export must choose)
 FAMILIES = {
@@ -139,6 +139,9 @@ def test_exported_folders_load_in_timm_without_hubvit(tmp_path, capsys):
         assert seen["label_names"] == (LABELS[: fields["num_labels"]] if fields["num_labels"] else None)
         assert seen["mean"] == pytest.approx(PREPROCESSING["mean"]) and seen["std"] == pytest.approx(PREPROCESSING["std"])
         assert (seen["interpolation"], seen["input_size"], seen["crop_pct"]) == ("bicubic", [3, 32, 32], 1.0)
+        card = (tmp_path / f"{family}-timm" / "README.md").read_text()
+        assert "library_name: timm" in card and "## Verification" in card and "max |Δfeatures|" in card
+    assert "dynamic_img_size=False" in (tmp_path / "jax_like-timm" / "README.md").read_text()
 
 
 def test_round_trip_through_hubvit_convert_timm(tmp_path, capsys):
