@@ -110,7 +110,6 @@ def architecture_sizes(name, image_size, sizes):
         num_layers=len(model.encoder.layers),
         hidden_dim=model.hidden_dim,
         mlp_dim=model.mlp_dim,
-        **extra,
     )
     wrong = [f"{key}={sizes[key]} (torchvision {name}: {value})" for key, value in built.items() if sizes[key] != value]
     if wrong:

@@ -127,6 +127,26 @@ def test_architecture_gives_the_heads_and_checks_the_shapes(tmp_path, capsys):
     assert "--num-heads 5 does not divide the width 48" in capsys.readouterr().err
 
 
+def test_verify_fails_above_tolerance(tmp_path, capsys, monkeypatch):
+    """A converter bug (the final norm's bias off by 1e-3 of its scale) is caught by the check; nothing is written."""
+    import hubvit.conversion.torchvision as converter
+
+    build = converter.build_model
+
+    def off_by_a_little(config, state_dict):
+        model = build(config, state_dict)
+        with torch.no_grad():
+            model.hubvit.norm.bias.add_(1e-3 * model.hubvit.norm.bias.abs().max())
+        return model
+
+    monkeypatch.setattr(converter, "build_model", off_by_a_little)
+    torch.save(torchvision_vit().state_dict(), tmp_path / "vit.pth")
+    assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4) == 2
+    assert "does not reproduce torchvision" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4, "--no-verify") == 0
+
+
 def test_other_state_dicts_are_refused(tmp_path, capsys):
     resnet = torchvision.models.resnet18(num_classes=10)
     torch.save(resnet.state_dict(), tmp_path / "resnet.pth")

@@ -198,6 +198,25 @@ def test_single_settings_are_refused_or_exported(tmp_path, capsys, fields, setti
     assert code == 2 and setting in capsys.readouterr().err
 
 
+def test_verify_fails_above_tolerance(tmp_path, capsys, monkeypatch):
+    """An exporter bug (hubvit's final norm bias off by 1e-3 of its scale) is caught by the check; nothing is written."""
+    import hubvit.conversion.export_timm as exporter
+
+    build = exporter.build_model
+
+    def off_by_a_little(config, state_dict):
+        model = build(config, state_dict)
+        with torch.no_grad():
+            model.hubvit.norm.bias.add_(1e-3 * model.hubvit.norm.bias.abs().max())
+        return model
+
+    monkeypatch.setattr(exporter, "build_model", off_by_a_little)
+    hubvit_folder(tmp_path / "hubvit", num_labels=3)
+    assert cli(["export", "timm", str(tmp_path / "hubvit"), str(tmp_path / "out")]) == 2
+    assert "the timm model does not reproduce hubvit" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_not_a_hubvit_folder_is_refused(tmp_path, capsys):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "vit"}))
