@@ -15,7 +15,7 @@ from ..modeling import HubViTConfig
 from .common import ConversionError, StrictMapping
 from .folder import build_model, staged_folder
 from .timm import RENAMES, import_timm
-from .transformers import read_folder_weights, read_json
+from .transformers import RESAMPLE_NAMES, read_folder_weights, read_json
 
 TOLERANCE = 1e-5
 TIMM_INTERPOLATION = ("bicubic", True, False)
@@ -25,7 +25,6 @@ POOLS = {"cls": "token", "mean": "avg", "map": "map"}
 # every structural argument is passed explicitly on top of them.
 ENTRY_POINTS = {1e-6: "vit_base_patch16_224", 1e-5: "vit_base_patch16_clip_224"}
 DISTILLED_ENTRY_POINT = "deit_base_distilled_patch16_224"
-RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 
 def add_export_arguments(parser):
