@@ -156,10 +156,9 @@ def hubvit_outputs(model, pixel_values, names):
 
 
 @torch.no_grad()
-def verify(conversion, model):
-    """Run the source's forward and `model` on the same inputs; `Verification`, None when there is no reference,
-    or `ConversionError` listing every output beyond `reference.tolerance` x its scale."""
-    reference = conversion.reference
+def verify(reference, model):
+    """Run `reference.forward` and the hubvit `model` on the same inputs; `Verification`, None when there is no
+    forward, or `ConversionError` listing every output beyond `reference.tolerance` x its scale."""
     if reference.forward is None:
         return None
     config = model.config

@@ -104,7 +104,7 @@ def write_conversion(conversion, out_dir, overwrite=False):
     for line in conversion.dropped + conversion.preprocessing.notes:
         print(line)
     reference = conversion.reference
-    result = verify(conversion, model)
+    result = verify(reference, model)
     if result is None:
         verification = f"This file was not verified at conversion: {reference.reason}."
         print(f"not verified: {reference.reason}")

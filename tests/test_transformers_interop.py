@@ -181,9 +181,6 @@ def test_image_processor_settings_carry_over(tmp_path):
 def test_refusals(tmp_path, capsys):
     vit = tmp_path / "vit"
     transformers_model("ViTModel").save_pretrained(vit)
-    assert cli(["convert", "transformers", str(vit), str(tmp_path / "a"), "--keep-pooler"]) == 2
-    assert "--keep-pooler is not supported" in capsys.readouterr().err
-
     bert_config = transformers.BertConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=50
     )
