@@ -73,6 +73,20 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
+def _patchify(images, width, patch_size):
+    """The stride-P convolution `embedding`, flattened to tokens: ((n, h*w, width), (h, w))."""
+    p = _pair(patch_size)
+    x = nn.Conv(width, p, strides=p, padding='VALID', name='embedding')(images)
+    n, h, w, c = x.shape
+    return x.reshape(n, h * w, c), (h, w)
+
+
+def _prepend_cls(module, x):
+    """The learned `cls` token of `module` in front of every sequence."""
+    cls = module.param('cls', nn.initializers.zeros, (1, 1, x.shape[-1]))
+    return jnp.concatenate([jnp.tile(cls, (x.shape[0], 1, 1)), x], axis=1)
+
+
 def _head(module, x, num_classes, rep_size):
     """Optional ``pre_logits`` (Dense + tanh), then optional ``head``."""
     module.sow('intermediates', 'pooled', x)
@@ -131,13 +145,9 @@ class VisionTransformerOrig(nn.Module):
 
     @nn.compact
     def __call__(self, images):
-        p = _pair(self.patch_size)
-        x = nn.Conv(self.hidden_size, p, strides=p, padding='VALID', name='embedding')(images)
-        n, h, w, c = x.shape
-        x = x.reshape(n, h * w, c)
+        x, _ = _patchify(images, self.hidden_size, self.patch_size)
         if self.classifier == 'token':
-            cls = self.param('cls', nn.initializers.zeros, (1, 1, c))
-            x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)), x], axis=1)
+            x = _prepend_cls(self, x)
         elif self.classifier != 'gap':
             raise ValueError(f'unknown classifier {self.classifier!r}')
         x = EncoderOrig(self.num_layers, self.mlp_dim, self.num_heads,
@@ -228,10 +238,8 @@ class VisionTransformerBV(nn.Module):
 
     @nn.compact
     def __call__(self, images):
-        p = _pair(self.patch_size)
-        x = nn.Conv(self.width, p, strides=p, padding='VALID', name='embedding')(images)
-        n, h, w, c = x.shape
-        x = x.reshape(n, h * w, c)
+        x, (h, w) = _patchify(images, self.width, self.patch_size)
+        c = self.width
         if self.posemb == 'learn':
             pe = self.param('pos_embedding', nn.initializers.normal(1 / np.sqrt(c)), (1, h * w, c))
         elif self.posemb == 'sincos2d':
@@ -240,8 +248,7 @@ class VisionTransformerBV(nn.Module):
             raise ValueError(f'unknown posemb {self.posemb!r}')
         x = x + pe
         if self.pool_type == 'tok':
-            cls = self.param('cls', nn.initializers.zeros, (1, 1, c))
-            x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)), x], axis=1)
+            x = _prepend_cls(self, x)
         x = EncoderBV(self.depth, self.mlp_dim, self.num_heads, self.scan,
                       self.approximate_gelu, name='Transformer')(x)
         self.sow('intermediates', 'encoded', x)

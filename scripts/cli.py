@@ -21,28 +21,28 @@ EXPORTERS = {
 }
 
 
+def add_modules(subparsers, modules):
+    """One subcommand per module of `modules` (name -> (module, help)), with the module's arguments and `main`."""
+    added = []
+    for name, (module_name, help_text) in modules.items():
+        module = importlib.import_module(module_name)
+        sub = subparsers.add_parser(name, help=help_text)
+        module.add_arguments(sub)
+        sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+        sub.set_defaults(run=module.main)
+        added.append(sub)
+    return added
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="hubvit", description="Convert, export and publish hubvit checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="turn another checkpoint format into a hubvit folder")
-    sources = convert.add_subparsers(dest="source", required=True)
-    for source, (module_name, help_text) in CONVERTERS.items():
-        module = importlib.import_module(module_name)
-        sub = sources.add_parser(source, help=help_text)
-        module.add_arguments(sub)
-        sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    for sub in add_modules(convert.add_subparsers(dest="source", required=True), CONVERTERS):
         sub.add_argument("--push-to-hub", metavar="REPO_ID", help="publish the written folder to this Hub repo")
-        sub.set_defaults(run=module.main)
-
     export = commands.add_parser("export", help="turn a hubvit folder into another library's format")
-    targets = export.add_subparsers(dest="target", required=True)
-    for target, (module_name, help_text) in EXPORTERS.items():
-        module = importlib.import_module(module_name)
-        sub = targets.add_parser(target, help=help_text)
-        module.add_arguments(sub)
-        sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-        sub.set_defaults(run=module.main)
+    add_modules(export.add_subparsers(dest="target", required=True), EXPORTERS)
 
     push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
     hub.add_arguments(push)
