@@ -270,8 +270,8 @@ def map_mlp(mapping, target, key, index=None):
     map_dense(mapping, f"{target}.fc2", f"{key}/Dense_1", index)
 
 
-def convert_state_dict(source, layout, config, args, path):
-    """The hubvit state dict for `config`, through the strict mapper (every source tensor accounted for)."""
+def map_weights(source, layout, config, args, path):
+    """The strict mapper holding the archive translated to hubvit names (call `finish` for the state dict)."""
     p = layout.prefix
     mapping = StrictMapping(source, f"{layout.name} checkpoint {path}")
     if p:
@@ -315,7 +315,7 @@ def convert_state_dict(source, layout, config, args, path):
             mapping.create("classifier.bias", torch.zeros(config.num_labels), fresh)
     elif config.num_labels:
         map_dense(mapping, "classifier", f"{p}head")
-    return mapping.finish(expected_shapes(config)), mapping.report()
+    return mapping
 
 
 def command_line(args):
@@ -369,9 +369,10 @@ def flax_reference(source, layout, config, args):
     else:
         pool_type = {value: key for key, value in POOL_TYPES.items()}[config.pooling]
         learned = config.position_embedding_type == "learned"
-        model = flax_vit.VisionTransformerBV(width=config.hidden_size, depth=config.num_hidden_layers,
-                                             posemb="learn" if learned else "sincos2d", rep_size=representation or False,
-                                             pool_type=pool_type, scan=layout.scanned, **common)
+        model = flax_vit.VisionTransformerBV(
+            width=config.hidden_size, depth=config.num_hidden_layers, posemb="learn" if learned else "sincos2d",
+            rep_size=representation or False, pool_type=pool_type, scan=layout.scanned, **common,
+        )
         if learned and params["pos_embedding"].shape[1] != grid[0] * grid[1]:
             params["pos_embedding"] = flax_vit.resize_posemb_bv(params["pos_embedding"], grid)
     head_kept = args.num_labels is None and not args.drop_pre_logits and num_classes
@@ -403,7 +404,8 @@ def convert(args):
     layout = detect_layout(source, path)
     fields, num_labels = read_config(source, layout, args, path)
     config = HubViTConfig(**fields, num_labels=num_labels)
-    state_dict, report = convert_state_dict(source, layout, config, args, path)
+    mapping = map_weights(source, layout, config, args, path)
+    state_dict, report = mapping.finish(expected_shapes(config)), mapping.report()
     if args.image_size and config.position_embedding_type == "learned":
         model = build_model(config, state_dict).resize_position_embeddings(args.image_size)
         state_dict, fields["image_size"] = model.state_dict(), model.config.image_size

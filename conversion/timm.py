@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
-from .card import CITATIONS, CardInfo
+from .card import CITATIONS
 from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
                      listing, read_weights, resample_name)
 from .folder import expected_shapes, write_conversion

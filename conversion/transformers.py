@@ -184,13 +184,13 @@ def hubvit_settings(family, head, cfg):
 
 
 def label_names(cfg, num_labels):
-    """id2label of config.json, which must name every class of the head."""
+    """(id2label, where the names came from): config.json's id2label, which must name every class of the head."""
     if not num_labels:
-        return {}
+        return {}, "headless"
     id2label = {int(k): str(v) for k, v in (cfg.get("id2label") or {}).items()}
     if sorted(id2label) != list(range(num_labels)):
         raise ConversionError(f"config.json id2label has {len(id2label)} entries for a head of {num_labels} classes")
-    return id2label
+    return id2label, "config.json id2label"
 
 
 def preprocessing(src, family, image_size):
@@ -231,7 +231,7 @@ def spelling(mapping, candidates):
 
 
 def map_weights(weights, head, config, drop_head, description):
-    """hubvit state dict (through the shared strict mapper) and the mapper itself."""
+    """The strict mapper holding the folder's tensors translated to hubvit names (call `finish` for the state dict)."""
     mapping = StrictMapping(weights, description)
     p = body_prefix(weights)
     mapping.drop(rf"{re.escape(p)}pooler\.dense\.(weight|bias)", POOLER_REASON)
@@ -283,7 +283,7 @@ def map_weights(weights, head, config, drop_head, description):
     if head in ("cls_only", "cls_and_mean"):
         for part in ("weight", "bias"):
             mapping.map(f"classifier.{part}", f"classifier.{part}")
-    return mapping.finish(expected_shapes(config)), mapping
+    return mapping
 
 
 # ---------------------------------------------------------------------------------------------------------- verify
@@ -345,19 +345,18 @@ def convert(args):
         num_labels = int(weights[key].shape[0]) if key in weights else 0
         if not num_labels:
             head = None  # saved with num_labels=0: an identity head
-    labels = label_names(cfg, num_labels)
+    labels, label_source = label_names(cfg, num_labels)
     config = HubViTConfig(**settings, num_labels=num_labels)
-    state_dict, mapping = map_weights(
-        weights, head, config, args.drop_head, f"transformers {architecture} folder ({weights_path})"
-    )
+    mapping = map_weights(weights, head, config, args.drop_head, f"transformers {architecture} folder ({weights_path})")
     command = ["hubvit", "convert", "transformers", str(args.src), str(args.out)]
     return Conversion(
-        weights=state_dict,
+        weights=mapping.finish(expected_shapes(config)),
         config=settings,
         preprocessing=preprocessing(src, family, config.image_size_2d),
         labels=labels,
         reference=reference(args, architecture if head else BASE_MODELS[family], family, head, config),
-        provenance=f"Converted from a transformers {transformers.__version__} `{architecture}` folder.",
+        provenance=f"Converted from a transformers {transformers.__version__} `{architecture}` folder. Labels: "
+        f"{label_source}.",
         command=shlex.join(command + (["--drop-head"] if args.drop_head else [])),
         family=family.replace("_", "-"),
         dropped=mapping.report(),
