@@ -1,19 +1,191 @@
-"""What every converter shares: safe reading of weight files and one strict key mapper.
+"""What every converter shares: the `Conversion` record, safe reading of weight files, one strict key mapper and
+one verification against the source implementation.
 
+A converter module reads its source and returns a `Conversion` (weights, config fields, preprocessing, labels, a
+reference forward of the source); `folder.write_conversion` then builds the model, runs `verify` and writes the folder.
 The mapper is the single place that decides whether a conversion is complete: every source tensor is mapped or
 dropped with a reason, every target tensor is filled with the right shape, or nothing is converted at all.
 """
 
+import argparse
 import re
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 
+TOLERANCE = 1e-5
+RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+"""PIL's resample ids (what `ViTImageProcessor.resample` holds) by the names timm and the CLI use."""
+RESAMPLE_IDS = {name: index for index, name in RESAMPLE_NAMES.items()}
+
+
 class ConversionError(ValueError):
     """A checkpoint that cannot be converted faithfully; the message says what did not match."""
+
+
+def resample_name(value, where="resample"):
+    """The name ('bicubic', ...) of a PIL resample id or name, or `ConversionError` naming `where`."""
+    name = RESAMPLE_NAMES.get(value) if isinstance(value, int) else str(value).lower()
+    if name not in RESAMPLE_IDS:
+        raise ConversionError(f"{where}={value!r}; expected one of {sorted(RESAMPLE_IDS)} (or PIL ids 0-3)")
+    return name
+
+
+@dataclass
+class Preprocessing:
+    """How the source feeds images to the model: normalisation, resize method and evaluation size.
+
+    `size` (height, width) defaults to the model's resolution; `crop_pct` is the source's centre crop at
+    evaluation (resize to size / crop_pct, then crop), recorded even where the folder's processor does not apply it;
+    `notes` say where the folder's processor differs from the source's.
+    """
+
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+    resample: str = "bilinear"
+    size: tuple | None = None
+    crop_pct: float | None = None
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class Reference:
+    """The SOURCE implementation's forward pass, which the converted model must reproduce.
+
+    `forward(pixel_values)` takes an NCHW float32 batch and returns a dict of outputs named as hubvit names them
+    (`logits`, `pooler_output`, `last_hidden_state`); `verify` runs it on a seeded random batch of `batch` images at
+    each of `sizes` (None: the model's resolution). With `forward=None`, `reason` says why the file was not verified.
+    """
+
+    description: str
+    forward: Callable | None = None
+    sizes: tuple = (None,)
+    batch: int = 2
+    tolerance: float = TOLERANCE
+    reason: str | None = None
+
+    @classmethod
+    def unavailable(cls, reason):
+        return cls(description="none", reason=reason)
+
+
+@dataclass
+class Conversion:
+    """Everything a converter learns from its source; `folder.write_conversion` turns it into a hubvit folder.
+
+    `weights`: the hubvit state dict (keys without the `hubvit.` prefix where the body holds them); `config`:
+    HubViTConfig fields other than the labels; `labels`: id2label ({} for a headless model); `dropped`: the mapper's
+    lines about tensors not carried over. The card texts (`provenance`, `command`, `family`, `license`,
+    `citation_key`, `title`) say where the weights came from.
+    """
+
+    weights: dict
+    config: dict
+    preprocessing: Preprocessing
+    labels: dict
+    reference: Reference
+    provenance: str
+    command: str
+    family: str
+    dropped: list = field(default_factory=list)
+    license: str | None = None
+    citation_key: str | list | None = None
+    title: str | None = None
+
+
+def make_config(conversion):
+    """The HubViTConfig of `conversion`: its fields plus the labels (a headless model has none)."""
+    from ..modeling import HubViTConfig
+
+    labels = {int(k): str(v) for k, v in conversion.labels.items()}
+    if sorted(labels) != list(range(len(labels))):
+        raise ConversionError(f"labels must be numbered 0..{len(labels) - 1}, got ids {sorted(labels)[:10]}")
+    config = HubViTConfig(
+        **conversion.config,
+        num_labels=len(labels),
+        id2label=labels or None,
+        label2id={name: i for i, name in labels.items()} or None,
+    )
+    if not labels:
+        config.id2label, config.label2id = {}, {}
+    return config
+
+
+def add_verify_arguments(parser):
+    """`--verify/--no-verify` and `--tolerance`, the same for every converter."""
+    parser.add_argument(
+        "--verify", action=argparse.BooleanOptionalAction, default=True,
+        help="run the source implementation and the converted model on the same input and fail above tolerance "
+        "(default: on)",
+    )
+    parser.add_argument(
+        "--tolerance", type=float, default=TOLERANCE,
+        help=f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
+    )
+
+
+@dataclass
+class Verification:
+    """What `verify` measured: the worst max |difference| and one line per output and size."""
+
+    max_abs_diff: float
+    lines: list
+
+    def text(self, reference):
+        return (
+            f"{reference.description} and this model, same weights, seeded random float32 batches of "
+            f"{reference.batch} images: " + "; ".join(self.lines) + f". Tolerance {reference.tolerance:g} relative "
+            "to the output scale."
+        )
+
+
+def hubvit_outputs(model, pixel_values, names):
+    """The outputs `names` of a HubViTForImageClassification, named as `Reference.forward` names them."""
+    outputs = {}
+    if "logits" in names:
+        outputs["logits"] = model(pixel_values=pixel_values).logits
+    if {"pooler_output", "last_hidden_state"} & set(names):
+        body = model.hubvit(pixel_values=pixel_values)
+        outputs["pooler_output"], outputs["last_hidden_state"] = body.pooler_output, body.last_hidden_state
+    return {name: outputs[name] for name in names}
+
+
+@torch.no_grad()
+def verify(reference, model):
+    """Run `reference.forward` and the hubvit `model` on the same inputs; `Verification`, None when there is no
+    forward, or `ConversionError` listing every output beyond `reference.tolerance` x its scale."""
+    if reference.forward is None:
+        return None
+    config = model.config
+    lines, failed, worst = [], [], 0.0
+    for size in reference.sizes:
+        height, width = size or config.image_size_2d
+        pixels = torch.randn(
+            reference.batch, config.num_channels, height, width, generator=torch.Generator().manual_seed(0)
+        )
+        theirs = reference.forward(pixels)
+        ours = hubvit_outputs(model, pixels, list(theirs))
+        for name, expected in theirs.items():
+            expected = torch.as_tensor(np.asarray(expected) if not isinstance(expected, torch.Tensor) else expected)
+            diff = (expected.float() - ours[name]).abs().max().item()
+            scale = expected.abs().max().item()
+            worst = max(worst, diff)
+            lines.append(f"{height}x{width} max |Δ{name}| = {diff:.2e} (max |{name}| = {scale:.3g})")
+            if not diff <= reference.tolerance * scale:
+                failed.append(
+                    f"{name} at {height}x{width}: max |difference| {diff:.3g} > {reference.tolerance:g} x {scale:.3g}"
+                )
+    if failed:
+        raise ConversionError(
+            f"the converted model does not reproduce {reference.description}; nothing was written.\n"
+            + "\n".join(f"    {line}" for line in failed)
+        )
+    return Verification(worst, lines)
 
 
 def listing(items, limit=40):
@@ -98,6 +270,7 @@ class StrictMapping:
         self.dropped = {}
         self.missing = set()
         self.target = {}
+        self.created = {}
 
     def has(self, key):
         return key in self.source
@@ -105,6 +278,11 @@ class StrictMapping:
     def get(self, key):
         """Read a source tensor without consuming it (for reading the architecture)."""
         return to_tensor(self.source[key])
+
+    def create(self, target, tensor, reason):
+        """Fill `target` with a tensor the source does not have (a fresh head, a zero bias), saying why."""
+        self.target[target] = tensor.detach().to(torch.float32).contiguous()
+        self.created[target] = reason
 
     def map(self, target, key, transform=None):
         self.combine(target, [key], transform)
@@ -159,7 +337,9 @@ class StrictMapping:
         by_reason = {}
         for key, reason in sorted(self.dropped.items()):
             by_reason.setdefault(reason, []).append(key)
-        lines = [f"mapped {len(self.used)} source tensors onto {len(self.target)} hubvit tensors"]
+        lines = [f"mapped {len(self.used)} source tensors onto {len(self.target) - len(self.created)} target tensors"]
         for reason, keys in by_reason.items():
             lines.append(f"dropped {len(keys)} tensors ({reason}): " + ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else ""))
+        for key, reason in sorted(self.created.items()):
+            lines.append(f"created {key} ({reason})")
         return lines

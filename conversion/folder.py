@@ -14,26 +14,18 @@ from transformers import ViTImageProcessor
 
 from ..modeling import HubViTConfig, HubViTForImageClassification
 from .card import CardInfo, render_card
-from .common import ConversionError
+from .common import RESAMPLE_IDS, ConversionError, Preprocessing, make_config, resample_name, verify
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
 
 
-def make_image_processor(config, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), resample="bilinear"):
-    """transformers' own `ViTImageProcessor` resizing to the model's native resolution."""
-    from PIL import Image
-
-    resample_id = {
-        "nearest": Image.Resampling.NEAREST,
-        "bilinear": Image.Resampling.BILINEAR,
-        "bicubic": Image.Resampling.BICUBIC,
-        "lanczos": Image.Resampling.LANCZOS,
-    }[resample]
-    height, width = config.image_size_2d
+def make_image_processor(config, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), resample="bilinear", size=None):
+    """transformers' own `ViTImageProcessor` resizing to `size` (height, width), by default the model's resolution."""
+    height, width = size or config.image_size_2d
     return ViTImageProcessor(
         do_resize=True,
-        size={"height": height, "width": width},
-        resample=resample_id,
+        size={"height": int(height), "width": int(width)},
+        resample=RESAMPLE_IDS[resample_name(resample)],
         do_rescale=True,
         rescale_factor=1 / 255,
         do_normalize=True,
@@ -93,3 +85,45 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
         if missing:
             raise RuntimeError(f"save_pretrained did not write {missing}")
     return Path(out_dir)
+
+
+def processor_for(preprocessing: Preprocessing, config):
+    """The folder's `ViTImageProcessor` for a converter's `Preprocessing`."""
+    p = preprocessing
+    return make_image_processor(config, p.mean, p.std, p.resample, p.size)
+
+
+def write_conversion(conversion, out_dir, overwrite=False):
+    """Build the model of a converter's `Conversion`, verify it against the source, and write the folder.
+
+    The card's Verification section carries the figure measured here, on these weights; where the conversion has
+    no reference forward, the card says the file was not verified and why.
+    """
+    config = make_config(conversion)
+    model = build_model(config, conversion.weights)
+    for line in conversion.dropped + conversion.preprocessing.notes:
+        print(line)
+    reference = conversion.reference
+    result = verify(reference, model)
+    if result is None:
+        verification = f"This file was not verified at conversion: {reference.reason}."
+        print(f"not verified: {reference.reason}")
+    else:
+        verification = result.text(reference)
+        print("verify: " + "; ".join(result.lines))
+    notes = " ".join(note if note.endswith(".") else f"{note}." for note in conversion.preprocessing.notes)
+    card = CardInfo(
+        provenance="\n\n".join(text for text in (conversion.provenance, notes) if text),
+        command=conversion.command,
+        family=conversion.family,
+        verification=verification,
+        max_abs_diff=result.max_abs_diff if result else None,
+        dropped=[line for line in conversion.dropped if not line.startswith("mapped ")],
+        license=conversion.license,
+        citation_key=conversion.citation_key,
+        title=conversion.title,
+    )
+    processor = processor_for(conversion.preprocessing, config)
+    out = write_folder(model, out_dir, processor, card, overwrite=overwrite)
+    print(f"wrote {out}")
+    return out

@@ -146,21 +146,6 @@ def check_loads(folder, timeout=1800):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-_checked = {}
-
-
-def check_folder(folder):
-    """`check_files` then `check_loads`, remembered for an unchanged folder (same names, sizes and times)."""
-    check_files(folder)
-    folder = Path(folder).resolve()
-    key = (str(folder),) + tuple(
-        (str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(upload_files(folder))
-    )
-    if key not in _checked:
-        _checked[key] = check_loads(folder)
-    return _checked[key]
-
-
 def upload_files(folder):
     """Every file of `folder` except hidden ones (.git, .cache, editor files) and Python caches."""
     folder = Path(folder)
@@ -221,7 +206,7 @@ def push_folder(
     check_files(folder)
     api = HfApi(endpoint=endpoint, token=token)
     token = require_token(api)
-    check = check_folder(folder)
+    check = check_loads(folder)
     summary = (
         f"{check['class']} loads with trust_remote_code=True where hubvit is not installed and runs a forward pass "
         f"({check['output']} {tuple(check['shape'])})"

@@ -5,7 +5,6 @@ names); every setting hubvit cannot express is refused. Tensors go through the s
 result is checked against timm's own forward on the same weights before anything is written.
 """
 
-import argparse
 import json
 import re
 import shlex
@@ -15,12 +14,12 @@ import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
-from .card import CITATIONS, CardInfo
-from .common import ConversionError, StrictMapping, listing, read_weights
-from .folder import build_model, expected_shapes, make_image_processor, write_folder
+from .card import CITATIONS
+from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
+                     listing, read_weights, resample_name)
+from .folder import expected_shapes, write_conversion
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-TOLERANCE = 1e-5
 
 RENAMES = [
     (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
@@ -53,13 +52,7 @@ def add_arguments(parser):
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument("--architecture", help="timm model name, needed for a single weights file")
     parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
-    parser.add_argument(
-        "--verify",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run timm and the converted model on the same input and fail above tolerance (default: on)",
-    )
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
+    add_verify_arguments(parser)
 
 
 def import_timm():
@@ -268,8 +261,8 @@ def clean_state_dict(weights):
     return dict(weights)
 
 
-def map_weights(weights, config, description):
-    """The hubvit state dict of a timm state dict, through the shared strict mapper, and the mapper itself."""
+def map_weights(weights, description):
+    """The strict mapper holding a timm state dict translated to hubvit names (call `finish` for the state dict)."""
     mapping = StrictMapping(weights, description)
     for pattern, reason in DROPS:
         mapping.drop(pattern, reason)
@@ -280,11 +273,12 @@ def map_weights(weights, config, description):
             if re.fullmatch(pattern, key):
                 mapping.map(re.sub(pattern, target, key), key)
                 break
-    return mapping.finish(expected_shapes(config)), mapping
+    return mapping
 
 
 def label_names(hub_config, num_classes):
-    """id2label from the checkpoint's own labels, else timm's ImageNet names for ImageNet-sized heads, else LABEL_i."""
+    """(id2label, where the names came from): the checkpoint's own labels, else timm's ImageNet names for
+    ImageNet-sized heads, else LABEL_i."""
     if not num_classes:
         return {}, "headless (num_classes=0)"
     hub_config = hub_config or {}
@@ -307,22 +301,33 @@ def label_names(hub_config, num_classes):
     return {i: f"LABEL_{i}" for i in range(num_classes)}, "no names in the checkpoint (LABEL_i)"
 
 
-def preprocessing(hub_config, model, config):
-    """(mean, std, resample, (height, width), crop_pct) from timm's pretrained_cfg."""
+def pretrained_cfg(hub_config, model):
+    """timm's pretrained_cfg of the model, updated by the folder's own."""
     cfg = dict(model.pretrained_cfg or {})
     if hub_config is not None:
         cfg.update(hub_config.get("pretrained_cfg") or {})
-        size = tuple(cfg.get("input_size", (3, *config.image_size_2d)))[-2:]
-    else:
-        size = config.image_size_2d
-    resample = cfg.get("interpolation") or "bicubic"
-    if resample not in ("nearest", "bilinear", "bicubic", "lanczos"):
-        raise ConversionError(
-            f"pretrained_cfg interpolation={resample!r}; expected nearest, bilinear, bicubic or lanczos"
+    return cfg
+
+
+def preprocessing(cfg, hub_config, image_size):
+    """The `Preprocessing` of timm's pretrained_cfg: its mean, std, interpolation, input size and crop."""
+    size = tuple(cfg.get("input_size", (3, *image_size)))[-2:] if hub_config is not None else tuple(image_size)
+    size = tuple(int(s) for s in size)
+    crop_pct = cfg.get("crop_pct")
+    notes = []
+    if crop_pct and crop_pct != 1.0:
+        notes.append(
+            f"timm evaluates it with crop_pct={crop_pct} (resize to {round(size[0] / crop_pct)} px, centre crop "
+            f"{size[0]}); the image processor here resizes the whole image to {size[0]}x{size[1]}"
         )
-    mean = cfg.get("mean") or (0.485, 0.456, 0.406)
-    std = cfg.get("std") or (0.229, 0.224, 0.225)
-    return mean, std, resample, tuple(int(s) for s in size), cfg.get("crop_pct"), cfg.get("license"), cfg.get("tag")
+    return Preprocessing(
+        mean=tuple(cfg.get("mean") or (0.485, 0.456, 0.406)),
+        std=tuple(cfg.get("std") or (0.229, 0.224, 0.225)),
+        resample=resample_name(cfg.get("interpolation") or "bicubic", "pretrained_cfg interpolation"),
+        size=size,
+        crop_pct=crop_pct,
+        notes=notes,
+    )
 
 
 def family_of(architecture, tag):
@@ -335,25 +340,23 @@ def family_of(architecture, tag):
     return "augreg" if tag.startswith("augreg") else "vit"
 
 
-@torch.no_grad()
-def verify(timm_model, model, tolerance):
-    """Max |timm - hubvit| on one random batch (pre-logit features, logits if any) and what exceeds `tolerance`."""
-    config = model.config
-    height, width = config.image_size_2d
-    pixels = torch.randn(2, config.num_channels, height, width, generator=torch.Generator().manual_seed(0))
-    features = timm_model.forward_features(pixels)
-    pairs = {"features": (timm_model.forward_head(features, pre_logits=True), model.hubvit(pixels).pooler_output)}
-    if config.num_labels:
-        pairs["logits"] = (timm_model.forward_head(features), model(pixel_values=pixels).logits)
-    lines, worst, failed = [], 0.0, []
-    for name, (reference, ours) in pairs.items():
-        diff = (reference - ours).abs().max().item()
-        scale = reference.abs().max().item()
-        worst = max(worst, diff)
-        lines.append(f"max |Δ{name}| = {diff:.2e} (max |{name}| = {scale:.3g})")
-        if not diff <= tolerance * scale:
-            failed.append(f"{name}: max |difference| {diff:.3g} > {tolerance:g} x max |timm| {scale:.3g}")
-    return worst, lines, failed
+def reference(args, architecture, model_args, weights, mapping, name):
+    """timm's own model on the source weights: pooled features before the head, and logits when it has a head."""
+    import timm
+
+    if not args.verify:
+        return Reference.unavailable("skipped (--no-verify)")
+    timm_model = create_timm_model(architecture, model_args, device="cpu")
+    timm_model.load_state_dict({k: v for k, v in weights.items() if k not in mapping.dropped}, strict=True)
+
+    def forward(pixels):
+        features = timm_model.forward_features(pixels)
+        outputs = {"pooler_output": timm_model.forward_head(features, pre_logits=True)}
+        if timm_model.num_classes:
+            outputs["logits"] = timm_model.forward_head(features)
+        return outputs
+
+    return Reference(f"timm {timm.__version__} `{name}`", forward, tolerance=args.tolerance)
 
 
 def refuse(architecture, problems, weights):
@@ -365,39 +368,9 @@ def refuse(architecture, problems, weights):
     return ConversionError(f"timm {architecture} uses settings hubvit cannot express; nothing was written.{listed}")
 
 
-def describe(args, name, model_args, config, crop_pct, size, label_source, verify_lines):
-    """(provenance, command, verification) texts for the model card."""
-    import timm
-
-    crop = (
-        f" timm evaluates it with crop_pct={crop_pct} (resize to {round(size[0] / crop_pct)} px, centre crop "
-        f"{size[0]}); the image processor here resizes the whole image to {size[0]}x{size[1]}."
-        if crop_pct and crop_pct != 1.0
-        else ""
-    )
-    provenance = (
-        f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
-        f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`.{crop} Labels: {label_source}."
-    )
-    command = shlex.join(
-        ["hubvit", "convert", "timm", str(args.src), str(args.out)]
-        + (["--architecture", args.architecture] if args.architecture else [])
-        + (["--model-args", args.model_args] if args.model_args else [])
-    )
-    verification = None
-    if verify_lines:
-        (h, w) = config.image_size_2d
-        verification = (
-            f"timm {timm.__version__} `{name}` and this model, same weights, one random float32 batch of "
-            f"2x{config.num_channels}x{h}x{w}: " + "; ".join(verify_lines) + f". Tolerance {args.tolerance:g} "
-            "relative to the output scale. At other resolutions the position table is resized as timm's "
-            "`dynamic_img_size=True` does (bicubic, antialias, float32)."
-        )
-    return provenance, command, verification
-
-
-def main(args):
-    import_timm()
+def convert(args):
+    """The `Conversion` of a timm folder or weights file."""
+    timm = import_timm()
     model_args = parse_model_args(args.model_args)
     architecture, model_args, hub_config, weights_path = read_source(args.src, args.architecture, model_args)
     weights = clean_state_dict(read_weights(weights_path))
@@ -408,49 +381,36 @@ def main(args):
     settings, problems = read_settings(meta_model, architecture)
     if problems:
         raise refuse(architecture, problems, weights)
-    num_classes = meta_model.num_classes
-    id2label, label_source = label_names(hub_config, num_classes)
-    config = HubViTConfig(**settings, num_labels=num_classes, id2label=id2label or None)
-    if not num_classes:
-        config.id2label, config.label2id = {}, {}
-    state_dict, mapping = map_weights(weights, config, f"timm {architecture} checkpoint ({weights_path})")
-    model = build_model(config, state_dict)
-    for line in mapping.report():
-        print(line)
-    print(f"labels: {label_source}")
-
-    mean, std, resample, size, crop_pct, license, tag = preprocessing(hub_config, meta_model, config)
-    image_processor = make_image_processor(config, mean, std, resample)
-    image_processor.size = {"height": size[0], "width": size[1]}
+    labels, label_source = label_names(hub_config, meta_model.num_classes)
+    mapping = map_weights(weights, f"timm {architecture} checkpoint ({weights_path})")
+    config = HubViTConfig(**settings, num_labels=len(labels))
+    state_dict = mapping.finish(expected_shapes(config))
+    cfg = pretrained_cfg(hub_config, meta_model)
+    tag = cfg.get("tag")
     name = f"{architecture}.{tag}" if tag else architecture
-
-    max_abs_diff, lines = None, []
-    if args.verify:
-        timm_model = create_timm_model(architecture, model_args, device="cpu")
-        timm_model.load_state_dict({k: v for k, v in weights.items() if k not in mapping.dropped}, strict=True)
-        max_abs_diff, lines, failed = verify(timm_model, model, args.tolerance)
-        print("verify: " + "; ".join(lines))
-        if failed:
-            raise ConversionError(
-                f"the converted model does not reproduce timm {name}; nothing was written.\n"
-                + "\n".join(f"    {f}" for f in failed)
-            )
-
-    provenance, command, verification = describe(
-        args, name, model_args, config, crop_pct, size, label_source, lines
-    )
     family = family_of(architecture, tag)
-    card = CardInfo(
-        provenance=provenance,
+    command = shlex.join(
+        ["hubvit", "convert", "timm", str(args.src), str(args.out)]
+        + (["--architecture", args.architecture] if args.architecture else [])
+        + (["--model-args", args.model_args] if args.model_args else [])
+    )
+    return Conversion(
+        weights=state_dict,
+        config=settings,
+        preprocessing=preprocessing(cfg, hub_config, config.image_size_2d),
+        labels=labels,
+        reference=reference(args, architecture, model_args, weights, mapping, name),
+        provenance=f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
+        f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`. Labels: {label_source}. At other resolutions "
+        "the position table is resized as timm's `dynamic_img_size=True` does (bicubic, antialias, float32).",
         command=command,
         family=family,
-        verification=verification,
-        max_abs_diff=max_abs_diff,
-        dropped=mapping.report()[1:],
-        license=license,
+        dropped=mapping.report(),
+        license=cfg.get("license"),
         citation_key=family if family in CITATIONS else None,
         title=f"hubvit {name}",
     )
-    out = write_folder(model, args.out, image_processor, card, overwrite=getattr(args, "overwrite", False))
-    print(f"wrote {out}")
-    return out
+
+
+def main(args):
+    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

@@ -1,13 +1,15 @@
 """The `hubvit` command: `convert`, `export`, `push`.
 
-Each source format lives in one module of `hubvit.conversion` that offers `add_arguments(parser)` and
-`main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
+Each source format (and each export) lives in one module of `hubvit.conversion` that offers `add_arguments(parser)`
+and `main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
 written folder through `hubvit.conversion.hub`.
 """
 
 import argparse
 import importlib
 import sys
+
+from hubvit.conversion import hub
 
 CONVERTERS = {
     "timm": ("hubvit.conversion.timm", "a timm checkpoint (Hub-layout folder or weights file)"),
@@ -17,18 +19,22 @@ CONVERTERS = {
     "pytorch": ("hubvit.conversion.pytorch", "a plain PyTorch ViT on nn.TransformerEncoder (norm_first=True)"),
 }
 EXPORTERS = {
-    "transformers": ("hubvit.conversion.transformers", "a folder transformers' built-in ViT loads"),
+    "transformers": ("hubvit.conversion.export_transformers", "a folder transformers' built-in ViT loads"),
     "timm": ("hubvit.conversion.export_timm", "a timm Hub-layout folder timm.create_model loads"),
 }
 
 
-def _module(name):
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name == name:
-            return None
-        raise
+def add_modules(subparsers, modules):
+    """One subcommand per module of `modules` (name -> (module, help)), with the module's arguments and `main`."""
+    added = []
+    for name, (module_name, help_text) in modules.items():
+        module = importlib.import_module(module_name)
+        sub = subparsers.add_parser(name, help=help_text)
+        module.add_arguments(sub)
+        sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+        sub.set_defaults(run=module.main)
+        added.append(sub)
+    return added
 
 
 def build_parser():
@@ -36,33 +42,14 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="turn another checkpoint format into a hubvit folder")
-    sources = convert.add_subparsers(dest="source", required=True)
-    for source, (module_name, help_text) in CONVERTERS.items():
-        module = _module(module_name)
-        if module is None:
-            continue
-        sub = sources.add_parser(source, help=help_text)
-        module.add_arguments(sub)
-        sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    for sub in add_modules(convert.add_subparsers(dest="source", required=True), CONVERTERS):
         sub.add_argument("--push-to-hub", metavar="REPO_ID", help="publish the written folder to this Hub repo")
-        sub.set_defaults(run=module.main)
-
     export = commands.add_parser("export", help="turn a hubvit folder into another library's format")
-    targets = export.add_subparsers(dest="target", required=True)
-    for target, (module_name, help_text) in EXPORTERS.items():
-        module = _module(module_name)
-        if module is None or not hasattr(module, "add_export_arguments"):
-            continue
-        sub = targets.add_parser(target, help=help_text)
-        module.add_export_arguments(sub)
-        sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-        sub.set_defaults(run=module.export_main)
+    add_modules(export.add_subparsers(dest="target", required=True), EXPORTERS)
 
-    hub = _module("hubvit.conversion.hub")
-    if hub is not None:
-        push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
-        hub.add_arguments(push)
-        push.set_defaults(run=hub.main)
+    push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
+    hub.add_arguments(push)
+    push.set_defaults(run=hub.main)
     return parser
 
 
@@ -73,9 +60,7 @@ def main(argv=None):
     try:
         folder = args.run(args)
         if getattr(args, "push_to_hub", None) and folder is not None:
-            from hubvit.conversion.hub import push_folder
-
-            push_folder(folder, args.push_to_hub)
+            hub.push_folder(folder, args.push_to_hub)
     except (ConversionError, FileExistsError, FileNotFoundError, ValueError) as error:
         print(f"hubvit {args.command}: error: {error}", file=sys.stderr)
         return 2

