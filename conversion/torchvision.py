@@ -8,19 +8,25 @@ function itself, and the config records the same interpolation so hubvit's on-th
 The result is checked against torchvision's own forward on the same weights before anything is written.
 """
 
-import argparse
 import re
 import shlex
 
 import torch
 
 from ..modeling import HubViTConfig
-from .card import CardInfo
-from .common import ConversionError, StrictMapping, read_weights
-from .folder import build_model, expected_shapes, make_image_processor, write_folder
+from .common import (
+    Conversion,
+    ConversionError,
+    Preprocessing,
+    Reference,
+    StrictMapping,
+    add_verify_arguments,
+    read_weights,
+    resample_name,
+)
+from .folder import expected_shapes, write_conversion
 from .timm import clean_state_dict
 
-TOLERANCE = 1e-5
 ARCHITECTURES = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 LAYER = re.compile(r"encoder\.layers\.encoder_layer_(\d+)\..*")
@@ -53,12 +59,12 @@ def add_arguments(parser):
         "with torchvision's interpolate_embeddings. Default: the resolution of the table in SRC",
     )
     parser.add_argument(
-        "--verify",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run torchvision and the converted model on the same input and fail above tolerance (default: on)",
+        "--weights",
+        metavar="ENUM",
+        help="the torchvision weights the file holds (IMAGENET1K_V1, IMAGENET1K_SWAG_E2E_V1, ...), whose transforms "
+        "become the preprocessing; default: the first of --architecture's weights whose crop is the image size",
     )
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
+    add_verify_arguments(parser)
 
 
 def import_torchvision():
@@ -117,13 +123,59 @@ def architecture_sizes(name, image_size, sizes):
     return layer.self_attention.num_heads
 
 
-def reference_model(sizes, num_heads, image_size, state_dict):
-    """torchvision's own VisionTransformer holding `state_dict`, for the check."""
+def reference(args, sizes, num_heads, image_size, state_dict, name):
+    """torchvision's own VisionTransformer holding the (resized) source weights."""
+    import torchvision
     from torchvision.models.vision_transformer import VisionTransformer
 
+    if not args.verify:
+        return Reference.unavailable("skipped (--no-verify)")
     model = VisionTransformer(image_size=image_size, num_heads=num_heads, **sizes)
     model.load_state_dict(state_dict, strict=True)
-    return model.eval()
+    model.eval()
+    return Reference(
+        f"torchvision {torchvision.__version__} `VisionTransformer` ({name})",
+        lambda pixels: {"logits": model(pixels)},
+        tolerance=args.tolerance,
+    )
+
+
+def preprocessing(architecture, image_size, chosen=None):
+    """The evaluation transform of the torchvision weights enum `chosen` of `architecture`, by default the first whose
+    crop is `image_size` (IMAGENET1K_V1 at 224, the SWAG end-to-end weights at 384/512/518)."""
+    from torchvision.models import get_model_weights
+
+    mean, std = IMAGENET
+    if chosen and not architecture:
+        raise ConversionError(f"--weights {chosen} needs --architecture (weights belong to a torchvision builder)")
+    if architecture:
+        enums = list(get_model_weights(architecture))
+        if chosen:
+            names = [weights.name for weights in enums]
+            if chosen not in names:
+                raise ConversionError(f"--weights {chosen}: torchvision's {architecture} has {names}")
+            enums = [weights for weights in enums if weights.name == chosen]
+        for weights in enums:
+            transform = weights.transforms()
+            if chosen or transform.crop_size == [image_size]:
+                crop, resize = transform.crop_size[0], transform.resize_size[0]
+                return Preprocessing(
+                    mean=tuple(transform.mean),
+                    std=tuple(transform.std),
+                    resample=resample_name(transform.interpolation.value),
+                    size=(crop, crop),
+                    crop_pct=crop / resize,
+                    notes=[
+                        f"torchvision's {weights} evaluates with resize {resize} ({transform.interpolation.value}), "
+                        f"centre crop {crop}; the image processor here resizes the whole image to {crop}x{crop}"
+                    ],
+                )
+    return Preprocessing(
+        mean=mean,
+        std=std,
+        resample="bilinear",
+        notes=["no torchvision weights enum at this size: ImageNet mean and std, bilinear resize to the model's size"],
+    )
 
 
 def label_names(num_classes):
@@ -134,8 +186,9 @@ def label_names(num_classes):
     return {i: f"LABEL_{i}" for i in range(num_classes)}, "no names in the checkpoint (LABEL_i)"
 
 
-def hubvit_config(sizes, num_heads, channels, image_size, id2label):
-    return HubViTConfig(
+def settings(sizes, num_heads, channels, image_size):
+    """HubViTConfig fields of a torchvision ViT: erf GELU, eps 1e-6, [CLS], and interpolate_embeddings' resize."""
+    return dict(
         image_size=image_size,
         patch_size=sizes["patch_size"],
         num_channels=channels,
@@ -150,34 +203,22 @@ def hubvit_config(sizes, num_heads, channels, image_size, id2label):
         interpolation_align_corners=True,
         pooling="cls",
         representation_size=sizes["representation_size"],
-        num_labels=sizes["num_classes"],
-        id2label=id2label,
     )
 
 
-def map_weights(weights, config, description):
+def map_weights(weights, description):
+    """The strict mapper holding a torchvision state dict translated to hubvit names."""
     mapping = StrictMapping(weights, description)
     for key in weights:
         for pattern, target in RENAMES:
             if re.fullmatch(pattern, key):
                 mapping.map(re.sub(pattern, target, key), key)
                 break
-    return mapping.finish(expected_shapes(config)), mapping
+    return mapping
 
 
-@torch.no_grad()
-def verify(reference, model, tolerance):
-    """Max |torchvision - hubvit| of the logits on one random batch at the native size, and what exceeds tolerance."""
-    height, width = model.config.image_size_2d
-    pixels = torch.randn(2, model.config.num_channels, height, width, generator=torch.Generator().manual_seed(0))
-    theirs, ours = reference(pixels), model(pixel_values=pixels).logits
-    diff, scale = (theirs - ours).abs().max().item(), theirs.abs().max().item()
-    line = f"max |Δlogits| = {diff:.2e} (max |logits| = {scale:.3g})"
-    failed = None if diff <= tolerance * scale else f"max |Δlogits| {diff:.3g} > {tolerance:g} x {scale:.3g}"
-    return diff, line, failed
-
-
-def main(args):
+def convert(args):
+    """The `Conversion` of a torchvision VisionTransformer state dict."""
     torchvision = import_torchvision()
     from torchvision.models.vision_transformer import interpolate_embeddings
 
@@ -191,51 +232,38 @@ def main(args):
         num_heads = architecture_sizes(args.architecture, image_size, sizes)
     if num_heads <= 0 or sizes["hidden_dim"] % num_heads:
         raise ConversionError(f"--num-heads {num_heads} does not divide the width {sizes['hidden_dim']}")
+    resized = ""
     if image_size != table_size:
         weights = dict(interpolate_embeddings(image_size, sizes["patch_size"], dict(weights)))
-        print(
+        resized = (
             f"position table resized from {table_size} to {image_size} px with torchvision's interpolate_embeddings "
             "(bicubic, align_corners=True)"
         )
-    id2label, label_source = label_names(sizes["num_classes"])
-    config = hubvit_config(sizes, num_heads, channels, image_size, id2label)
+        print(resized)
+    labels, label_source = label_names(sizes["num_classes"])
+    fields = settings(sizes, num_heads, channels, image_size)
     name = args.architecture or f"VisionTransformer({sizes['hidden_dim']}d{sizes['num_layers']}/{sizes['patch_size']})"
-    state_dict, mapping = map_weights(weights, config, f"torchvision {name} state dict ({args.src})")
-    model = build_model(config, state_dict)
-    for line in mapping.report():
-        print(line)
-    print(f"labels: {label_source}")
-
-    max_abs_diff, verification = None, None
-    if args.verify:
-        reference = reference_model(sizes, num_heads, image_size, weights)
-        max_abs_diff, line, failed = verify(reference, model, args.tolerance)
-        print(f"verify: {line}")
-        if failed:
-            raise ConversionError(f"the converted model does not reproduce torchvision {name}; nothing was written.\n    {failed}")
-        verification = (
-            f"torchvision {torchvision.__version__} `VisionTransformer` ({name}) and this model, same weights, one "
-            f"random float32 batch of 2x{channels}x{image_size}x{image_size}: {line}. Tolerance {args.tolerance:g} "
-            "relative to the output scale. At other resolutions the position table is resized as torchvision's "
-            "`interpolate_embeddings` does (bicubic, align_corners=True, no antialias)."
-        )
+    mapping = map_weights(weights, f"torchvision {name} state dict ({args.src})")
+    state_dict = mapping.finish(expected_shapes(HubViTConfig(**fields, num_labels=len(labels))))
     command = ["hubvit", "convert", "torchvision", str(args.src), str(args.out)]
     command += ["--architecture", args.architecture] if args.architecture else ["--num-heads", str(num_heads)]
     command += ["--image-size", str(args.image_size)] if args.image_size else []
-    card = CardInfo(
-        provenance=(
-            f"Converted from a torchvision {name} state dict with torchvision {torchvision.__version__}.\n\n"
-            f"torchvision's weight transforms resize and centre-crop (IMAGENET1K_V1: resize 256, crop 224); the image "
-            f"processor here resizes the whole image to {image_size}x{image_size}. Labels: {label_source}."
-        ),
+    command += ["--weights", args.weights] if args.weights else []
+    return Conversion(
+        weights=state_dict,
+        config=fields,
+        preprocessing=preprocessing(args.architecture, image_size, args.weights),
+        labels=labels,
+        reference=reference(args, sizes, num_heads, image_size, weights, name),
+        provenance=f"Converted from a torchvision {name} state dict with torchvision {torchvision.__version__}.\n\n"
+        f"Labels: {label_source}. {resized + '. ' if resized else ''}At other resolutions the position table is "
+        "resized as torchvision's `interpolate_embeddings` does (bicubic, align_corners=True, no antialias).",
         command=shlex.join(command),
         family="torchvision",
-        verification=verification,
-        max_abs_diff=max_abs_diff,
-        dropped=mapping.report()[1:],
+        dropped=mapping.report(),
         title=f"hubvit torchvision {name}",
     )
-    processor = make_image_processor(config, *IMAGENET, resample="bilinear")
-    out = write_folder(model, args.out, processor, card, overwrite=getattr(args, "overwrite", False))
-    print(f"wrote {out}")
-    return out
+
+
+def main(args):
+    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

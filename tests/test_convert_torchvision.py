@@ -75,7 +75,7 @@ def test_vision_transformer_matches_torchvision_at_two_sizes(tmp_path, capsys):
     source = torchvision_vit(num_classes=5)
     torch.save(source.state_dict(), tmp_path / "vit.pth")
     assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4) == 0
-    assert "verify: max |Δlogits|" in capsys.readouterr().out
+    assert "32x32 max |Δlogits|" in capsys.readouterr().out
     model = assert_matches_torchvision(tmp_path / "out", source, sizes=(32, 56))
     config = model.config
     assert (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners) == (
@@ -127,24 +127,13 @@ def test_architecture_gives_the_heads_and_checks_the_shapes(tmp_path, capsys):
     assert "--num-heads 5 does not divide the width 48" in capsys.readouterr().err
 
 
-def test_verify_fails_above_tolerance(tmp_path, capsys, monkeypatch):
-    """A converter bug (the final norm's bias off by 1e-3 of its scale) is caught by the check; nothing is written."""
-    import hubvit.conversion.torchvision as converter
-
-    build = converter.build_model
-
-    def off_by_a_little(config, state_dict):
-        model = build(config, state_dict)
-        with torch.no_grad():
-            model.hubvit.norm.bias.add_(1e-3 * model.hubvit.norm.bias.abs().max())
-        return model
-
-    monkeypatch.setattr(converter, "build_model", off_by_a_little)
+def test_verify_fails_above_tolerance(tmp_path, capsys, converter_bug):
     torch.save(torchvision_vit().state_dict(), tmp_path / "vit.pth")
     assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4) == 2
     assert "does not reproduce torchvision" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4, "--no-verify") == 0
+    assert "not verified at conversion: skipped (--no-verify)" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_other_state_dicts_are_refused(tmp_path, capsys):
@@ -166,7 +155,8 @@ def test_vit_b_32_by_architecture_name(tmp_path, capsys):
     """The real builder: torchvision.models.vit_b_32 (88M parameters) at 64 px, converted by name, checked at 96 px."""
     source = randomize_(torchvision.models.vit_b_32(image_size=64))
     torch.save(source.state_dict(), tmp_path / "vit_b_32.pth")
-    assert convert(tmp_path / "vit_b_32.pth", tmp_path / "out", "--architecture", "vit_b_32") == 0
+    argv = ("--architecture", "vit_b_32", "--weights", "IMAGENET1K_V1")
+    assert convert(tmp_path / "vit_b_32.pth", tmp_path / "out", *argv) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (768, 12, 12)
     model = AutoModelForImageClassification.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
@@ -176,3 +166,23 @@ def test_vit_b_32_by_architecture_name(tmp_path, capsys):
     with torch.no_grad():
         assert relative_error(model(pixel_values=pixels).logits, reference(pixels)) <= 1e-5
     assert model.config.id2label[0] == ViT_B_16_Weights.IMAGENET1K_V1.meta["categories"][0]
+    processor = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
+    transform = torchvision.models.ViT_B_32_Weights.IMAGENET1K_V1.transforms()
+    assert processor["size"] == {"height": transform.crop_size[0], "width": transform.crop_size[0]}
+    assert processor["resample"] == 2 and processor["image_mean"] == pytest.approx(transform.mean)
+    assert "resize 256 (bilinear), centre crop 224" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("architecture, image_size, enum", [
+    ("vit_b_16", 224, "IMAGENET1K_V1"), ("vit_b_16", 384, "IMAGENET1K_SWAG_E2E_V1"),
+    ("vit_l_16", 512, "IMAGENET1K_SWAG_E2E_V1"), ("vit_h_14", 518, "IMAGENET1K_SWAG_E2E_V1"),
+])
+def test_preprocessing_is_the_weights_own_transform(architecture, image_size, enum):
+    """Without --weights, the weights of the builder whose crop is the native size; their transform's values."""
+    from hubvit.conversion.torchvision import preprocessing
+
+    transform = torchvision.models.get_model_weights(architecture)[enum].transforms()
+    result = preprocessing(architecture, image_size)
+    assert result.size == (transform.crop_size[0],) * 2 and result.resample == transform.interpolation.value
+    assert result.crop_pct == transform.crop_size[0] / transform.resize_size[0]
+    assert (list(result.mean), list(result.std)) == (transform.mean, transform.std)
