@@ -7,7 +7,6 @@ two LayerNorm eps values (the layers' PyTorch default 1e-5, the final norm's 1e-
 options. The check runs PyTorch's own `nn.TransformerEncoder` on the same weights.
 """
 
-import argparse
 import re
 import shlex
 
@@ -15,12 +14,10 @@ import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
-from .card import CardInfo
-from .common import ConversionError, StrictMapping, read_weights
-from .folder import build_model, expected_shapes, make_image_processor, write_folder
+from .common import Conversion, ConversionError, Preprocessing, Reference, StrictMapping, add_verify_arguments, read_weights
+from .folder import expected_shapes, write_conversion
 from .timm import clean_state_dict
 
-TOLERANCE = 1e-5
 ACTIVATIONS = ("gelu", "relu")
 LAYER = re.compile(r"blocks\.layers\.(\d+)\..*")
 
@@ -46,13 +43,7 @@ def add_arguments(parser):
         "--layer-norm-eps", type=float, default=1e-5, help="eps of the layers' norm1/norm2 (nn.TransformerEncoderLayer: 1e-5)"
     )
     parser.add_argument("--final-layer-norm-eps", type=float, default=1e-6, help="eps of the final norm (1e-6)")
-    parser.add_argument(
-        "--verify",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run nn.TransformerEncoder and the converted model on the same input; fail above tolerance (default: on)",
-    )
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
+    add_verify_arguments(parser)
 
 
 def shape(weights, key, what):
@@ -115,35 +106,40 @@ class TransformerEncoderViT(nn.Module):
         return self.head(self.norm(self.blocks(tokens))[:, 0])
 
 
-def map_weights(weights, config, description):
+def map_weights(weights, description):
+    """The strict mapper holding the source state dict translated to hubvit names."""
     mapping = StrictMapping(weights, description)
     for key in weights:
         for pattern, target in RENAMES:
             if re.fullmatch(pattern, key):
                 mapping.map(re.sub(pattern, target, key), key)
                 break
-    return mapping.finish(expected_shapes(config)), mapping
+    return mapping
 
 
-@torch.no_grad()
-def verify(weights, config, model, tolerance):
-    reference = TransformerEncoderViT(config).eval()
-    reference.load_state_dict(weights, strict=True)
-    pixels = torch.randn(2, config.num_channels, *config.image_size_2d, generator=torch.Generator().manual_seed(0))
-    theirs, ours = reference(pixels), model(pixel_values=pixels).logits
-    diff, scale = (theirs - ours).abs().max().item(), theirs.abs().max().item()
-    field = "logits" if config.num_labels else "features"
-    line = f"max |Δ{field}| = {diff:.2e} (max |{field}| = {scale:.3g})"
-    failed = None if diff <= tolerance * scale else f"max |Δ{field}| {diff:.3g} > {tolerance:g} x {scale:.3g}"
-    return diff, line, failed
+def reference(args, weights, config):
+    """PyTorch's nn.TransformerEncoder in the source layout, holding the source weights."""
+    if not args.verify:
+        return Reference.unavailable("skipped (--no-verify)")
+    model = TransformerEncoderViT(config).eval()
+    model.load_state_dict(weights, strict=True)
+    name = "logits" if config.num_labels else "pooler_output"
+    return Reference(
+        f"PyTorch {torch.__version__} `nn.TransformerEncoder` (norm_first=True) in the source layout, with the options "
+        "given",
+        lambda pixels: {name: model(pixels)},
+        tolerance=args.tolerance,
+    )
 
 
-def main(args):
+def convert(args):
+    """The `Conversion` of a plain PyTorch ViT state dict."""
     weights = clean_state_dict(read_weights(args.src))
     sizes = read_sizes(weights)
+    num_labels = sizes.pop("num_labels")
     if args.num_heads <= 0 or sizes["hidden_size"] % args.num_heads:
         raise ConversionError(f"--num-heads {args.num_heads} does not divide the width {sizes['hidden_size']}")
-    config = HubViTConfig(
+    fields = dict(
         **sizes,
         num_attention_heads=args.num_heads,
         hidden_act=args.activation,
@@ -154,26 +150,9 @@ def main(args):
         interpolation_align_corners=False,
         pooling="cls",
     )
-    if not config.num_labels:
-        config.id2label, config.label2id = {}, {}
-    state_dict, mapping = map_weights(weights, config, f"nn.TransformerEncoder ViT state dict ({args.src})")
-    model = build_model(config, state_dict)
-    for line in mapping.report():
-        print(line)
-
-    max_abs_diff, verification = None, None
-    if args.verify:
-        max_abs_diff, line, failed = verify(weights, config, model, args.tolerance)
-        print(f"verify: {line}")
-        if failed:
-            raise ConversionError(f"the converted model does not reproduce the source; nothing was written.\n    {failed}")
-        (h, w) = config.image_size_2d
-        verification = (
-            f"PyTorch {torch.__version__} `nn.TransformerEncoder` (norm_first=True) in the source layout and this model, "
-            f"same weights, one random float32 batch of 2x{config.num_channels}x{h}x{w}: {line}. Tolerance "
-            f"{args.tolerance:g} relative to the output scale. At other resolutions the grid rows of the position table "
-            "are resized bicubic without antialias or align_corners, [CLS] row kept."
-        )
+    config = HubViTConfig(**fields, num_labels=num_labels)
+    mapping = map_weights(weights, f"nn.TransformerEncoder ViT state dict ({args.src})")
+    state_dict = mapping.finish(expected_shapes(config))
     command = ["hubvit", "convert", "pytorch", str(args.src), str(args.out), "--num-heads", str(args.num_heads)]
     for flag, value, default in (
         ("--activation", args.activation, "gelu"),
@@ -182,19 +161,31 @@ def main(args):
     ):
         if value != default:
             command += [flag, str(value)]
-    card = CardInfo(
+    return Conversion(
+        weights=state_dict,
+        config=fields,
+        preprocessing=Preprocessing(
+            mean=(0.485, 0.456, 0.406),
+            std=(0.229, 0.224, 0.225),
+            resample="bicubic",
+            notes=[
+                "the source records no preprocessing: the image processor resizes (bicubic) to the model's size and "
+                "normalises with the ImageNet mean and std; set yours if the model was trained otherwise"
+            ],
+        ),
+        labels={i: f"LABEL_{i}" for i in range(num_labels)},
+        reference=reference(args, weights, config),
         provenance=(
             "Converted from a plain PyTorch ViT on `nn.TransformerEncoder` (norm_first=True). Layer norms eps "
-            f"{config.layer_norm_eps:g}, final norm eps {config.final_norm_eps:g}, activation {config.hidden_act}. The source records no preprocessing: the image processor resizes "
-            "(bicubic) and normalises with the ImageNet mean and std; set yours if the model was trained otherwise."
+            f"{config.layer_norm_eps:g}, final norm eps {config.final_norm_eps:g}, activation {config.hidden_act}, "
+            f"{config.num_attention_heads} heads (given, not read from the weights). At other resolutions the grid "
+            "rows of the position table are resized bicubic without antialias or align_corners, [CLS] row kept."
         ),
         command=shlex.join(command),
         family="pytorch",
-        verification=verification,
-        max_abs_diff=max_abs_diff,
-        dropped=mapping.report()[1:],
+        dropped=mapping.report(),
     )
-    processor = make_image_processor(config, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), resample="bicubic")
-    out = write_folder(model, args.out, processor, card, overwrite=getattr(args, "overwrite", False))
-    print(f"wrote {out}")
-    return out
+
+
+def main(args):
+    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))
