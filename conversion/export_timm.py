@@ -9,8 +9,6 @@ model.safetensors). Settings timm cannot express from a config are refused, all 
 import re
 from pathlib import Path
 
-import torch
-
 from ..modeling import HubViTConfig
 from .common import RESAMPLE_NAMES, TOLERANCE, ConversionError, Reference, StrictMapping, verify
 from .folder import build_model, staged_folder
@@ -18,7 +16,9 @@ from .timm import RENAMES, import_timm
 from .transformers import read_folder_weights, read_json
 
 TIMM_INTERPOLATION = ("bicubic", True, False)
-ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "relu": "relu"}
+ACTIVATIONS = {
+    "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "relu": "relu"
+}
 POOLS = {"cls": "token", "mean": "avg", "map": "map"}
 # timm entry points whose code sets the LayerNorm eps (a JSON model_args cannot carry a norm_layer with another eps);
 # every structural argument is passed explicitly on top of them.

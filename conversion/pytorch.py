@@ -14,7 +14,15 @@ import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
-from .common import Conversion, ConversionError, Preprocessing, Reference, StrictMapping, add_verify_arguments, read_weights
+from .common import (
+    Conversion,
+    ConversionError,
+    Preprocessing,
+    Reference,
+    StrictMapping,
+    add_verify_arguments,
+    read_weights,
+)
 from .folder import expected_shapes, write_conversion
 from .timm import clean_state_dict
 
@@ -40,7 +48,7 @@ def add_arguments(parser):
     parser.add_argument("--num-heads", type=int, required=True, help="attention heads (not readable from the weights)")
     parser.add_argument("--activation", choices=ACTIVATIONS, default="gelu", help="the layers' activation (gelu)")
     parser.add_argument(
-        "--layer-norm-eps", type=float, default=1e-5, help="eps of the layers' norm1/norm2 (nn.TransformerEncoderLayer: 1e-5)"
+        "--layer-norm-eps", type=float, default=1e-5, help="eps of the layers' norm1/norm2 (PyTorch's default 1e-5)"
     )
     parser.add_argument("--final-layer-norm-eps", type=float, default=1e-6, help="eps of the final norm (1e-6)")
     add_verify_arguments(parser)
@@ -71,7 +79,7 @@ def read_sizes(weights):
         num_hidden_layers=len(layers),
         intermediate_size=shape(weights, "blocks.layers.0.linear1.weight", "MLP")[0],
         patch_bias="patch_embed.bias" in weights,
-        num_labels=shape(weights, "head.weight", "")[0] if "head.weight" in weights else 0,
+        num_labels=tuple(weights["head.weight"].shape)[0] if "head.weight" in weights else 0,
     )
 
 

@@ -30,16 +30,17 @@ from .timm import clean_state_dict
 ARCHITECTURES = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 LAYER = re.compile(r"encoder\.layers\.encoder_layer_(\d+)\..*")
+BLOCK = r"encoder\.layers\.encoder_layer_(\d+)\."
 
 RENAMES = [
     (r"conv_proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
     (r"class_token", "embeddings.class_token"),
     (r"encoder\.pos_embedding", "embeddings.position_embedding"),
-    (r"encoder\.layers\.encoder_layer_(\d+)\.ln_([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
-    (r"encoder\.layers\.encoder_layer_(\d+)\.self_attention\.in_proj_(weight|bias)", r"encoder.layers.\1.attention.qkv.\2"),
-    (r"encoder\.layers\.encoder_layer_(\d+)\.self_attention\.out_proj\.(weight|bias)", r"encoder.layers.\1.attention.proj.\2"),
-    (r"encoder\.layers\.encoder_layer_(\d+)\.mlp\.0\.(weight|bias)", r"encoder.layers.\1.mlp.fc1.\2"),
-    (r"encoder\.layers\.encoder_layer_(\d+)\.mlp\.3\.(weight|bias)", r"encoder.layers.\1.mlp.fc2.\2"),
+    (BLOCK + r"ln_([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
+    (BLOCK + r"self_attention\.in_proj_(weight|bias)", r"encoder.layers.\1.attention.qkv.\2"),
+    (BLOCK + r"self_attention\.out_proj\.(weight|bias)", r"encoder.layers.\1.attention.proj.\2"),
+    (BLOCK + r"mlp\.0\.(weight|bias)", r"encoder.layers.\1.mlp.fc1.\2"),
+    (BLOCK + r"mlp\.3\.(weight|bias)", r"encoder.layers.\1.mlp.fc2.\2"),
     (r"encoder\.ln\.(weight|bias)", r"norm.\1"),
     (r"heads\.pre_logits\.(weight|bias)", r"pre_logits.0.\1"),
     (r"heads\.head\.(weight|bias)", r"classifier.\1"),
@@ -47,7 +48,7 @@ RENAMES = [
 
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="state dict of torchvision's VisionTransformer (.pth or .safetensors)")
+    parser.add_argument("src", metavar="SRC", help="torchvision VisionTransformer state dict (.pth, .safetensors)")
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--architecture", choices=ARCHITECTURES, help="the torchvision.models builder of the weights")
@@ -93,13 +94,14 @@ def read_sizes(weights):
     layers = {int(m.group(1)) for key in weights if (m := LAYER.fullmatch(key))}
     if sorted(layers) != list(range(len(layers))) or not layers:
         raise ConversionError(f"encoder layers {sorted(layers)} are not numbered 0..N-1")
+    pre_logits = weights.get("heads.pre_logits.weight")
     sizes = dict(
         patch_size=patch,
         num_layers=len(layers),
         hidden_dim=hidden,
         mlp_dim=shape(weights, "encoder.layers.encoder_layer_0.mlp.0.weight", "MLP")[0],
         num_classes=shape(weights, "heads.head.weight", "classifier")[0],
-        representation_size=shape(weights, "heads.pre_logits.weight", "")[0] if "heads.pre_logits.weight" in weights else None,
+        representation_size=int(pre_logits.shape[0]) if pre_logits is not None else None,
     )
     return sizes, channels, grid * patch
 

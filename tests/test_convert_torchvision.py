@@ -1,4 +1,4 @@
-"""`hubvit convert torchvision`, proven against torchvision's own `VisionTransformer` forward on the same random weights.
+"""`hubvit convert torchvision`, proven against torchvision's own `VisionTransformer` on the same random weights.
 
 torchvision runs a new resolution only after `interpolate_embeddings` (bicubic, align_corners=True) has resized the
 state dict; hubvit resizes on the fly with the interpolation its config records. Tolerance 1e-5 relative to the
@@ -52,7 +52,8 @@ def relative_error(ours, reference):
 @torch.no_grad()
 def assert_matches_torchvision(folder, source, sizes):
     """Logits of the converted folder against torchvision at each size, torchvision resized by its own function."""
-    model, info = AutoModelForImageClassification.from_pretrained(folder, trust_remote_code=True, output_loading_info=True)
+    auto = AutoModelForImageClassification
+    model, info = auto.from_pretrained(folder, trust_remote_code=True, output_loading_info=True)
     assert not any(info.values()), info
     model.eval()
     arguments = {**TINY, "num_classes": source.num_classes, "representation_size": source.representation_size}

@@ -28,7 +28,9 @@ FAMILIES = {
     "siglip_like": (dict(class_token=False, pooling="map", num_labels=0), dict(global_pool="map", num_classes=0)),
     "map_over_cls": (dict(pooling="map", num_labels=2), dict(global_pool="map", pool_include_prefix=True)),
     "dinov2_registers": (
-        dict(layer_scale_init_value=1e-5, num_register_tokens=2, position_embedding_includes_prefix=False, num_labels=0),
+        dict(
+            layer_scale_init_value=1e-5, num_register_tokens=2, position_embedding_includes_prefix=False, num_labels=0
+        ),
         dict(reg_tokens=2, no_embed_class=True, init_values=1e-5),
     ),
     "clip_like": (
@@ -137,7 +139,8 @@ def test_exported_folders_load_in_timm_without_hubvit(tmp_path, capsys):
         seen = report[family]
         assert seen["module"] == ("VisionTransformerDistilled" if family == "deit_distilled" else "VisionTransformer")
         assert seen["label_names"] == (LABELS[: fields["num_labels"]] if fields["num_labels"] else None)
-        assert seen["mean"] == pytest.approx(PREPROCESSING["mean"]) and seen["std"] == pytest.approx(PREPROCESSING["std"])
+        assert seen["mean"] == pytest.approx(PREPROCESSING["mean"])
+        assert seen["std"] == pytest.approx(PREPROCESSING["std"])
         assert (seen["interpolation"], seen["input_size"], seen["crop_pct"]) == ("bicubic", [3, 32, 32], 1.0)
         card = (tmp_path / f"{family}-timm" / "README.md").read_text()
         assert "library_name: timm" in card and "## Verification" in card and "max |Δpooler_output|" in card
@@ -199,7 +202,7 @@ def test_single_settings_are_refused_or_exported(tmp_path, capsys, fields, setti
 
 
 def test_verify_fails_above_tolerance(tmp_path, capsys, monkeypatch):
-    """An exporter bug (hubvit's final norm bias off by 1e-3 of its scale) is caught by the check; nothing is written."""
+    """An exporter bug (hubvit's final norm bias off by 1e-3 of its scale) is caught; nothing is written."""
     import hubvit.conversion.export_timm as exporter
 
     build = exporter.build_model
