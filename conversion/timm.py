@@ -410,7 +410,8 @@ def main(args):
         raise refuse(architecture, problems, weights)
     num_classes = meta_model.num_classes
     id2label, label_source = label_names(hub_config, num_classes)
-    config = HubViTConfig(**settings, num_labels=num_classes, id2label=id2label or None)
+    label2id = {label: i for i, label in id2label.items()}
+    config = HubViTConfig(**settings, num_labels=num_classes, id2label=id2label or None, label2id=label2id or None)
     if not num_classes:
         config.id2label, config.label2id = {}, {}
     state_dict, mapping = map_weights(weights, config, f"timm {architecture} checkpoint ({weights_path})")
