@@ -31,9 +31,10 @@ NAME_TABLES = (
 
 
 class HubViTModelTester:
-    """A 2-layer, 32-wide ViT on 30x30 images of 2x2 patches (225 patches + [CLS]), as transformers' ViT tests use."""
+    """transformers' ViT tester's model (2 layers, 32 wide, 4 heads, 2x2 patches) on 16x16 images instead of 30x30
+    (64 patches + [CLS] instead of 225 + 1), which keeps the ~165 common tests to minutes on 2 cores."""
 
-    def __init__(self, parent, batch_size=13, image_size=30, patch_size=2, num_channels=3, hidden_size=32,
+    def __init__(self, parent, batch_size=13, image_size=16, patch_size=2, num_channels=3, hidden_size=32,
                  num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, num_labels=10):
         self.parent = parent
         self.batch_size = batch_size
@@ -89,6 +90,7 @@ class HubViTModelTester:
         self.parent.assertEqual(result.logits.shape, (self.batch_size, self.num_labels))
 
 
+@pytest.mark.heavy
 class HubViTModelTest(ModelTesterMixin, unittest.TestCase):
     all_model_classes = (HubViTModel, HubViTForImageClassification)
     test_resize_embeddings = False  # no token embedding table: the "vocabulary" is the patch projection
