@@ -116,10 +116,8 @@ def timm_pair(tmp_path_factory):
     return source, HubViTForImageClassification.from_pretrained(folder / "hubvit").eval()
 
 
-@pytest.mark.parametrize(
-    "target",
-    ["last block's norm1", "last block", "final norm"],
-)
+@pytest.mark.heavy
+@pytest.mark.parametrize("target", ["last block's norm1", "last block", "final norm"])
 def test_grad_cam_matches_timm_on_the_same_weights(timm_pair, target):
     """pytorch_grad_cam's GradCAM with its own `vit_reshape_transform` on the layer its docs pick for a ViT
     (`blocks[-1].norm1`), on the last block and on the final norm; the maps equal timm's within 1e-4 (maps are
@@ -152,6 +150,7 @@ def test_grad_cam_matches_timm_on_the_same_weights(timm_pair, target):
 # --- adapters ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_lora_on_qkv_trains_saves_and_reloads(tmp_path):
     """A PEFT LoRA adapter on every `qkv` projection (plus the head, trained in full): only those weights train, the
     loss on a fixed batch falls, and the saved adapter on a fresh copy of the base gives the same logits (1e-6)."""
