@@ -171,6 +171,9 @@ class HubViTModelTest(ModelTesterMixin, unittest.TestCase):
 
 
 # --- pipelines ----------------------------------------------------------------------------------------------------
+# transformers' PipelineTesterMixin cannot run offline: it loads tiny models from the Hub (hf-internal-testing),
+# reads tests/utils/tiny_model_summary.json at import and calls tests/pipelines/*, none of which the sdist ships.
+# These tests run the two pipelines a ViT serves on a saved hubvit folder and check them against the model.
 
 
 @pytest.fixture(scope="module")
