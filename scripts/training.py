@@ -540,6 +540,21 @@ def command_line():
     return ("accelerate launch " if launched else "python ") + shlex.join([script] + sys.argv[1:])
 
 
+def check_fsdp(accelerator):
+    """Accelerate (1.16) turns FSDP on only for GPU-like devices: on CPU `--use_fsdp` silently becomes DDP or
+    independent processes, so a run that asked for FSDP and did not get it stops before training."""
+    from accelerate.utils import DistributedType
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and (
+        accelerator.distributed_type != DistributedType.FSDP
+    ):
+        raise UsageError(
+            f"FSDP was requested but Accelerate set up {accelerator.distributed_type.value} on {accelerator.device.type}: "
+            "Accelerate runs FSDP only on GPU/XPU/NPU/HPU devices, not on CPU (use --multi_gpu with "
+            "ACCELERATE_USE_CPU=1 for DDP on CPU)"
+        )
+
+
 def main(argv=None):
     """Console entry: returns 0, or exits with status 2 and a clear message on bad arguments."""
     args = parse_args(argv)
@@ -565,6 +580,7 @@ def train(args):
         project_dir=str(Path(args.output_dir) / "logs"),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     )
+    check_fsdp(accelerator)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
     if not accelerator.is_local_main_process:
