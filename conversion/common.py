@@ -177,6 +177,20 @@ def shard_files(index_path):
     return [folder / name for name in names]
 
 
+def positive_tolerance(text):
+    """argparse type for --tolerance: a positive finite number (NaN, inf, 0 or less would make any check pass or fail)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
 def to_tensor(value):
     """A float32/float64/bfloat16 numpy array (bfloat16 stored as 2-byte void included) or tensor as a tensor."""
     if isinstance(value, torch.Tensor):

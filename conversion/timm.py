@@ -16,7 +16,7 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from .card import CITATIONS, CardInfo
-from .common import ConversionError, StrictMapping, listing, read_weights
+from .common import ConversionError, StrictMapping, listing, positive_tolerance, read_weights
 from .folder import build_model, expected_shapes, make_image_processor, write_folder
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -59,7 +59,7 @@ def add_arguments(parser):
         default=True,
         help="run timm and the converted model on the same input and fail above tolerance (default: on)",
     )
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
+    parser.add_argument("--tolerance", type=positive_tolerance, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
 
 
 def import_timm():
@@ -77,8 +77,11 @@ def read_source(src, architecture, model_args):
         config_path = src / "config.json"
         if not config_path.is_file():
             raise ConversionError(f"{src}: a timm folder needs config.json (written by timm.models.save_for_hf)")
-        hub_config = json.loads(config_path.read_text())
-        if "architecture" not in hub_config:
+        try:
+            hub_config = json.loads(config_path.read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ConversionError(f"{config_path}: not valid JSON ({error})") from None
+        if not isinstance(hub_config, dict) or "architecture" not in hub_config:
             raise ConversionError(f"{config_path}: no 'architecture' field; is this a timm checkpoint folder?")
         if architecture and architecture != hub_config["architecture"]:
             raise ConversionError(

@@ -20,7 +20,7 @@ import torch
 from ..modeling import HubViTConfig, HubViTForImageClassification
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from .card import CardInfo
-from .common import ConversionError, StrictMapping, read_weights
+from .common import ConversionError, StrictMapping, positive_tolerance, read_weights, shard_files
 from .folder import build_model, expected_shapes, make_image_processor, staged_folder, write_folder
 
 TOLERANCE = 1e-5
@@ -95,13 +95,13 @@ def add_arguments(parser):
         help="convert only the body of a classifier (a headless hubvit folder)",
     )
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the check against transformers")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of the check (1e-5)")
+    parser.add_argument("--tolerance", type=positive_tolerance, default=TOLERANCE, help="relative tolerance of the check (1e-5)")
 
 
 def add_export_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
     parser.add_argument("out", metavar="OUT", help="folder for transformers' ViTForImageClassification / ViTModel")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of the check (1e-5)")
+    parser.add_argument("--tolerance", type=positive_tolerance, default=TOLERANCE, help="relative tolerance of the check (1e-5)")
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
@@ -110,7 +110,7 @@ def add_export_arguments(parser):
 def read_json(path):
     try:
         return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConversionError(f"{path}: not valid JSON ({error})") from None
 
 
@@ -119,10 +119,9 @@ def read_folder_weights(src):
     src = Path(src)
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (src / name).is_file():
-            shards = sorted(set(read_json(src / name).get("weight_map", {}).values()))
             weights = {}
-            for shard in shards:
-                weights.update(read_weights(src / shard))
+            for shard in shard_files(src / name):
+                weights.update(read_weights(shard))
             return weights, src / name
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (src / name).is_file():
@@ -570,6 +569,8 @@ def export_main(args):
     from transformers import ViTImageProcessor
 
     src, out = Path(args.src), Path(args.out)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
     raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ConversionError(
