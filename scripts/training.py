@@ -201,6 +201,19 @@ def check_args(args):
     check_output_dir(out)
 
 
+FINITE_RANGES = {
+    "learning_rate": (lambda v: v >= 0, ">= 0"),
+    "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "layer_decay": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+    "mixup_alpha": (lambda v: v >= 0, ">= 0"),
+    "cutmix_alpha": (lambda v: v >= 0, ">= 0"),
+}
+
+
 def check_values(args):
     """Numbers the run would otherwise ignore, or train on silently (a NaN learning rate gives NaN weights)."""
     at_least = {"max_train_samples": 1, "max_eval_samples": 1, "max_train_steps": 1, "num_train_epochs": 1,
@@ -210,23 +223,10 @@ def check_values(args):
         value = getattr(args, name, None)
         if value is not None and value < low:
             raise UsageError(f"--{name} must be >= {low}, got {value}")
-    ranges = {  # name: (low, high, high included)
-        "learning_rate": (0.0, math.inf, False), "momentum": (0.0, 1.0, False), "weight_decay": (0.0, math.inf, False),
-        "layer_decay": (0.0, 1.0, True), "warmup_ratio": (0.0, 1.0, False), "label_smoothing": (0.0, 1.0, False),
-        "max_grad_norm": (0.0, math.inf, False), "mixup_alpha": (0.0, math.inf, False),
-        "cutmix_alpha": (0.0, math.inf, False),
-    }
-    for name, (low, high, high_included) in ranges.items():
+    for name, (inside, expected) in FINITE_RANGES.items():
         value = getattr(args, name, None)
-        if value is None:
-            continue
-        inside = math.isfinite(value) and value >= low and (value <= high if high_included else value < high)
-        if name in ("learning_rate", "layer_decay") and value == 0:
-            inside = False
-        if not inside:
-            bounds = f"in ({low:g}, {high:g}]" if name == "layer_decay" else (
-                "> 0 and finite" if name == "learning_rate" else f"in [{low:g}, {high:g})")
-            raise UsageError(f"--{name} must be {bounds}, got {value}")
+        if value is not None and not (math.isfinite(value) and inside(value)):
+            raise UsageError(f"--{name} must be a finite number {expected}, got {value}")
 
 
 def check_scheduler(name):
