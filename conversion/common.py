@@ -100,14 +100,18 @@ def _read_npz(path):
 
 
 def _unpickler_detail(error):
-    """The line of torch's weights-only error that says what it met (its other lines are advice for trusted files)."""
+    """(refused an object, the line that says what torch's weights-only unpickler met); its other lines are advice
+    for trusted files. A GLOBAL (or class) it will not import is an object other than tensors; anything else is
+    damage."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if re.search(r"\bGLOBAL\b|[Uu]nsupported class", line):
+            return True, line.split("WeightsUnpickler error:")[-1].strip().split(". Please use")[0]
     for index, line in enumerate(lines):
         if "WeightsUnpickler error:" in line:
             rest = line.split("WeightsUnpickler error:", 1)[1].strip()
-            text = rest or (lines[index + 1] if index + 1 < len(lines) else "")
-            return text.split(". Please use")[0]
-    return lines[-1] if lines else type(error).__name__
+            return False, rest or (lines[index + 1] if index + 1 < len(lines) else "")
+    return False, lines[-1] if lines else type(error).__name__
 
 
 def _read_torch(path):
@@ -116,8 +120,8 @@ def _read_torch(path):
     try:
         loaded = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        detail = _unpickler_detail(error)
-        if "Unsupported global" in detail or "Unsupported class" in detail:
+        refused, detail = _unpickler_detail(error)
+        if refused:
             raise ConversionError(
                 f"{path}: refused to unpickle it: the file holds objects other than tensors (possibly executable "
                 f"code), and hubvit only reads weights ({detail})"

@@ -666,11 +666,22 @@ def test_corrupted_weight_files_always_give_conversion_error(tmp_path):
             assert str(path) in str(error)
 
 
-def test_pickled_code_in_a_torch_file_is_refused_not_run(tmp_path, capsys):
-    torch.save({"weight": Evil()}, tmp_path / "evil.bin")
+class Shell:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("payload", ["print", "os.system"])
+def test_pickled_code_in_a_torch_file_is_refused_not_run(tmp_path, capsys, payload):
+    """torch words the two refusals differently ('Unsupported global' and 'module ... is blocked')."""
+    marker = tmp_path / "ran"
+    torch.save({"weight": torch.ones(2), "x": Evil() if payload == "print" else Shell(marker)}, tmp_path / "evil.bin")
     with pytest.raises(ConversionError, match="refused to unpickle"):
         read_weights(tmp_path / "evil.bin")
-    assert "this would have run" not in capsys.readouterr().out
+    assert "this would have run" not in capsys.readouterr().out and not marker.exists()
 
 
 def test_random_bytes_named_as_torch_or_npz_are_called_corrupt_not_malicious(tmp_path):
