@@ -605,6 +605,16 @@ def test_push_without_the_load_check_never_runs_the_folders_code(hub_server, tmp
     assert "config.json" in hub_server.files(f"{hub_server.user}/unchecked")
 
 
+@pytest.mark.heavy
+def test_push_check_refuses_a_folder_whose_position_table_type_differs_from_its_weights(tmp_path):
+    from hubvit.conversion.hub import PushError, check_loads
+
+    folder = edited_folder(tmp_path, position_embedding_type="none")
+    with pytest.raises(PushError) as error:
+        check_loads(folder)
+    assert "unexpected_keys" in str(error.value) and "hubvit.embeddings.position_embedding" in str(error.value)
+
+
 def test_push_help_says_the_load_check_runs_the_folders_code():
     from hubvit.scripts.cli import build_parser
 
