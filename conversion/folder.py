@@ -5,8 +5,11 @@ A folder holds config.json (with `auto_map`), model.safetensors, the two modelin
 so a failure never leaves a half-written folder.
 """
 
+import ctypes
 import errno
+import os
 import shutil
+import signal
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -81,7 +84,7 @@ def check_output_path(out_dir, src=None):
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
         raise ConversionError(f"OUT {text!r} is the current folder or one above it ({resolved}); give a new folder")
-    if resolved == Path.home().resolve():
+    if resolved == Path(os.path.expanduser("~")).resolve():
         raise ConversionError(f"OUT {text!r} is the home folder")
     if src is not None and str(src).strip():
         source = Path(src).resolve()
@@ -97,9 +100,6 @@ RENAME_EXCHANGE = 2
 
 def _exchange(first, second):
     """Swap two paths in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`); False where the system cannot."""
-    import ctypes
-    import os
-
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -118,10 +118,10 @@ def _exchange(first, second):
 @contextmanager
 def _signals_deferred():
     """Hold Ctrl-C and SIGTERM for the few system calls of a swap, so an interrupt never lands between them."""
-    import signal
-
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         yield
     finally:
@@ -135,8 +135,6 @@ def replace_folder(new, out):
     has one, else rename aside, rename in, and rename back on failure (a kill between the two renames leaves the old
     folder aside, where the next run puts it back).
     """
-    import os
-
     new, out = Path(new), Path(out)
     if not out.exists():
         os.rename(new, out)
@@ -156,8 +154,7 @@ def replace_folder(new, out):
 
 
 def _owner_alive(path):
-    import os
-
+    """Whether the process that named this hidden folder (`...-PID-random`) still runs (then it is not stale)."""
     try:
         pid = int(path.name.rsplit("-", 2)[-2])
     except (IndexError, ValueError):
@@ -190,8 +187,6 @@ def clean_stale(out):
 @contextmanager
 def staged_folder(out_dir, overwrite=False):
     """Yield a temporary sibling of `out_dir` to write into; it replaces `out_dir` only if the block succeeds."""
-    import os
-
     out = check_output_path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
