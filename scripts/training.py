@@ -368,7 +368,11 @@ class SeededImages(torch.utils.data.Dataset):
 
     def source(self, index):
         """The file an image came from, read without decoding it (for error messages)."""
-        raw = self.dataset.cast_column(self.image_column, datasets.Image(decode=False))[int(index)][self.image_column]
+        try:
+            undecoded = self.dataset.cast_column(self.image_column, datasets.Image(decode=False))
+            raw = undecoded[int(index)][self.image_column]
+        except (ValueError, TypeError, KeyError):
+            return "file name unknown"
         return (raw or {}).get("path") or "embedded bytes, no file name"
 
     def __len__(self):
