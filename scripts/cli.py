@@ -50,17 +50,38 @@ def build_parser():
     return parser
 
 
+def os_error_line(error):
+    """One line for an OSError: what went wrong and the path(s) it concerns."""
+    text = error.strerror or str(error) or type(error).__name__
+    paths = [str(p) for p in (error.filename, error.filename2) if p is not None]
+    return f"{text}: {' -> '.join(paths)}" if paths else text
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    from safetensors import SafetensorError
+
     from hubvit.conversion.common import ConversionError
+    from hubvit.conversion.folder import check_output_path
 
     try:
+        if getattr(args, "out", None) is not None:
+            check_output_path(args.out, getattr(args, "src", None))
         folder = args.run(args)
         if getattr(args, "push_to_hub", None) and folder is not None:
             hub.push_folder(folder, args.push_to_hub)
-    except (ConversionError, FileExistsError, FileNotFoundError, ValueError) as error:
+    except (ConversionError, ValueError) as error:
         print(f"hubvit {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"hubvit {args.command}: error: {os_error_line(error)}", file=sys.stderr)
+        return 2
+    except SafetensorError as error:
+        print(f"hubvit {args.command}: error: writing or reading safetensors failed: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hubvit {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
