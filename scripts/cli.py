@@ -1,4 +1,4 @@
-"""The `hubvit` command: `convert`, `export`, `push`.
+"""The `hubvit` command: `convert`, `export`, `push`, `info`, `analyze`.
 
 Each source format lives in one module of `hubvit.conversion` that offers `add_arguments(parser)` and
 `main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
@@ -29,7 +29,7 @@ def _module(name):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="hubvit", description="Convert, export and publish hubvit checkpoints.")
+    parser = argparse.ArgumentParser(prog="hubvit", description="Convert, export, publish and analyse hubvit checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="turn another checkpoint format into a hubvit folder")
@@ -60,6 +60,10 @@ def build_parser():
         push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
         hub.add_arguments(push)
         push.set_defaults(run=hub.main)
+
+    analysis = _module("hubvit.analysis.commands")
+    if analysis is not None:
+        analysis.add_commands(commands)
     return parser
 
 
