@@ -202,15 +202,15 @@ def run_attention_map(args):
     print(f"wrote {path}")
 
 
-def training_figures(model, processor, images, folder, max_maps=4, batch_size=32):
-    """The pictures the fine-tuning command leaves in OUT/analysis for its trained model: position similarity,
-    attention distance on the held-out images, and rollout maps of the first few."""
+def training_figures(src, images, folder, max_images=128, max_maps=4, batch_size=32):
+    """The pictures the fine-tuning command leaves in OUT/analysis for its trained model (the folder `src`):
+    position similarity, attention distance on (up to 128 of) the held-out images, rollout maps of the first few."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model = model.eval()
+    model, processor = source.load_model(str(src))
+    images = list(images[:max_images])
     similarity_figures(model, folder, title="trained model:")
-    config = attention.body(model).config
-    batches = source.pixel_batches(iter(images), processor, config, batch_size)
+    batches = source.pixel_batches(iter(images), processor, model.config, batch_size)
     write_distance(attention.attention_distance(model, batches), folder, "trained model, held-out images")
     for index, image in enumerate(images[:max_maps]):
         attention_map_figure(model, processor, image, folder / f"attention_map_{index}.png")
