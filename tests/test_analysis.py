@@ -310,6 +310,17 @@ def test_cli_attention_distance_writes_decodable_png_json_and_csv(model_folder, 
     assert rows[0] == "layer,head_0,head_1,head_2,head_3" and len(rows) == 3
 
 
+def test_cli_attention_distance_reads_a_saved_dataset(model_folder, photo_folder, tmp_path):
+    import datasets
+
+    photos = [Image.open(path).convert("RGB") for path in sorted(photo_folder.glob("*.png"))]
+    data = datasets.Dataset.from_dict({"picture": photos}, features=datasets.Features({"picture": datasets.Image()}))
+    data.save_to_disk(str(tmp_path / "saved"))
+    code = cli.main(["analyze", "attention-distance", str(model_folder), "--dataset", str(tmp_path / "saved"),
+                     "--image-column", "picture", "--max-images", "2", "--output-dir", str(tmp_path / "out")])
+    assert code == 0 and json.loads((tmp_path / "out" / "attention_distance.json").read_text())["images"] == 2
+
+
 def test_cli_position_similarity_and_attention_map(model_folder, photo_folder, tmp_path, capsys):
     assert cli.main(["analyze", "position-similarity", str(model_folder), "--output-dir", str(tmp_path)]) == 0
     assert "stripe score" in capsys.readouterr().out
