@@ -104,9 +104,11 @@ def run_info(args):
         raise ValueError(f"--batch-size must be positive, got {args.batch_size}")
     info.dtype_bytes(args.dtype)
     config = source.load_config(args.src, args.image_size)
-    summary = info.summary(config, args.image_size, args.batch_size, args.dtype)
-    rows = info.patch_size_rows(config, args.patch_sizes, args.image_size, args.batch_size, args.dtype) \
-        if args.patch_sizes else None
+    head = source.has_head(config)
+    summary = info.summary(config, args.image_size, args.batch_size, args.dtype, head)
+    rows = None
+    if args.patch_sizes:
+        rows = info.patch_size_rows(config, args.patch_sizes, args.image_size, args.batch_size, args.dtype, head)
     if args.json:
         print(json.dumps({**summary, **({"patch_sizes": rows} if rows else {})}, indent=2))
     else:

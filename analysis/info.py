@@ -124,8 +124,9 @@ def head_features(config):
     return config.representation_size or config.pooled_size
 
 
-def parameter_parts(config):
-    """(part, parameters) for the whole classifier in forward order; blocks are listed once, times the depth."""
+def parameter_parts(config, head=True):
+    """(part, parameters) in forward order; blocks are listed once, times the depth. `head=False`: the body alone
+    (`HubViTModel`: no representation layer, no classifier)."""
     d, c = config.hidden_size, config.num_channels
     ph, pw = config.patch_size_2d
     parts = [("patch_embedding", ph * pw * c * d + (d if config.patch_bias else 0)),
@@ -140,10 +141,10 @@ def parameter_parts(config):
         m = config.intermediate_size
         parts.append(("pooler.map_head", d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + 2 * d
                       + linear(d, m) + linear(m, d)))
-    if config.representation_size is not None:
+    if head and config.representation_size is not None:
         parts.append(("pre_logits", linear(config.pooled_size, config.representation_size)))
     heads = 2 if config.distillation_token and config.distillation_head else 1
-    if config.num_labels > 0:
+    if head and config.num_labels > 0:
         parts.append(("head" if heads == 1 else "heads (cls + distillation)",
                       heads * linear(head_features(config), config.num_labels)))
     return [(name, count) for name, count in parts if count]
@@ -153,7 +154,7 @@ def encoder_parameters(config):
     return config.num_hidden_layers * sum(count for _, count in block_parameters(config))
 
 
-def mac_parts(config, image_size=None):
+def mac_parts(config, image_size=None, head=True):
     """(part, multiply-accumulates) of one image's forward pass, in forward order (batch 1)."""
     t = tokens(config, image_size)
     n, seq = t.num_patches, t.sequence_length
@@ -167,27 +168,27 @@ def mac_parts(config, image_size=None):
              ("mlp", depth * 2 * seq * d * m)]
     if config.pooling == "map":
         parts.append(("map_head", d * d + seq * 2 * d * d + 2 * seq * d + d * d + 2 * d * m))
-    if config.representation_size is not None:
+    if head and config.representation_size is not None:
         parts.append(("pre_logits", config.pooled_size * config.representation_size))
     heads = 2 if config.distillation_token and config.distillation_head else 1
-    if config.num_labels > 0:
+    if head and config.num_labels > 0:
         parts.append(("head", heads * head_features(config) * config.num_labels))
     return parts
 
 
-def training_step_macs(config, image_size=None):
+def training_step_macs(config, image_size=None, head=True):
     """One image's forward and backward: every product costs 3x its forward (the output and two gradients),
     except the patch embedding, whose input (the pixels) needs no gradient: 2x."""
-    parts = dict(mac_parts(config, image_size))
+    parts = dict(mac_parts(config, image_size, head))
     return 3 * sum(parts.values()) - parts["patch_embedding"]
 
 
-def summary(config, image_size=None, batch_size=1, dtype="float32"):
+def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
     """Everything `hubvit info` prints, as a JSON-able dict."""
     size = tuple(image_size) if image_size is not None else config.image_size_2d
     t = tokens(config, size)
-    params = parameter_parts(config)
-    macs = mac_parts(config, size)
+    params = parameter_parts(config, head)
+    macs = mac_parts(config, size, head)
     forward = sum(count for _, count in macs)
     return {
         "image_size": list(size),
@@ -200,12 +201,12 @@ def summary(config, image_size=None, batch_size=1, dtype="float32"):
         "parameters": {"parts": dict(params), "encoder": encoder_parameters(config),
                        "total": sum(count for _, count in params)},
         "macs_per_image": {"parts": dict(macs), "forward": forward, "forward_flops": 2 * forward,
-                           "training_step": training_step_macs(config, size),
-                           "training_step_flops": 2 * training_step_macs(config, size)},
+                           "training_step": training_step_macs(config, size, head),
+                           "training_step_flops": 2 * training_step_macs(config, size, head)},
     }
 
 
-def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="float32"):
+def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="float32", head=True):
     """One row per patch side at the same image size: how N, attention memory and MACs grow while the encoder's
     parameters stay the same (only the patch embedding and the position table change)."""
     size = tuple(image_size) if image_size is not None else config.image_size_2d
@@ -215,7 +216,7 @@ def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="f
             raise ValueError(f"patch size {patch} does not divide the image size {size[0]}x{size[1]}")
         variant = config.__class__.from_dict({**config.to_dict(), "patch_size": patch,
                                               "image_size": list(size) if size[0] != size[1] else size[0]})
-        info = summary(variant, size, batch_size, dtype)
+        info = summary(variant, size, batch_size, dtype, head)
         rows.append({"patch_size": patch, "grid": info["grid"], "num_patches": info["num_patches"],
                      "sequence_length": info["sequence_length"],
                      "attention_entries_per_head": info["attention"]["patches"]["entries_per_head"],
@@ -242,7 +243,10 @@ def human_count(count):
 
 def table(rows, header):
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda r: "  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+
+    def line(row):
+        return "  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 

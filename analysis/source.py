@@ -31,6 +31,12 @@ def load_config(src, image_size=None):
     return config
 
 
+def has_head(config):
+    """False for a folder saved from `HubViTModel` (the body alone), True for classifiers and presets."""
+    architectures = getattr(config, "architectures", None) or []
+    return not architectures or any(a.endswith("ForImageClassification") for a in architectures)
+
+
 def load_model(src, image_size=None):
     """(model, image processor) in eval mode. A preset gets random weights (initialised as in the paper), which is
     what its numbers then describe."""
@@ -42,8 +48,7 @@ def load_model(src, image_size=None):
     if is_preset(src):
         model = HubViTForImageClassification(config)
     else:
-        has_head = any(a.endswith("ForImageClassification") for a in (config.architectures or []))
-        model = (HubViTForImageClassification if has_head else HubViTModel).from_pretrained(src)
+        model = (HubViTForImageClassification if has_head(config) else HubViTModel).from_pretrained(src)
     processor = None
     if not is_preset(src):
         try:

@@ -342,6 +342,13 @@ def test_cli_info_json_on_a_folder_counts_the_saved_model(model_folder, capsys):
     assert [row["num_patches"] for row in printed["patch_sizes"]] == [64, 16]
 
 
+def test_cli_info_counts_a_body_only_folder_without_a_head(tmp_path, capsys):
+    model = HubViTModel(tiny_config(representation_size=24))
+    model.save_pretrained(tmp_path)
+    assert cli.main(["info", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+
+
 def test_cli_info_table_names_the_reduction(capsys):
     assert cli.main(["info", "b/16", "--dtype", "float16"]) == 0
     assert "64,872x more attention entries" in capsys.readouterr().out
@@ -356,6 +363,15 @@ def test_cli_bad_values_fail_with_one_line(argv, message, capsys):
     assert cli.main(argv) == 2
     error = capsys.readouterr().err
     assert message in error and len(error.strip().splitlines()) == 1
+
+
+def test_cli_position_similarity_draws_relative_bias_per_head(tmp_path):
+    folder = tmp_path / "model"
+    randomize_(HubViTModel(tiny_config(position_embedding_type="relative_2d"))).save_pretrained(folder)
+    assert cli.main(["analyze", "position-similarity", str(folder), "--layer", "1", "--image-size", "48",
+                     "--output-dir", str(tmp_path / "out")]) == 0
+    assert decodes(tmp_path / "out" / "relative_position_bias.png")
+    assert np.load(tmp_path / "out" / "relative_position_bias.npy").shape == (4, 11, 11)  # 6x6 grid at 48
 
 
 def test_cli_position_similarity_says_when_there_is_no_table(tmp_path, capsys):
