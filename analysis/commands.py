@@ -41,7 +41,8 @@ def add_commands(commands):
     distance.add_argument("src", metavar="SRC", help=SRC_HELP)
     data = distance.add_mutually_exclusive_group(required=True)
     data.add_argument("--images", metavar="DIR", help="a folder of image files (searched recursively)")
-    data.add_argument("--dataset", metavar="NAME_OR_PATH", help="a `datasets` Hub id, local folder or save_to_disk folder")
+    data.add_argument("--dataset", metavar="NAME_OR_PATH",
+                      help="a `datasets` Hub id, local folder or save_to_disk folder")
     distance.add_argument("--split", help="dataset split (default: validation, else test, else the first)")
     distance.add_argument("--image-column", default="image")
     distance.add_argument("--max-images", type=int, default=128, help="default 128, as in the paper")

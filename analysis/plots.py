@@ -85,7 +85,8 @@ def plot_attention_map(image, attention, path, title="Attention"):
         axes.imshow(image, cmap="gray" if image.ndim == 2 else None)
         axes.set_xticks([])
         axes.set_yticks([])
-    right.imshow(attention, cmap="jet", alpha=0.5, extent=(-0.5, width - 0.5, height - 0.5, -0.5), interpolation="bilinear")
+    right.imshow(attention, cmap="jet", alpha=0.5, extent=(-0.5, width - 0.5, height - 0.5, -0.5),
+                 interpolation="bilinear")
     left.set_title("input", fontsize=9)
     right.set_title(title, fontsize=9)
     return save(figure, path)

@@ -28,7 +28,8 @@ VARIANTS = {
     "relative_2d": dict(position_embedding_type="relative_2d", layer_scale_init_value=0.1),
     "sincos_2d_map": dict(position_embedding_type="sincos_2d", class_token=False, pooling="map"),
     "distilled": dict(distillation_token=True),
-    "cls_mean_pre_norm_pre_logits": dict(pooling="cls_mean", pre_norm=True, image_size=[32, 48], representation_size=24),
+    "cls_mean_pre_norm_pre_logits": dict(pooling="cls_mean", pre_norm=True, image_size=[32, 48],
+                                         representation_size=24),
     "mean_fc_norm_no_head": dict(pooling="mean", class_token=False, fc_norm=True, num_labels=0),
 }
 
