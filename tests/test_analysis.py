@@ -380,3 +380,20 @@ def test_cli_position_similarity_says_when_there_is_no_table(tmp_path, capsys):
     HubViTModel(tiny_config(position_embedding_type="none")).save_pretrained(folder)
     assert cli.main(["analyze", "position-similarity", str(folder), "--output-dir", str(tmp_path / "out")]) == 0
     assert "no position table" in capsys.readouterr().out
+
+
+@pytest.mark.heavy
+def test_cli_reads_a_hub_repo_id(hub_server, model_folder, photo_folder, tmp_path, capsys):
+    """SRC as a Hub repo id, through huggingface_hub against the local Hub server (tests/hub_server.py)."""
+    from huggingface_hub import HfApi
+
+    repo_id = f"{hub_server.user}/tiny-analysis"
+    api = HfApi()
+    api.create_repo(repo_id)
+    api.upload_folder(folder_path=str(model_folder), repo_id=repo_id)
+    assert cli.main(["info", repo_id, "--json"]) == 0
+    model = HubViTForImageClassification.from_pretrained(model_folder)
+    assert json.loads(capsys.readouterr().out)["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+    assert cli.main(["analyze", "attention-map", repo_id, str(photo_folder / "coffee.png"),
+                     "--output-dir", str(tmp_path)]) == 0
+    assert decodes(tmp_path / "attention_map_coffee_rollout.png")
