@@ -189,8 +189,6 @@ def attention_map_figure(model, processor, image, path, method="rollout", head=N
 
 
 def run_attention_map(args):
-    from PIL import Image
-
     if args.head is not None and args.method != "last-layer":
         raise ValueError("--head applies to --method last-layer only")
     if not Path(args.image).is_file():
@@ -199,7 +197,7 @@ def run_attention_map(args):
     check_size(model.config, args.image_size)
     folder = output_dir(args)
     path = folder / f"attention_map_{Path(args.image).stem}_{args.method}.png"
-    values = attention_map_figure(model, processor, Image.open(args.image), path, args.method, args.head,
+    values = attention_map_figure(model, processor, source.open_image(args.image), path, args.method, args.head,
                                   args.image_size)
     np.save(path.with_suffix(".npy"), values)
     print(f"wrote {path}")

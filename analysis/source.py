@@ -70,14 +70,24 @@ def image_files(folder):
     return files
 
 
+def open_image(path):
+    """A decoded PIL image, its file closed; a clear error for a file that is not an image."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"cannot read {str(path)!r} as an image: {error}") from None
+
+
 def iter_images(images=None, dataset=None, split=None, image_column="image", max_images=None):
     """PIL images, one at a time, from a folder or a `datasets` dataset (Hub id, local script/folder, or a folder
     written by `save_to_disk`)."""
-    from PIL import Image
-
     count = 0
     if images is not None:
-        source = (Image.open(path) for path in image_files(images))
+        source = (open_image(path) for path in image_files(images))
     else:
         source = (row[image_column] for row in open_dataset(dataset, split, image_column))
     for image in source:

@@ -375,6 +375,13 @@ def test_cli_position_similarity_draws_relative_bias_per_head(tmp_path):
     assert np.load(tmp_path / "out" / "relative_position_bias.npy").shape == (4, 11, 11)  # 6x6 grid at 48
 
 
+def test_cli_attention_map_refuses_a_file_that_is_not_an_image(model_folder, tmp_path, capsys):
+    (tmp_path / "notes.png").write_text("not an image")
+    assert cli.main(["analyze", "attention-map", str(model_folder), str(tmp_path / "notes.png"),
+                     "--output-dir", str(tmp_path)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
 def test_cli_position_similarity_says_when_there_is_no_table(tmp_path, capsys):
     folder = tmp_path / "model"
     HubViTModel(tiny_config(position_embedding_type="none")).save_pretrained(folder)
