@@ -1,4 +1,4 @@
-"""The `hubvit` command: `convert`, `export`, `push`.
+"""The `hubvit` command: `convert`, `export`, `push`, `info`, `analyze`.
 
 Each source format (and each export) lives in one module of `hubvit.conversion` that offers `add_arguments(parser)`
 and `main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from hubvit.analysis.commands import add_commands
 from hubvit.conversion import hub
 
 CONVERTERS = {
@@ -35,7 +36,7 @@ def add_modules(subparsers, modules):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="hubvit", description="Convert, export and publish hubvit checkpoints.")
+    parser = argparse.ArgumentParser(prog="hubvit", description="Convert, export, publish and analyse hubvit checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="turn another checkpoint format into a hubvit folder")
@@ -47,6 +48,8 @@ def build_parser():
     push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
     hub.add_arguments(push)
     push.set_defaults(run=hub.main)
+
+    add_commands(commands)
     return parser
 
 

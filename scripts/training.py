@@ -896,6 +896,11 @@ def train(args):
         "train_images_per_second": round(len(train_split) * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
     }
     export(accelerator, args, model, results, (source, eval_name), (mean, std, resample))
+    if accelerator.is_main_process:
+        from hubvit.analysis.commands import training_figures
+
+        training_figures(Path(args.output_dir) / "model", eval_split[:128][args.image_column_name],
+                         Path(args.output_dir) / "analysis")
     accelerator.end_training()
     return 0
 
