@@ -9,9 +9,11 @@ dropped with a reason, every target tensor is filled with the right shape, or no
 
 import argparse
 import re
+import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +126,7 @@ def add_verify_arguments(parser):
         "(default: on)",
     )
     parser.add_argument(
-        "--tolerance", type=float, default=TOLERANCE,
+        "--tolerance", type=positive_tolerance, default=TOLERANCE,
         help=f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
     )
 
@@ -199,47 +201,170 @@ def _list(title, items):
     return f"  {title} ({len(items)}):\n{listing(items)}"
 
 
-def read_weights(path):
-    """Tensors of a `.safetensors`, `.pth`/`.bin`/`.pt` or `.npz` file, never running pickled code.
+# What torch's and numpy's readers raise on a truncated or bit-flipped file (found by fuzzing, tests/test_reliability.py).
+CORRUPT_FILE_ERRORS = (
+    OSError, EOFError, ValueError, RuntimeError, IndexError, KeyError, TypeError, NotImplementedError,
+    struct.error, zlib.error, zipfile.BadZipFile,
+)
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".npz")
 
-    Torch pickles are read with `weights_only=True` and numpy archives with `allow_pickle=False`; a truncated or
-    malicious file raises `ConversionError` naming the file.
+
+def read_weights(path):
+    """Tensors of a `.safetensors`, `.pth`/`.bin`/`.pt` or `.npz` file, never running pickled code, all finite.
+
+    Each format has its own reader and its own error: safetensors' header check, `torch.load(weights_only=True)`
+    (which refuses any object other than tensors and plain containers), `np.load(allow_pickle=False)`.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConversionError(f"{path}: no such file")
+    if not path.is_file():
+        raise ConversionError(f"{path}: not a file")
     suffix = path.suffix.lower()
-    try:
-        if suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if suffix not in WEIGHT_SUFFIXES:
+        raise ConversionError(f"{path}: unknown weights format {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
+    if path.stat().st_size == 0:
+        raise ConversionError(f"{path}: the file is empty (0 bytes)")
+    if suffix == ".safetensors":
+        weights = _read_safetensors(path)
+    elif suffix == ".npz":
+        weights = _read_npz(path)
+    else:
+        weights = _read_torch(path)
+    check_finite(weights, path)
+    return weights
 
-            return load_file(str(path))
-        if suffix in (".pth", ".pt", ".bin", ".ckpt"):
-            loaded = torch.load(str(path), map_location="cpu", weights_only=True)
-            for wrapper in ("state_dict", "model", "module"):
-                if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
-                    others = sorted(str(key) for key in loaded if key != wrapper)
-                    if others:
-                        print(f"{path.name}: weights read from its '{wrapper}' entry; dropped the other top-level "
-                              f"entries {others} (training state beside the weights)")
-                    loaded = loaded[wrapper]
-            if not isinstance(loaded, dict):
-                raise ConversionError(f"{path}: expected a dict of tensors, found {type(loaded).__name__}")
-            return loaded
-        if suffix == ".npz":
-            with np.load(str(path), allow_pickle=False) as archive:
-                return {key: archive[key] for key in archive.files}
-    except ConversionError:
-        raise
-    except (RuntimeError, ValueError, OSError, EOFError, zipfile.BadZipFile, Exception) as error:
-        text = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if "weights_only" in str(error) or "Unsupported global" in str(error) or "pickle" in str(error).lower():
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _read_safetensors(path):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise ConversionError(f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(error)}") from None
+
+
+def _read_npz(path):
+    with open(path, "rb") as handle:
+        magic = handle.read(6)
+    if magic == b"\x93NUMPY":
+        raise ConversionError(f"{path}: a single .npy array, not an .npz archive of named arrays")
+    if not magic.startswith(b"PK"):
+        raise ConversionError(f"{path}: not an .npz archive (no zip header; corrupt, or another format renamed)")
+    try:
+        with np.load(str(path), allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+    except ValueError as error:
+        if "allow_pickle" in str(error):
+            raise ConversionError(
+                f"{path}: refused to unpickle it: an array holds Python objects (possibly executable code), and "
+                "hubvit only reads numeric arrays"
+            ) from None
+        raise ConversionError(f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}") from None
+    except CORRUPT_FILE_ERRORS as error:
+        raise ConversionError(f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}") from None
+
+
+def _unpickler_detail(error):
+    """(refused an object, the line that says what torch's weights-only unpickler met); its other lines are advice
+    for trusted files. A GLOBAL (or class) it will not import is an object other than tensors; anything else is
+    damage."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if re.search(r"\bGLOBAL\b|[Uu]nsupported class", line):
+            return True, line.split("WeightsUnpickler error:")[-1].strip().split(". Please use")[0]
+    for index, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            rest = line.split("WeightsUnpickler error:", 1)[1].strip()
+            return False, rest or (lines[index + 1] if index + 1 < len(lines) else "")
+    return False, lines[-1] if lines else type(error).__name__
+
+
+def _read_torch(path):
+    import pickle
+
+    try:
+        loaded = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        refused, detail = _unpickler_detail(error)
+        if refused:
             raise ConversionError(
                 f"{path}: refused to unpickle it: the file holds objects other than tensors (possibly executable "
-                f"code), and hubvit only reads weights ({text})"
+                f"code), and hubvit only reads weights ({detail})"
             ) from None
-        raise ConversionError(f"{path}: not a readable {suffix} weights file (truncated or corrupt?): {text}") from None
-    raise ConversionError(f"{path}: unknown weights format {suffix!r}; expected .safetensors, .pth, .bin, .pt or .npz")
+        raise ConversionError(
+            f"{path}: not a torch.save weights file (corrupt, truncated, or a pickle that weights_only=True cannot "
+            f"read): {detail}"
+        ) from None
+    except CORRUPT_FILE_ERRORS as error:
+        raise ConversionError(f"{path}: not a readable torch weights file (truncated or corrupt?): {_first_line(error)}") from None
+    for wrapper in ("state_dict", "model", "module"):
+        if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
+            others = sorted(str(key) for key in loaded if key != wrapper)
+            if others:
+                print(f"{path.name}: weights read from its '{wrapper}' entry; dropped the other top-level "
+                      f"entries {others} (training state beside the weights)")
+            loaded = loaded[wrapper]
+    if not isinstance(loaded, dict):
+        raise ConversionError(f"{path}: expected a dict of tensors, found {type(loaded).__name__}")
+    return loaded
+
+
+def check_finite(weights, path):
+    """Refuse tensors holding NaN or infinity, naming them: they convert to a model whose outputs are NaN."""
+    bad = []
+    for key, value in weights.items():
+        if not isinstance(value, (torch.Tensor, np.ndarray)):
+            continue
+        try:
+            tensor = to_tensor(value)
+        except ConversionError:
+            continue
+        if tensor.is_floating_point() or tensor.is_complex():
+            finite = torch.isfinite(tensor)
+            if not bool(finite.all()):
+                bad.append(f"{key} ({int((~finite).sum())} of {finite.numel()} values)")
+    if bad:
+        raise ConversionError(f"{path}: {len(bad)} tensors hold NaN or infinite values:\n{listing(bad)}")
+
+
+def shard_files(index_path):
+    """The shard files a sharded-weights index names, each inside the index's folder (a path leaving it is refused)."""
+    import json
+
+    index_path = Path(index_path)
+    folder = index_path.parent.resolve()
+    try:
+        weight_map = json.loads(index_path.read_text()).get("weight_map")
+    except (ValueError, AttributeError) as error:
+        raise ConversionError(f"{index_path}: not a valid sharded-weights index ({_first_line(error)})") from None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConversionError(f"{index_path}: no 'weight_map' of tensor names to shard files")
+    names = sorted({str(name) for name in weight_map.values()})
+    outside = [name for name in names if Path(name).is_absolute() or folder not in (folder / name).resolve().parents]
+    if outside:
+        raise ConversionError(f"{index_path}: shard paths leave the folder {folder}, refused:\n{listing(outside)}")
+    return [folder / name for name in names]
+
+
+def positive_tolerance(text):
+    """argparse type for --tolerance: a positive finite number (NaN, inf, 0 or less would make any check pass or fail)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
 
 
 def to_tensor(value):

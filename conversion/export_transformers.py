@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..modeling import HubViTConfig
-from .common import TOLERANCE, ConversionError, Reference, StrictMapping, verify
+from .common import TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, verify
 from .folder import build_model, make_image_processor, staged_folder
 from .transformers import read_folder_weights, read_json
 
@@ -144,7 +144,7 @@ def add_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
     parser.add_argument("out", metavar="OUT", help="folder for transformers' ViTForImageClassification / ViTModel")
     parser.add_argument(
-        "--tolerance", type=float, default=TOLERANCE,
+        "--tolerance", type=positive_tolerance, default=TOLERANCE,
         help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
     )
 
@@ -155,6 +155,8 @@ def main(args):
     from transformers import ViTImageProcessor
 
     src, out = Path(args.src), Path(args.out)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
     raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ConversionError(

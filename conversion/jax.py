@@ -400,6 +400,8 @@ def convert(args):
     path = Path(args.src)
     if args.num_labels is not None and args.num_labels < 0:
         raise ConversionError(f"--num-labels must be >= 0, got {args.num_labels}")
+    if args.image_size is not None and args.image_size <= 0:
+        raise ConversionError(f"--image-size must be a positive number of pixels, got {args.image_size}")
     source = read_weights(path)
     layout = detect_layout(source, path)
     fields, num_labels = read_config(source, layout, args, path)

@@ -70,8 +70,11 @@ def read_source(src, architecture, model_args):
         config_path = src / "config.json"
         if not config_path.is_file():
             raise ConversionError(f"{src}: a timm folder needs config.json (written by timm.models.save_for_hf)")
-        hub_config = json.loads(config_path.read_text())
-        if "architecture" not in hub_config:
+        try:
+            hub_config = json.loads(config_path.read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ConversionError(f"{config_path}: not valid JSON ({error})") from None
+        if not isinstance(hub_config, dict) or "architecture" not in hub_config:
             raise ConversionError(f"{config_path}: no 'architecture' field; is this a timm checkpoint folder?")
         if architecture and architecture != hub_config["architecture"]:
             raise ConversionError(

@@ -16,7 +16,7 @@ import torch
 from ..modeling import HubViTConfig
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
-                     read_weights, resample_name)
+                     read_weights, resample_name, shard_files)
 from .folder import expected_shapes, write_conversion
 
 # architecture -> (family, head); the family names transformers' config class and interpolation.
@@ -92,7 +92,7 @@ def add_arguments(parser):
 def read_json(path):
     try:
         return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConversionError(f"{path}: not valid JSON ({error})") from None
 
 
@@ -101,10 +101,9 @@ def read_folder_weights(src):
     src = Path(src)
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (src / name).is_file():
-            shards = sorted(set(read_json(src / name).get("weight_map", {}).values()))
             weights = {}
-            for shard in shards:
-                weights.update(read_weights(src / shard))
+            for shard in shard_files(src / name):
+                weights.update(read_weights(shard))
             return weights, src / name
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (src / name).is_file():

@@ -1,4 +1,4 @@
-"""The `hubvit` command: `convert`, `export`, `push`.
+"""The `hubvit` command: `convert`, `export`, `push`, `info`, `analyze`.
 
 Each source format (and each export) lives in one module of `hubvit.conversion` that offers `add_arguments(parser)`
 and `main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from hubvit.analysis.commands import add_commands
 from hubvit.conversion import hub
 
 CONVERTERS = {
@@ -38,7 +39,7 @@ def add_modules(subparsers, modules):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="hubvit", description="Convert, export and publish hubvit checkpoints.")
+    parser = argparse.ArgumentParser(prog="hubvit", description="Convert, export, publish and analyse hubvit checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="turn another checkpoint format into a hubvit folder")
@@ -50,20 +51,43 @@ def build_parser():
     push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
     hub.add_arguments(push)
     push.set_defaults(run=hub.main)
+
+    add_commands(commands)
     return parser
+
+
+def os_error_line(error):
+    """One line for an OSError: what went wrong and the path(s) it concerns."""
+    text = error.strerror or str(error) or type(error).__name__
+    paths = [str(p) for p in (error.filename, error.filename2) if p is not None]
+    return f"{text}: {' -> '.join(paths)}" if paths else text
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    from safetensors import SafetensorError
+
     from hubvit.conversion.common import ConversionError
+    from hubvit.conversion.folder import check_output_path
 
     try:
+        if getattr(args, "out", None) is not None:
+            check_output_path(args.out, getattr(args, "src", None))
         folder = args.run(args)
         if getattr(args, "push_to_hub", None) and folder is not None:
             hub.push_folder(folder, args.push_to_hub)
-    except (ConversionError, FileExistsError, FileNotFoundError, ValueError) as error:
+    except (ConversionError, ValueError) as error:
         print(f"hubvit {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"hubvit {args.command}: error: {os_error_line(error)}", file=sys.stderr)
+        return 2
+    except SafetensorError as error:
+        print(f"hubvit {args.command}: error: writing or reading safetensors failed: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hubvit {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

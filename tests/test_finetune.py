@@ -173,6 +173,16 @@ def test_imagefolder_run_writes_a_hubvit_folder_and_results(imagefolder_run):
 
 
 @pytest.mark.heavy
+def test_run_draws_the_analysis_pictures_of_its_model(imagefolder_run):
+    _, out, _ = imagefolder_run
+    for name in ("position_similarity.png", "attention_distance.png", "attention_map_0.png"):
+        with Image.open(out / "analysis" / name) as image:
+            image.load()
+    distance = json.loads((out / "analysis" / "attention_distance.json").read_text())
+    assert distance["images"] == 12 and distance["grid"] == [4, 4]
+
+
+@pytest.mark.heavy
 def test_output_loads_with_trust_remote_code_without_hubvit(imagefolder_run):
     root, out, names = imagefolder_run
     folder = out / "model"
