@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from ..modeling import HubViTConfig
-from .common import RESAMPLE_NAMES, TOLERANCE, ConversionError, Reference, StrictMapping, verify
+from .common import RESAMPLE_NAMES, TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, verify
 from .folder import build_model, staged_folder
 from .timm import RENAMES, import_timm
 from .transformers import read_folder_weights, read_json
@@ -29,7 +29,10 @@ DISTILLED_ENTRY_POINT = "deit_base_distilled_patch16_224"
 def add_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
     parser.add_argument("out", metavar="OUT", help="timm Hub-layout folder to write (config.json + model.safetensors)")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of the check (1e-5)")
+    parser.add_argument(
+        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
+    )
 
 
 def export_problems(config):
@@ -231,6 +234,8 @@ def card_text(args, architecture, config, lines, notes):
 
 def read_hubvit_folder(src):
     src = Path(src)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
     raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ConversionError(
