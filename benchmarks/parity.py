@@ -11,6 +11,11 @@ with `interpolate_pos_encoding=True`; JAX at the native size only, the Flax mode
 
     python benchmarks/parity.py                   # both tables, about 7 minutes on 2 cores
     python benchmarks/parity.py --only timm       # or: --only transformers, --only jax
+    python benchmarks/parity.py --only torchvision   # or: --only pytorch, --only export-timm
+
+torchvision's ViT is compared at a second size through its own `interpolate_embeddings`; the plain PyTorch ViT on
+`nn.TransformerEncoder` is the reference class of `tests/test_convert_pytorch.py`; `export timm` runs timm's model
+built from the exported folder (`local-dir:`) against the hubvit folder it came from.
 """
 
 import argparse
@@ -132,8 +137,73 @@ def jax_row(label, module, fields, root):
     return label, [relative_error(logits, reference)]
 
 
-def print_table(title, rows, sizes=2):
-    print(f"\n{title}: max |Δ| / max |source|" + (", native / non-square size" if sizes == 2 else ", native size"))
+@torch.no_grad()
+def torchvision_row(label, root, image_size=None, **kwargs):
+    import torchvision
+    from torchvision.models.vision_transformer import interpolate_embeddings
+
+    from test_convert_torchvision import randomize_ as randomize_torchvision_
+
+    source = randomize_torchvision_(torchvision.models.vit_b_16(**kwargs))
+    torch.save(source.state_dict(), root / "tv.pth")
+    extra = ["--image-size", str(image_size)] if image_size else []
+    argv = ["convert", "torchvision", str(root / "tv.pth"), str(root / label), "--architecture", "vit_b_16", *extra]
+    assert quietly(cli, argv) == 0
+    model = load(root / label, headless=False)
+    native = image_size or 224
+    state = interpolate_embeddings(native, 16, source.state_dict())
+    errors = []
+    for size in (native, native + 64):
+        reference = torchvision.models.vit_b_16(image_size=size, **kwargs).eval()
+        reference.load_state_dict(interpolate_embeddings(size, 16, state))
+        x = pixels(size, size)
+        errors.append(relative_error(model(pixel_values=x).logits, reference(x)))
+    return label, errors
+
+
+@torch.no_grad()
+def pytorch_row(root):
+    from test_convert_pytorch import source_model
+
+    source = source_model(image_size=224, patch_size=16, dim=768, depth=12, heads=12, mlp_dim=3072, num_classes=1000)
+    torch.save(source.state_dict(), root / "pt.pth")
+    assert quietly(cli, ["convert", "pytorch", str(root / "pt.pth"), str(root / "pt"), "--num-heads", "12"]) == 0
+    model = load(root / "pt", headless=False)
+    errors = []
+    for h, w in ((224, 224), (208, 240)):
+        x = pixels(h, w)
+        errors.append(relative_error(model(pixel_values=x).logits, source(x)))
+    return "ViT-B/16 on nn.TransformerEncoder(norm_first=True), eps 1e-5 / final 1e-6", errors
+
+
+@torch.no_grad()
+def export_timm_row(label, fields, root):
+    import timm
+
+    from hubvit import HubViTConfig, HubViTForImageClassification
+    from hubvit.conversion.folder import write_folder
+
+    model = randomize_(HubViTForImageClassification(HubViTConfig(**VIT_B, **fields))).eval()
+    write_folder(model, root / label)
+    assert quietly(cli, ["export", "timm", str(root / label), str(root / f"{label}-timm")]) == 0
+    reference = timm.create_model(f"local-dir:{root / label}-timm", pretrained=True).eval()
+    errors = []
+    for h, w in ((224, 224), (208, 240)):
+        x = pixels(h, w)
+        errors.append(relative_error(reference(x), model(pixel_values=x).logits))
+    return label, errors
+
+
+EXPORT_TIMM_CASES = (
+    ("ViT-B/16, [CLS], 1000 classes", dict(num_labels=1000)),
+    ("ViT-B/16, 4 registers, layer scale, no_embed_class, headless", dict(
+        num_register_tokens=4, layer_scale_init_value=1e-5, position_embedding_includes_prefix=False, num_labels=0)),
+    ("ViT-B/16, no [CLS], MAP pooling (SigLIP-like), headless", dict(class_token=False, pooling="map", num_labels=0)),
+)
+
+
+def print_table(title, rows, sizes=2, second="non-square size"):
+    print(f"\n{title}: max |Δ| / max |source|" + (f", native / {second}" if sizes == 2 else ", native size"))
     print("| source | parity |")
     print("| --- | --- |")
     for label, errors in rows:
@@ -142,7 +212,9 @@ def print_table(title, rows, sizes=2):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=("timm", "transformers", "jax"), default=None)
+    parser.add_argument(
+        "--only", choices=("timm", "transformers", "jax", "torchvision", "pytorch", "export-timm"), default=None
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -161,6 +233,17 @@ def main(argv=None):
             print_table("transformers", [transformers_row(a, headless, root) for a, headless in CASES])
         if args.only in (None, "jax"):
             print_table("JAX", [jax_row(*case, root) for case in JAX_CASES], sizes=1)
+        if args.only in (None, "torchvision"):
+            rows = [
+                torchvision_row("vit_b_16", root),
+                torchvision_row("vit_b_16 with heads.pre_logits", root, representation_size=768),
+                torchvision_row("vit_b_16, --image-size 384 from a 224 table", root, image_size=384),
+            ]
+            print_table("torchvision", rows, second="64 px larger (torchvision via interpolate_embeddings)")
+        if args.only in (None, "pytorch"):
+            print_table("plain PyTorch", [pytorch_row(root)])
+        if args.only in (None, "export-timm"):
+            print_table("export timm (timm against hubvit)", [export_timm_row(*c, root) for c in EXPORT_TIMM_CASES])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Conversion of other ViT checkpoints into hubvit folders, and the one writer of those folders.
 
-A source format is one module here, of one shape (`jax`, `timm`, `transformers` are three instances of it):
+A source format is one module here, of one shape (`jax`, `timm`, `transformers`, `torchvision`, `pytorch`):
 
 - `add_arguments(parser)`: SRC, OUT, its own flags, and `common.add_verify_arguments` (`--verify`, `--tolerance`);
 - `convert(args) -> common.Conversion`: read the source safely (`common.read_weights`), translate names and layouts
@@ -11,6 +11,6 @@ A source format is one module here, of one shape (`jax`, `timm`, `transformers` 
 - `main(args)`: `folder.write_conversion(convert(args), args.out, overwrite=args.overwrite)`, which builds the
   model, runs `common.verify` against the reference, and writes the folder with the measured figure in its card.
 
-Register the module in `scripts/cli.py` (`CONVERTERS`). Exports (`export_transformers`) go the other way and offer
+Register the module in `scripts/cli.py` (`CONVERTERS`). Exports (`export_transformers`, `export_timm`) go the other way and offer
 `add_arguments`/`main` too.
 """

@@ -16,9 +16,12 @@ CONVERTERS = {
     "timm": ("hubvit.conversion.timm", "a timm checkpoint (Hub-layout folder or weights file)"),
     "jax": ("hubvit.conversion.jax", "an original JAX .npz (vision_transformer or big_vision)"),
     "transformers": ("hubvit.conversion.transformers", "a folder saved by transformers (ViT, DeiT, DINOv2)"),
+    "torchvision": ("hubvit.conversion.torchvision", "a state dict of torchvision's VisionTransformer (vit_b_16 ...)"),
+    "pytorch": ("hubvit.conversion.pytorch", "a plain PyTorch ViT on nn.TransformerEncoder (norm_first=True)"),
 }
 EXPORTERS = {
     "transformers": ("hubvit.conversion.export_transformers", "a folder transformers' built-in ViT loads"),
+    "timm": ("hubvit.conversion.export_timm", "a timm Hub-layout folder timm.create_model loads"),
 }
 
 

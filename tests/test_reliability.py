@@ -488,12 +488,23 @@ def test_timm_folder_with_invalid_config_json_names_the_file(tmp_path, capsys):
     assert status == 2 and f"{src / 'config.json'}: not valid JSON" in err
 
 
-def test_export_of_a_missing_folder_says_it_does_not_exist(tmp_path, capsys):
-    status, err = hubvit(["export", "transformers", tmp_path / "nowhere", tmp_path / "out"], capsys)
+@pytest.mark.parametrize("target", ["transformers", "timm"])
+def test_export_of_a_missing_folder_says_it_does_not_exist(tmp_path, capsys, target):
+    status, err = hubvit(["export", target, tmp_path / "nowhere", tmp_path / "out"], capsys)
     assert status == 2 and "nowhere: no such folder" in err and "model_type" not in err
 
 
-@pytest.mark.parametrize("command", [["convert", "timm"], ["convert", "transformers"], ["export", "transformers"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["convert", "timm"],
+        ["convert", "transformers"],
+        ["convert", "torchvision", "--num-heads=4"],
+        ["convert", "pytorch", "--num-heads=4"],
+        ["export", "transformers"],
+        ["export", "timm"],
+    ],
+)
 @pytest.mark.parametrize("value", ["0", "-1e-5", "nan", "inf"])
 def test_tolerance_must_be_positive_and_finite(tmp_path, capsys, command, value):
     with pytest.raises(SystemExit) as exit_info:

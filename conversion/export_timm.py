@@ -1,0 +1,287 @@
+"""`hubvit export timm`: a hubvit folder as a timm Hub-layout folder that timm loads with no hubvit installed.
+
+timm's `VisionTransformer` is built with JSON-only `model_args` (what a Hub config can carry), filled through the
+shared `StrictMapping` with the rename table `hubvit convert timm` reads by, checked against hubvit's own forward, and
+written by timm's own `save_for_hf` (config.json with `architecture`, `model_args`, `pretrained_cfg`, labels;
+model.safetensors). Settings timm cannot express from a config are refused, all of them listed at once.
+"""
+
+import re
+from pathlib import Path
+
+from ..modeling import HubViTConfig
+from .common import RESAMPLE_NAMES, TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, verify
+from .folder import build_model, staged_folder
+from .timm import RENAMES, import_timm
+from .transformers import read_folder_weights, read_json
+
+TIMM_INTERPOLATION = ("bicubic", True, False)
+ACTIVATIONS = {
+    "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "relu": "relu"
+}
+POOLS = {"cls": "token", "mean": "avg", "map": "map"}
+# timm entry points whose code sets the LayerNorm eps (a JSON model_args cannot carry a norm_layer with another eps);
+# every structural argument is passed explicitly on top of them.
+ENTRY_POINTS = {1e-6: "vit_base_patch16_224", 1e-5: "vit_base_patch16_clip_224"}
+DISTILLED_ENTRY_POINT = "deit_base_distilled_patch16_224"
+
+
+def add_arguments(parser):
+    parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
+    parser.add_argument("out", metavar="OUT", help="timm Hub-layout folder to write (config.json + model.safetensors)")
+    parser.add_argument(
+        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
+    )
+
+
+def export_problems(config):
+    """Settings of `config` timm's VisionTransformer cannot be told through config.json (empty when it can)."""
+    eps = config.layer_norm_eps
+    checks = [
+        (
+            config.position_embedding_type not in ("learned", "none"),
+            f"position_embedding_type={config.position_embedding_type!r} (timm's ViT has a learned 1D table or none)",
+        ),
+        (config.pooling not in POOLS, f"pooling={config.pooling!r} (timm pools with 'token', 'avg' or 'map')"),
+        (
+            config.representation_size is not None,
+            f"representation_size={config.representation_size} (timm's ViT has no Dense + tanh pre-logits layer)",
+        ),
+        (
+            eps not in ENTRY_POINTS,
+            f"layer_norm_eps={eps:g} (timm's ViT entry points build LayerNorms with eps 1e-6, or 1e-5 for CLIP)",
+        ),
+        (
+            config.final_layer_norm_eps not in (None, eps),
+            f"final_layer_norm_eps={config.final_layer_norm_eps} differs from layer_norm_eps={eps:g} (timm uses one "
+            "norm layer for the blocks and the final norm)",
+        ),
+        (
+            config.patch_bias == config.pre_norm,
+            f"patch_bias={config.patch_bias} with pre_norm={config.pre_norm} (timm's patch convolution has a bias "
+            "exactly when there is no pre-norm)",
+        ),
+        (
+            config.distillation_token and not config.distillation_head,
+            "distillation_token=True with distillation_head=False (timm's distilled DeiT always has both heads)",
+        ),
+        (
+            config.distillation_token and (config.num_register_tokens or eps != 1e-6 or config.pooling != "cls"),
+            "distillation_token=True with registers, eps other than 1e-6 or pooling other than cls",
+        ),
+        (config.hidden_act not in ACTIVATIONS, f"hidden_act={config.hidden_act!r}"),
+    ]
+    ratio = config.intermediate_size / config.hidden_size
+    checks.append(
+        (
+            int(config.hidden_size * ratio) != config.intermediate_size,
+            f"intermediate_size={config.intermediate_size} is not int(hidden_size * mlp_ratio) for any float ratio",
+        )
+    )
+    return [text for bad, text in checks if bad]
+
+
+def timm_interpolation(config):
+    return (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners)
+
+
+def timm_arguments(config):
+    """(timm entry point, JSON model_args) building timm's VisionTransformer for `config`."""
+    architecture = DISTILLED_ENTRY_POINT if config.distillation_token else ENTRY_POINTS[config.layer_norm_eps]
+    pool_include_prefix = config.pooling == "map" and config.num_prefix_tokens > 0
+    args = dict(
+        img_size=list(config.image_size_2d),
+        patch_size=list(config.patch_size_2d),
+        in_chans=config.num_channels,
+        num_classes=config.num_labels,
+        global_pool=POOLS[config.pooling],
+        embed_dim=config.hidden_size,
+        depth=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        mlp_ratio=config.intermediate_size / config.hidden_size,
+        qkv_bias=config.qkv_bias,
+        init_values=config.layer_scale_init_value,
+        class_token=config.class_token,
+        pos_embed="learn" if config.position_embedding_type == "learned" else "none",
+        no_embed_class=not config.position_embedding_includes_prefix,
+        reg_tokens=config.num_register_tokens,
+        pre_norm=config.pre_norm,
+        fc_norm=config.fc_norm,
+        dynamic_img_size=timm_interpolation(config) == TIMM_INTERPOLATION,
+        dynamic_img_pad=config.dynamic_img_pad,
+        act_layer=ACTIVATIONS[config.hidden_act],
+    )
+    if pool_include_prefix:
+        args["pool_include_prefix"] = True
+    for ours, theirs in (
+        ("hidden_dropout_prob", "proj_drop_rate"),
+        ("attention_probs_dropout_prob", "attn_drop_rate"),
+        ("drop_path_rate", "drop_path_rate"),
+    ):
+        if getattr(config, ours):
+            args[theirs] = getattr(config, ours)
+    return architecture, args
+
+
+def export_notes(config):
+    notes = []
+    if timm_interpolation(config) != TIMM_INTERPOLATION:
+        mode, antialias, align_corners = timm_interpolation(config)
+        notes.append(
+            f"position tables resize with {mode}, antialias={antialias}, align_corners={align_corners} in hubvit; timm "
+            "can only resize with bicubic + antialias, so the timm model is built for the native size only "
+            "(dynamic_img_size=False)"
+        )
+    return notes
+
+
+def hubvit_name(timm_key):
+    """The hubvit tensor (without `hubvit.`) a timm key is read from, by the rename table of `hubvit convert timm`."""
+    for pattern, target in RENAMES:
+        if re.fullmatch(pattern, timm_key):
+            return re.sub(pattern, target, timm_key)
+    return None
+
+
+def map_to_timm(weights, timm_shapes, description):
+    """The timm state dict of a hubvit one, through the shared strict mapper."""
+    mapping = StrictMapping(weights, description)
+    for timm_key in timm_shapes:
+        source = hubvit_name(timm_key)
+        if source is None:
+            raise ConversionError(f"timm tensor {timm_key} has no hubvit counterpart in the rename table")
+        mapping.map(timm_key, source)
+    return mapping.finish(timm_shapes), mapping
+
+
+def data_config(src, config):
+    """timm preprocessing (mean, std, interpolation, input size, crop_pct) of the folder's preprocessor_config.json."""
+    path = Path(src) / "preprocessor_config.json"
+    height, width = config.image_size_2d
+    if not path.is_file():
+        return dict(input_size=(config.num_channels, height, width), crop_pct=1.0)
+    cfg = read_json(path)
+    result = dict(input_size=(config.num_channels, height, width), crop_pct=1.0)
+    if cfg.get("image_mean") is not None:
+        result["mean"] = tuple(float(m) for m in cfg["image_mean"])
+    if cfg.get("image_std") is not None:
+        result["std"] = tuple(float(s) for s in cfg["image_std"])
+    if cfg.get("resample") in RESAMPLE_NAMES:
+        result["interpolation"] = RESAMPLE_NAMES[cfg["resample"]]
+    crop, size = cfg.get("crop_size") or {}, cfg.get("size") or {}
+    if cfg.get("do_center_crop") and crop.get("height"):
+        result["input_size"] = (config.num_channels, crop["height"], crop["width"])
+        if cfg.get("crop_pct"):
+            result["crop_pct"] = float(cfg["crop_pct"])
+        elif size.get("shortest_edge"):
+            result["crop_pct"] = crop["height"] / size["shortest_edge"]
+    return result
+
+
+def label_fields(config):
+    """timm's `label_names` for a head with real names (none for headless models or LABEL_i placeholders)."""
+    if not config.num_labels:
+        return {}
+    names = [str(config.id2label[i]) for i in range(config.num_labels)]
+    if names == [f"LABEL_{i}" for i in range(config.num_labels)]:
+        return {}
+    return {"label_names": names}
+
+
+def exported_reference(timm_model, architecture, tolerance):
+    """The exported timm model as the `Reference` hubvit's forward is checked against (features, and logits)."""
+    import timm
+
+    def forward(pixels):
+        features = timm_model.forward_features(pixels)
+        outputs = {"pooler_output": timm_model.forward_head(features, pre_logits=True)}
+        if timm_model.num_classes:
+            outputs["logits"] = timm_model.forward_head(features)
+        return outputs
+
+    return Reference(f"the exported timm {timm.__version__} `{architecture}`", forward, tolerance=tolerance)
+
+
+def card_text(args, architecture, config, lines, notes):
+    """A short timm-style model card: where the weights came from, how to load them, the measured check."""
+    import timm
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from hubvit import __version__
+
+    tags = ["image-classification" if config.num_labels else "image-feature-extraction", "timm", "hubvit"]
+    data = ModelCardData(library_name="timm", tags=tags).to_yaml()
+    (h, w) = config.image_size_2d
+    body = [
+        f"# {Path(args.out).name}",
+        f"Exported from the hubvit folder `{args.src}` with `hubvit export timm {args.src} {args.out}` (hubvit "
+        f"{__version__}, timm {timm.__version__}): timm's `{architecture}` entry point with every structural "
+        "argument in `model_args`.",
+        "## Loading",
+        "```python\nimport timm\n"
+        'model = timm.create_model("local-dir:path/to/this/folder", pretrained=True).eval()\n'
+        '# once uploaded: timm.create_model("hf-hub:OWNER/NAME", pretrained=True)\n```',
+        "## Verification",
+        f"timm and hubvit, same weights, a seeded random float32 batch of 2x{config.num_channels}x{h}x{w}: "
+        + "; ".join(lines)
+        + f". Tolerance {args.tolerance:g} relative to the output scale.",
+    ]
+    if notes:
+        body += ["## Notes", "\n".join(f"- {note}" for note in notes)]
+    return ModelCard(f"---\n{data}\n---\n\n" + "\n\n".join(body) + "\n")
+
+
+def read_hubvit_folder(src):
+    src = Path(src)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
+    raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
+    if raw.get("model_type") != HubViTConfig.model_type:
+        raise ConversionError(
+            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
+        )
+    config = HubViTConfig.from_pretrained(str(src))
+    weights, weights_path = read_folder_weights(src)
+    return config, weights, weights_path
+
+
+def main(args):
+    timm = import_timm()
+    from timm.models import save_for_hf
+
+    config, weights, weights_path = read_hubvit_folder(args.src)
+    problems = export_problems(config)
+    if problems:
+        raise ConversionError(
+            "timm's VisionTransformer cannot express this hubvit model; nothing was written. Offending settings:\n"
+            + "\n".join(f"    {p}" for p in problems)
+        )
+    architecture, model_args = timm_arguments(config)
+    # A bare pretrained_cfg: the entry point's own (tag, license, hub id of its default weights) is not ours.
+    default = timm.models.get_pretrained_cfg(architecture)
+    bare = dict(num_classes=config.num_labels, first_conv=default.first_conv, classifier=default.classifier)
+    timm_model = timm.create_model(architecture, pretrained=False, pretrained_cfg=bare, **model_args).eval()
+    hubvit_weights = {key.removeprefix("hubvit."): value for key, value in weights.items()}
+    timm_shapes = {key: tuple(value.shape) for key, value in timm_model.state_dict().items()}
+    state_dict, mapping = map_to_timm(hubvit_weights, timm_shapes, f"hubvit folder ({weights_path})")
+    timm_model.load_state_dict(state_dict, strict=True)
+
+    notes = export_notes(config)
+    for line in mapping.report() + notes:
+        print(line)
+    exported = exported_reference(timm_model, architecture, args.tolerance)
+    lines = verify(exported, build_model(config, weights)).lines
+    print("verify: " + "; ".join(lines))
+    with staged_folder(args.out, getattr(args, "overwrite", False)) as staging:
+        save_for_hf(
+            timm_model,
+            staging,
+            model_config=label_fields(config),
+            model_args=model_args,
+            safe_serialization=True,
+            data_config=data_config(args.src, config),
+        )
+        card_text(args, architecture, config, lines, notes).save(staging / "README.md")
+    print(f"wrote {args.out} (timm {architecture} with model_args, timm {timm.__version__})")
+    return Path(args.out)
