@@ -223,6 +223,12 @@ class HubViTConfig(PretrainedConfig):
             not isinstance(self.representation_size, int) or self.representation_size <= 0
         ):
             raise ValueError(f"representation_size must be a positive int or None, got {self.representation_size!r}")
+        if self.representation_size is not None and self.distillation_token and self.distillation_head:
+            raise ValueError(
+                f"representation_size={self.representation_size} with DeiT's two heads (distillation_token=True, "
+                "distillation_head=True): no checkpoint family has both; set distillation_head=False or drop "
+                "representation_size"
+            )
         for name in ("layer_norm_eps", "final_layer_norm_eps"):
             value = getattr(self, name)
             if value is None and name == "final_layer_norm_eps":

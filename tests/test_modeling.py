@@ -70,6 +70,7 @@ def test_defaults_are_vit_b16_at_224():
         (dict(hidden_dropout_prob=1.0), ["hidden_dropout_prob", "[0, 1)"]),
         (dict(attention_probs_dropout_prob=-0.1), ["attention_probs_dropout_prob", "-0.1"]),
         (dict(drop_path_rate=1.5), ["drop_path_rate", "1.5"]),
+        (dict(distillation_token=True, representation_size=8), ["representation_size=8", "distillation_head"]),
     ],
 )
 def test_invalid_config_names_the_fields(overrides, names):
