@@ -13,6 +13,7 @@ if not os.path.isdir(os.path.join(__path__[0], "modeling")):
 from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
 from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
+from .cpu import optimize_for_cpu
 
 __version__ = "0.1.0"
 
@@ -20,4 +21,4 @@ AutoConfig.register(HubViTConfig.model_type, HubViTConfig, exist_ok=True)
 AutoModel.register(HubViTConfig, HubViTModel, exist_ok=True)
 AutoModelForImageClassification.register(HubViTConfig, HubViTForImageClassification, exist_ok=True)
 
-__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "__version__"]
+__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "optimize_for_cpu", "__version__"]
