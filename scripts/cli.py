@@ -16,6 +16,7 @@ CONVERTERS = {
 }
 EXPORTERS = {
     "transformers": ("hubvit.conversion.transformers", "a folder transformers' built-in ViT loads"),
+    "onnx": ("hubvit.conversion.export_onnx", "an ONNX graph with dynamic batch, height and width (onnxruntime-verified)"),
 }
 
 
