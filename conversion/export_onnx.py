@@ -187,6 +187,9 @@ def export_main(args):
             entry = graph.metadata_props.add()
             entry.key, entry.value = key, value
         onnx.save(graph, str(staging))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o666 & ~umask)
         staging.replace(out)
     finally:
         staging.unlink(missing_ok=True)
