@@ -60,7 +60,7 @@ class OneDNNLinear(nn.Linear):
             or torch.jit.is_tracing()
         ):
             return F.linear(input, self.weight, self.bias)
-        if torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, self.weight, self.bias)):
             return _OneDNNLinearFunction.apply(input, self.weight, self.bias)
         return onednn_linear(input, self.weight, self.bias)
 
@@ -84,7 +84,8 @@ def optimize_for_cpu(model, skip_unread_tokens=True):
     write exactly what they wrote before. With `skip_unread_tokens` a classifier whose head reads the [CLS] (and
     distillation) token runs its last block for those tokens only, unless hidden states or attentions are asked
     for; a forward hook on the last block or the final norm then sees those tokens alone, so pass False for
-    explainability tools that hook them.
+    explainability tools that hook them. `quantize_dynamic` matches exact types and leaves `OneDNNLinear` alone:
+    quantize the default model instead.
     """
     body = getattr(model, "hubvit", model)
     encoder = getattr(body, "encoder", None)

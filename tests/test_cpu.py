@@ -145,6 +145,17 @@ def test_gradients_equal_the_default():
         assert_close(actual.grad, expected.grad)
 
 
+@needs_onednn
+def test_a_trainable_bias_under_a_frozen_weight_gets_its_gradient():
+    torch.manual_seed(0)
+    layer = OneDNNLinear(8, 4)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(2, 5, 8)
+    layer(x).square().sum().backward()
+    expected = (2 * torch.nn.functional.linear(x, layer.weight, layer.bias)).sum((0, 1))
+    assert_close(layer.bias.grad, expected)
+
+
 def test_other_dtypes_fall_back_to_f_linear():
     default, fast = pair()
     with torch.no_grad():
