@@ -413,7 +413,7 @@ def describe_environment(args):
     else:
         where = f"{platform.processor() or platform.machine()}, torch threads={torch.get_num_threads()}"
     versions = f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}"
-    if "onnx" in args.routes:
+    if "onnx" in args.routes and args.device == "cpu":
         import onnxruntime
 
         versions += f", onnxruntime {onnxruntime.__version__}"
