@@ -1,14 +1,20 @@
-"""Throughput of HubViT against timm's and transformers' ViT with the same architecture, in one process.
+"""Throughput of HubViT's routes against timm's and transformers' ViT with the same architecture, in one process.
 
 Every library builds the same network (widths, depth, heads, LayerNorm eps 1e-6, qkv bias, [CLS] token with a
 position row, no dropout, SDPA attention) and runs on the same weights: HubViT's random weights are copied into the
-other two, and the largest logit difference is printed as proof that the three compute the same function.
+other two, and every route's largest logit difference from HubViT's default is printed as proof that all compute the
+same function. Routes (CPU): each library eager; `hubvit.optimize_for_cpu`; each library under `torch.compile`
+(inductor) and, for inference, `torch.compile` with inductor `freezing`; the ONNX exports of hubvit (`hubvit export
+onnx`'s dynamic graph) and timm (static) in onnxruntime.
 
-Timing is interleaved: after a warm-up, each round times every library once (in a rotating order). Throughput is
-the median over rounds; a ratio is the median over rounds of that round's ratio, so a shared, noisy machine that
-slows one round slows every library in it alike.
+Timing is interleaved: after a warm-up, each round times every route once (in a rotating order). Throughput is the
+median over rounds; a ratio is the median over rounds of that round's ratio, so a shared, noisy machine that slows
+one round slows every route in it alike. For ViT-B/16 inference the script also measures this CPU's float32 GEMM
+peak on the encoder's shapes (the faster of MKL and oneDNN per shape) and prints the fraction hubvit reaches.
 
     python benchmarks/benchmark.py                      # CPU: ViT-S/16, ViT-B/16 inference, ViT-Ti/16 training
+    python benchmarks/benchmark.py --threads 1 --clock cpu   # the work done by one thread, robust to a loaded machine
+    python benchmarks/benchmark.py --quick              # a 2-layer model, every route, one round (a smoke test)
     python benchmarks/benchmark.py --device cuda        # bf16 autocast, batch 256, with MFU
 """
 
@@ -25,11 +31,16 @@ ARCHITECTURES = {
     "ti16": dict(name="ViT-Ti/16", hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
     "s16": dict(name="ViT-S/16", hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
     "b16": dict(name="ViT-B/16", hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "tiny": dict(
+        name="ViT-2L/8 (tiny)", hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        image_size=32, patch_size=8,
+    ),
 }
 IMAGE_SIZE, PATCH_SIZE, NUM_CLASSES = 224, 16, 1000
 LIBRARIES = ("hubvit", "timm", "transformers")
 CPU_CASES = ("s16-infer", "b16-infer", "ti16-train")
 CUDA_CASES = ("s16-infer", "b16-infer", "b16-train")
+QUICK_CASES = ("tiny-infer", "tiny-train")
 
 # Dense (not sparse) bf16 tensor-core peak in TFLOP/s from the vendor's data sheets, matched as a substring of
 # torch.cuda.get_device_name(); first match wins, so longer names come first. Anything else: --peak-tflops.
@@ -48,12 +59,13 @@ PEAK_BF16_TFLOPS = (
 )
 
 
-def forward_flops(arch, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, num_classes=NUM_CLASSES):
+def forward_flops(arch, num_classes=NUM_CLASSES):
     """Multiply-adds x 2 of one image's forward pass: patch embedding, qkv/proj/MLP matmuls, QK^T and AV, head.
 
     ViT-B/16 at 224 gives 35.1 GFLOP (the usual 35.2 figure rounds the same count).
     """
     d, m, depth = arch["hidden_size"], arch["intermediate_size"], arch["num_hidden_layers"]
+    image_size, patch_size = arch.get("image_size", IMAGE_SIZE), arch.get("patch_size", PATCH_SIZE)
     patches = (image_size // patch_size) ** 2
     tokens = patches + 1
     block = tokens * (4 * d * d + 2 * d * m) + 2 * tokens * tokens * d
@@ -63,8 +75,8 @@ def forward_flops(arch, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, num_classe
 def config_fields(arch):
     """The fields HubViTConfig and transformers' ViTConfig share, for `arch` with the benchmark's head."""
     return dict(
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
+        image_size=arch.get("image_size", IMAGE_SIZE),
+        patch_size=arch.get("patch_size", PATCH_SIZE),
         hidden_size=arch["hidden_size"],
         num_hidden_layers=arch["num_hidden_layers"],
         num_attention_heads=arch["num_attention_heads"],
@@ -95,8 +107,8 @@ def build_timm(arch):
     from timm.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(
-        img_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
+        img_size=arch.get("image_size", IMAGE_SIZE),
+        patch_size=arch.get("patch_size", PATCH_SIZE),
         embed_dim=arch["hidden_size"],
         depth=arch["num_hidden_layers"],
         num_heads=arch["num_attention_heads"],
@@ -182,7 +194,7 @@ def build_models(arch, libraries):
 
 
 def attention_backends(models):
-    """What each model will call for attention, read from the models themselves."""
+    """What each eager model will call for attention, read from the models themselves."""
     backends = {}
     for name, model in models.items():
         if name == "timm":
@@ -196,10 +208,48 @@ def logits_of(library, model, images):
     return model(images) if library == "timm" else model(pixel_values=images).logits
 
 
-class Case:
-    """One benchmark case: a callable per library that runs `iterations` steps on a fixed batch."""
+ROUTE_KINDS = ("eager", "cpu", "compile", "freezing", "onnx")
 
-    def __init__(self, key, args):
+
+class Route:
+    """One way to run one library's model: `logits(images)` in eval mode, and the module that a step trains."""
+
+    def __init__(self, library, kind, module=None, session=None):
+        self.library, self.kind, self.module, self.session = library, kind, module, session
+        suffix = {"eager": "", "cpu": " + optimize_for_cpu", "compile": " compile", "freezing": " compile+freezing",
+                  "onnx": " onnxruntime"}[kind]
+        self.name = library + suffix
+
+    def logits(self, images):
+        if self.session is not None:
+            (output,) = self.session.run(None, {self.session.get_inputs()[0].name: images.numpy()})
+            return torch.from_numpy(output)
+        return logits_of(self.library, self.module, images)
+
+
+def onnx_session(library, model, images, folder, threads):
+    """The model exported to ONNX (hubvit: the dynamic graph `hubvit export onnx` writes; timm: a static one)."""
+    import onnxruntime
+
+    path = folder / f"{library}.onnx"
+    with torch.no_grad():
+        if library == "hubvit":
+            from hubvit.conversion.export_onnx import export_graph
+
+            export_graph(model, path)
+        else:
+            torch.onnx.export(model, (images,), dynamo=True, input_names=["pixel_values"], verbose=False).save(str(path))
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class Case:
+    """One benchmark case: every route of every library on one fixed batch and the same weights."""
+
+    def __init__(self, key, args, folder):
+        import copy
+
         arch_key, mode = key.split("-")
         self.arch = ARCHITECTURES[arch_key]
         self.mode = mode
@@ -208,46 +258,66 @@ class Case:
         self.autocast = args.device == "cuda" and args.dtype == "bfloat16"
         self.dtype = torch.float32 if self.autocast else getattr(torch, args.dtype)
         self.batch_size = args.batch_size or (256 if args.device == "cuda" else (8 if mode == "infer" else 16))
-        self.models = {
+        models = {
             name: model.to(self.device, self.dtype) for name, model in build_models(self.arch, args.libraries).items()
         }
-        generator = torch.Generator().manual_seed(1)
-        self.images = torch.randn(self.batch_size, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator)
-        self.images = self.images.to(self.device, self.dtype)
-        self.labels = torch.randint(0, NUM_CLASSES, (self.batch_size,), generator=generator).to(self.device)
-        self.optimizers = {}
-        for name, model in self.models.items():
+        for model in models.values():
             model.train(mode == "train")
-            if mode == "train":
-                self.optimizers[name] = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        self.backends = attention_backends(models)
+        size = self.arch.get("image_size", IMAGE_SIZE)
+        generator = torch.Generator().manual_seed(1)
+        self.images = torch.randn(self.batch_size, 3, size, size, generator=generator).to(self.device, self.dtype)
+        self.labels = torch.randint(0, NUM_CLASSES, (self.batch_size,), generator=generator).to(self.device)
+        cpu_float32 = args.device == "cpu" and self.dtype == torch.float32
+        self.routes = []
+        for kind in args.routes:
+            for library, model in models.items():
+                if kind == "eager":
+                    self.routes.append(Route(library, kind, model))
+                elif kind == "cpu" and library == "hubvit" and cpu_float32:
+                    from hubvit import optimize_for_cpu
+
+                    self.routes.append(Route(library, kind, optimize_for_cpu(copy.deepcopy(model))))
+                elif kind == "compile" or (kind == "freezing" and mode == "infer" and args.device == "cpu"):
+                    options = {"freezing": True} if kind == "freezing" else None
+                    self.routes.append(Route(library, kind, torch.compile(copy.deepcopy(model), options=options)))
+                elif kind == "onnx" and library in ("hubvit", "timm") and mode == "infer" and cpu_float32:
+                    session = onnx_session(library, model.eval(), self.images, folder, args.threads)
+                    self.routes.append(Route(library, kind, session=session))
+        self.optimizers = {}
+        if mode == "train":
+            for route in self.routes:
+                self.optimizers[route.name] = torch.optim.AdamW(route.module.parameters(), lr=1e-5)
+
+    def autocast_context(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast)
 
     def parity(self):
-        """Largest |logits - hubvit logits| per library, in eval mode on this batch."""
-        with torch.inference_mode(), self.autocast_context():
-            outputs = {}
-            for name, model in self.models.items():
-                was_training = model.training
-                model.eval()
-                outputs[name] = logits_of(name, model, self.images).float()
-                model.train(was_training)
+        """Largest |logits - hubvit default logits| per route, in eval mode on this batch."""
+        outputs = {}
+        with torch.inference_mode(self.mode == "infer"), torch.no_grad(), self.autocast_context():
+            for route in self.routes:
+                module = route.module
+                was_training = module is not None and module.training
+                if module is not None:
+                    module.eval()
+                outputs[route.name] = route.logits(self.images).float()
+                if module is not None:
+                    module.train(was_training)
         reference = outputs.get("hubvit")
         if reference is None:
             return {}
         return {name: (out - reference).abs().max().item() for name, out in outputs.items() if name != "hubvit"}
 
-    def autocast_context(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast)
-
-    def step(self, name):
-        model = self.models[name]
+    def step(self, route):
         if self.mode == "infer":
             with torch.inference_mode(), self.autocast_context():
-                logits_of(name, model, self.images)
+                route.logits(self.images)
             return
-        optimizer = self.optimizers[name]
+        optimizer = self.optimizers[route.name]
         optimizer.zero_grad(set_to_none=True)
         with self.autocast_context():
-            loss = F.cross_entropy(logits_of(name, model, self.images).float(), self.labels)
+            loss = F.cross_entropy(route.logits(self.images).float(), self.labels)
         loss.backward()
         optimizer.step()
 
@@ -255,11 +325,11 @@ class Case:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def time(self, name, iterations, clock=time.perf_counter):
+    def time(self, route, iterations, clock=time.perf_counter):
         self.synchronize()
         start = clock()
         for _ in range(iterations):
-            self.step(name)
+            self.step(route)
         self.synchronize()
         return clock() - start
 
@@ -268,29 +338,58 @@ class Case:
 
 
 def run_case(case, args):
+    """Per-route throughput (images/s) of every round, interleaved in a rotating order."""
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    names = list(case.models)
-    for name in names:
+    routes = case.routes
+    for route in routes:
         for _ in range(args.warmup):
-            case.step(name)
+            case.step(route)
     iterations = args.iterations
     if iterations is None:
-        slowest = max(case.time(name, 1, clock) for name in names)
+        slowest = max(case.time(route, 1, clock) for route in routes)
         iterations = max(1, round(args.seconds / slowest))
-    throughput = {name: [] for name in names}
+    throughput = {route.name: [] for route in routes}
     for round_index in range(args.rounds):
-        order = names[round_index % len(names) :] + names[: round_index % len(names)]
-        for name in order:
-            elapsed = case.time(name, iterations, clock)
-            throughput[name].append(case.batch_size * iterations / elapsed)
-    medians = {name: statistics.median(values) for name, values in throughput.items()}
-    ratios = {}
-    if "hubvit" in throughput:
-        for name in names:
-            if name != "hubvit":
-                paired = [mine / theirs for mine, theirs in zip(throughput["hubvit"], throughput[name])]
-                ratios[name] = statistics.median(paired)
-    return medians, ratios, iterations
+        shift = round_index % len(routes)
+        for route in routes[shift:] + routes[:shift]:
+            elapsed = case.time(route, iterations, clock)
+            throughput[route.name].append(case.batch_size * iterations / elapsed)
+    return throughput, iterations
+
+
+def paired_ratio(mine, theirs):
+    return statistics.median(a / b for a, b in zip(mine, theirs))
+
+
+def best_per_round(throughput, names):
+    return [max(values) for values in zip(*(throughput[name] for name in names))]
+
+
+def gemm_peak(arch, batch_size, threads, clock, repeats=5):
+    """This CPU's float32 GEMM peak on the encoder's products (tokens x in -> out), in GFLOP/s: per shape the faster
+    of MKL (`F.linear`) and oneDNN (`mkldnn._linear_pointwise`), best of `repeats`; returns (peak, per-backend best)."""
+    d, m = arch["hidden_size"], arch["intermediate_size"]
+    size, patch = arch.get("image_size", IMAGE_SIZE), arch.get("patch_size", PATCH_SIZE)
+    tokens = batch_size * ((size // patch) ** 2 + 1)
+    backends = {"MKL": lambda x, w, b: F.linear(x, w, b)}
+    if torch.backends.mkldnn.is_available():
+        backends["oneDNN"] = lambda x, w, b: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    best = {name: 0.0 for name in backends}
+    generator = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for fan_in, fan_out in ((d, 3 * d), (d, d), (d, m), (m, d)):
+            x = torch.randn(tokens, fan_in, generator=generator)
+            w, b = torch.randn(fan_out, fan_in, generator=generator) * 0.02, torch.zeros(fan_out)
+            iterations = max(1, round(2e10 / (2 * tokens * fan_in * fan_out) / threads))
+            for name, multiply in backends.items():
+                multiply(x, w, b)
+                for _ in range(repeats):
+                    start = clock()
+                    for _ in range(iterations):
+                        multiply(x, w, b)
+                    rate = 2 * tokens * fan_in * fan_out * iterations / (clock() - start) / 1e9
+                    best[name] = max(best[name], rate)
+    return max(best.values()), best
 
 
 def peak_tflops(args):
@@ -313,10 +412,59 @@ def describe_environment(args):
         where = torch.cuda.get_device_name()
     else:
         where = f"{platform.processor() or platform.machine()}, torch threads={torch.get_num_threads()}"
-    return (
-        f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}; "
-        f"device {args.device} ({where}); dtype {'bf16 autocast' if args.device == 'cuda' and args.dtype == 'bfloat16' else args.dtype}"
-    )
+    versions = f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}"
+    if "onnx" in args.routes and args.device == "cpu":
+        import onnxruntime
+
+        versions += f", onnxruntime {onnxruntime.__version__}"
+    dtype = "bf16 autocast" if args.device == "cuda" and args.dtype == "bfloat16" else args.dtype
+    return f"{versions}; device {args.device} ({where}); dtype {dtype}; {args.clock} clock"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def report_case(case, throughput, differences, args, peak):
+    """The case's per-route table and its summary row (ratios vs timm eager and the best peer route)."""
+    medians = {name: statistics.median(values) for name, values in throughput.items()}
+    baseline = throughput.get("timm")
+    rows = []
+    for route in case.routes:
+        values = throughput[route.name]
+        achieved = medians[route.name] * case.flops_per_image() / 1e9
+        rows.append([
+            route.name,
+            f"{medians[route.name]:.1f}",
+            f"{paired_ratio(values, baseline):.2f}x" if baseline else "n/a",
+            f"{achieved:.0f}",
+            f"{differences[route.name]:.1e}" if route.name in differences else "(reference)",
+        ])
+    print(table(["route", "img/s", "vs timm eager", "GFLOP/s", "max abs dlogits vs hubvit"], rows))
+    ours = [route.name for route in case.routes if route.library == "hubvit"]
+    peers = [route.name for route in case.routes if route.library != "hubvit"]
+    summary = [case.title, str(case.batch_size)]
+    if "hubvit" in throughput and baseline:
+        summary.append(f"{paired_ratio(throughput['hubvit'], baseline):.2f}x")
+        if "transformers" in throughput:
+            summary.append(f"{paired_ratio(throughput['hubvit'], throughput['transformers']):.2f}x")
+        else:
+            summary.append("n/a")
+        best_ours = max(ours, key=medians.get)
+        best_peer = max(peers, key=medians.get)
+        summary.append(f"{paired_ratio(best_per_round(throughput, ours), baseline):.2f}x ({best_ours})")
+        summary.append(
+            f"{paired_ratio(best_per_round(throughput, ours), best_per_round(throughput, peers)):.2f}x "
+            f"(vs {best_peer})"
+        )
+        if peak:
+            for name in ("hubvit", best_ours):
+                achieved = medians[name] * case.flops_per_image() / 1e9
+                summary.append(f"{100 * achieved / peak:.0f}%")
+        else:
+            summary += ["", ""]
+    return summary
 
 
 def main(argv=None):
@@ -340,7 +488,14 @@ def main(argv=None):
         f"(CPU default {','.join(CPU_CASES)}; CUDA default {','.join(CUDA_CASES)})",
     )
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument(
+        "--routes",
+        default=",".join(ROUTE_KINDS),
+        help="comma-separated: eager, cpu (hubvit.optimize_for_cpu), compile, freezing (compile with inductor "
+        "freezing, CPU inference), onnx (onnxruntime, CPU inference; hubvit and timm)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a 2-layer model at 32 px, batch 2, 2 rounds of 1 step")
+    parser.add_argument("--threads", type=int, default=2, help="torch (and onnxruntime) CPU threads")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -351,6 +506,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.libraries = [name.strip() for name in args.libraries.split(",") if name.strip()]
+    args.routes = [name.strip() for name in args.routes.split(",") if name.strip()]
+    if args.quick:
+        args.models = args.models or ",".join(QUICK_CASES)
+        args.batch_size, args.rounds, args.warmup, args.iterations = args.batch_size or 2, 2, 1, args.iterations or 1
     cases = args.models.split(",") if args.models else (CUDA_CASES if args.device == "cuda" else CPU_CASES)
     for key in cases:
         arch, _, mode = key.partition("-")
@@ -359,45 +518,48 @@ def main(argv=None):
     for name in args.libraries:
         if name not in LIBRARIES:
             parser.error(f"--libraries: unknown library {name!r}; expected some of {list(LIBRARIES)}")
+    for name in args.routes:
+        if name not in ROUTE_KINDS:
+            parser.error(f"--routes: unknown route {name!r}; expected some of {list(ROUTE_KINDS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
+    import tempfile
+    from pathlib import Path
+
     print(describe_environment(args))
-    peak = peak_tflops(args)
-    header = ["case", "batch"] + [f"{name} img/s" for name in args.libraries]
-    header += [f"hubvit/{name}" for name in args.libraries if name != "hubvit"]
-    if peak:
-        header += ["hubvit TFLOP/s", "hubvit MFU"]
-    rows = []
-    for key in cases:
-        case = Case(key, args)
-        differences = case.parity()
-        throughput, ratios, iterations = run_case(case, args)
-        row = [case.title, str(case.batch_size)] + [f"{throughput[name]:.1f}" for name in args.libraries]
-        if "hubvit" in throughput:
-            row += [f"{ratios[name]:.2f}x" for name in args.libraries if name != "hubvit"]
+    accelerator_peak = peak_tflops(args)
+    summaries = []
+    with tempfile.TemporaryDirectory() as folder:
+        for key in cases:
+            case = Case(key, args, Path(folder))
+            differences = case.parity()
+            throughput, iterations = run_case(case, args)
+            peak = None
+            if args.device == "cpu" and case.mode == "infer":
+                clock = time.process_time if args.clock == "cpu" else time.perf_counter
+                peak, per_backend = gemm_peak(case.arch, case.batch_size, args.threads, clock)
+                detail = ", ".join(f"{name} {rate:.0f}" for name, rate in per_backend.items())
+            elif accelerator_peak:
+                peak, detail = accelerator_peak * 1e3, "bf16 dense, data sheet"
+            backends = ", ".join(f"{name} {value}" for name, value in case.backends.items())
+            print(f"\n{case.title}, batch {case.batch_size}: {args.rounds} rounds x {iterations} steps; attention: {backends}")
             if peak:
-                achieved = throughput["hubvit"] * case.flops_per_image() / 1e12
-                row += [f"{achieved:.1f}", f"{100 * achieved / peak:.1f}%"]
-        rows.append(row)
-        parity = ", ".join(f"{name} {value:.1e}" for name, value in differences.items())
-        backends = ", ".join(f"{name} {value}" for name, value in attention_backends(case.models).items())
-        print(
-            f"{case.title}: {args.rounds} rounds x {iterations} steps ({args.clock} clock); "
-            f"max |logits - hubvit|: {parity or 'n/a'}; attention: {backends}"
-        )
-        del case
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+                print(f"GEMM peak on the encoder's shapes: {peak:.0f} GFLOP/s ({detail})")
+            summaries.append(report_case(case, throughput, differences, args, peak))
+            del case
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
     print()
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join(" --- " for _ in header) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    if peak:
-        print(f"\nMFU against {peak:.0f} TFLOP/s bf16 dense; ViT-B/16 forward = {forward_flops(ARCHITECTURES['b16']) / 1e9:.1f} GFLOP per image, training step = 3x forward.")
+    header = ["case", "batch", "hubvit / timm eager", "hubvit / transformers eager", "best hubvit / timm eager",
+              "best hubvit / best peer", "hubvit % of GEMM peak", "best hubvit % of GEMM peak"]
+    print(table(header, summaries))
+    print(
+        f"\nViT-B/16 forward = {forward_flops(ARCHITECTURES['b16']) / 1e9:.1f} GFLOP per image, training step = 3x "
+        "forward. GEMM peak: CPU measured above (inference cases); CUDA: bf16 dense from the data sheet (MFU)."
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Where HubViT's CPU lead comes from: its projections (HubViTLinear, oneDNN) against nn.Linear (BLAS sgemm).
+"""Where `hubvit.optimize_for_cpu` gets its speed: `OneDNNLinear` (oneDNN) against `nn.Linear` (BLAS sgemm, MKL).
 
-Times the four projections of a ViT-S/16 and a ViT-Ti/16 encoder block (qkv, attention output, MLP in and out) at
-the benchmark's token counts, forward under inference mode and forward + backward, on the same weights and inputs.
-Interleaved rounds, median; prints GFLOP/s of each and their ratio.
+Times the four projections of a ViT-S/16, ViT-B/16 and ViT-Ti/16 encoder block (qkv, attention output, MLP in and
+out) at the benchmark's token counts, forward under inference mode and forward + backward, on the same weights and
+inputs. Interleaved rounds, median; prints GFLOP/s of each and their ratio.
 
-    python benchmarks/projections.py
+    python benchmarks/projections.py --threads 1 --clock cpu
 """
 
 import argparse
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hubvit.modeling.modeling_hubvit import HubViTLinear
+from hubvit.cpu import OneDNNLinear
 
 TOKENS = 197
 SHAPES = (  # (name, batch, in_features, out_features)
@@ -22,6 +22,10 @@ SHAPES = (  # (name, batch, in_features, out_features)
     ("S/16 proj", 8, 384, 384),
     ("S/16 fc1", 8, 384, 1536),
     ("S/16 fc2", 8, 1536, 384),
+    ("B/16 qkv", 8, 768, 2304),
+    ("B/16 proj", 8, 768, 768),
+    ("B/16 fc1", 8, 768, 3072),
+    ("B/16 fc2", 8, 3072, 768),
     ("Ti/16 qkv", 16, 192, 576),
     ("Ti/16 proj", 16, 192, 192),
     ("Ti/16 fc1", 16, 192, 768),
@@ -29,11 +33,11 @@ SHAPES = (  # (name, batch, in_features, out_features)
 )
 
 
-def seconds(step, iterations):
-    start = time.perf_counter()
+def seconds(step, iterations, clock):
+    start = clock()
     for _ in range(iterations):
         step()
-    return (time.perf_counter() - start) / iterations
+    return (clock() - start) / iterations
 
 
 def main(argv=None):
@@ -41,14 +45,16 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time or this process's CPU time")
     args = parser.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32")
-    print("| projection | tokens | mode | nn.Linear GFLOP/s | HubViTLinear GFLOP/s | ratio |")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, {args.clock} clock")
+    print("| projection | tokens | mode | nn.Linear GFLOP/s | OneDNNLinear GFLOP/s | ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, batch, fan_in, fan_out in SHAPES:
-        layer = HubViTLinear(fan_in, fan_out)
+        layer = OneDNNLinear(fan_in, fan_out)
         x = torch.randn(batch, TOKENS, fan_in, requires_grad=True)
         grad = torch.randn(batch, TOKENS, fan_out)
         flops = 2 * batch * TOKENS * fan_in * fan_out
@@ -74,7 +80,7 @@ def main(argv=None):
             times = {key: [] for key in steps}
             for _ in range(args.rounds):
                 for key, step in steps.items():
-                    times[key].append(seconds(step, args.iterations))
+                    times[key].append(seconds(step, args.iterations, clock))
             ratio = statistics.median(a / b for a, b in zip(times["linear"], times["hubvit"]))
             rate = {key: work / statistics.median(values) / 1e9 for key, values in times.items()}
             print(

@@ -59,16 +59,19 @@ def expected_shapes(config: HubViTConfig):
     return {key.removeprefix("hubvit."): tuple(value.shape) for key, value in model.state_dict().items()}
 
 
-def check_output_path(out_dir, src=None):
+def check_output_path(out_dir, src=None, is_file=False):
     """Refuse an OUT whose replacement would delete something else: the current folder or one above it, the root,
-    SRC itself or a folder holding SRC, a link or a file. Called before anything is read."""
+    SRC itself or a folder holding SRC, a link, or a file where a folder is written (a folder where a file is, with
+    `is_file`). Called before anything is read."""
     text = str(out_dir)
     if not text.strip():
         raise ConversionError(f"OUT is {text!r}: give the folder to write (an unset shell variable?)")
     out = Path(out_dir)
     if out.is_symlink():
         raise ConversionError(f"OUT {out} is a symbolic link; give the real folder, hubvit does not replace links")
-    if out.exists() and not out.is_dir():
+    if is_file and out.is_dir():
+        raise ConversionError(f"OUT {out} is a folder; give the path of the file to write")
+    if not is_file and out.exists() and not out.is_dir():
         raise ConversionError(f"OUT {out} exists and is a file, not a folder")
     resolved = out.resolve()
     if resolved == Path(resolved.anchor):

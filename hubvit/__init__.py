@@ -8,6 +8,7 @@ hubvit folders without `trust_remote_code`. Its subpackages are the repository's
 from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
 from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
+from .cpu import optimize_for_cpu
 
 __version__ = "0.1.0"
 
@@ -15,4 +16,4 @@ AutoConfig.register(HubViTConfig.model_type, HubViTConfig, exist_ok=True)
 AutoModel.register(HubViTConfig, HubViTModel, exist_ok=True)
 AutoModelForImageClassification.register(HubViTConfig, HubViTForImageClassification, exist_ok=True)
 
-__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "__version__"]
+__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "optimize_for_cpu", "__version__"]

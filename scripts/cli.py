@@ -22,6 +22,7 @@ CONVERTERS = {
 EXPORTERS = {
     "transformers": ("hubvit.conversion.export_transformers", "a folder transformers' built-in ViT loads"),
     "timm": ("hubvit.conversion.export_timm", "a timm Hub-layout folder timm.create_model loads"),
+    "onnx": ("hubvit.conversion.export_onnx", "an ONNX graph with dynamic batch, height and width (onnxruntime-verified)"),
 }
 
 
@@ -72,7 +73,7 @@ def main(argv=None):
 
     try:
         if getattr(args, "out", None) is not None:
-            check_output_path(args.out, getattr(args, "src", None))
+            check_output_path(args.out, getattr(args, "src", None), is_file=getattr(args, "out_is_file", False))
         folder = args.run(args)
         if getattr(args, "push_to_hub", None) and folder is not None:
             hub.push_folder(folder, args.push_to_hub)

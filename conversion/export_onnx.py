@@ -1,0 +1,204 @@
+"""`hubvit export onnx SRC OUT.onnx`: one ONNX graph for every batch size, height and width.
+
+The graph comes from `torch.onnx.export(..., dynamo=True)` (torch.export underneath) with the batch and the patch
+grid as symbolic dimensions, so the position table is resized inside the graph exactly as the PyTorch model resizes
+it. Before anything is written the graph runs in onnxruntime next to PyTorch at the export size and two others (one
+larger, one non-square); the figures are printed and stored beside the graph as OUT.verification.json. The image
+processor's settings (mean, std, size, resample, rescaling) and the label names travel in the ONNX metadata_props,
+so a runtime without transformers can preprocess and label.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..modeling import HubViTConfig
+from .common import ConversionError, positive_tolerance
+
+TOLERANCE = 1e-4
+OPSET = 18
+
+
+def add_arguments(parser):
+    parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
+    parser.add_argument("out", metavar="OUT", help="the .onnx file to write (OUT.verification.json is written beside)")
+    parser.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset ({OPSET})")
+    parser.add_argument(
+        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        help="max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)",
+    )
+    parser.set_defaults(out_is_file=True)
+
+
+class Outputs(torch.nn.Module):
+    """The model as a function of `pixel_values` alone, returning plain tensors: logits, or the body's outputs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.names = ["logits"] if hasattr(model, "classifier") else ["last_hidden_state"]
+        if not hasattr(model, "classifier") and model.config.pooling != "none":
+            self.names.append("pooler_output")
+
+    def forward(self, pixel_values):
+        outputs = self.model(pixel_values=pixel_values)
+        return tuple(outputs[name] for name in self.names)
+
+
+def load(src):
+    """The hubvit model in SRC (classifier, or body when it has no labels) and its image processor settings."""
+    from transformers import AutoImageProcessor
+
+    from ..modeling import HubViTForImageClassification, HubViTModel
+
+    src = Path(src)
+    path = src / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{src}: no config.json; expected a hubvit folder")
+    raw = json.loads(path.read_text())
+    if raw.get("model_type") != HubViTConfig.model_type:
+        raise ConversionError(
+            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
+        )
+    config = HubViTConfig.from_pretrained(str(src))
+    headless = not config.num_labels or raw.get("architectures") == [HubViTModel.__name__]
+    cls = HubViTModel if headless else HubViTForImageClassification
+    model = cls.from_pretrained(str(src), attn_implementation="sdpa").eval()
+    processor = None
+    if (src / "preprocessor_config.json").is_file():
+        processor = AutoImageProcessor.from_pretrained(str(src)).to_dict()
+    return model, processor
+
+
+def check_sizes(config):
+    """(height, width) of the export and of the two check sizes: larger by two patches, and non-square."""
+    (height, width), (ph, pw) = config.image_size_2d, config.patch_size_2d
+    return [(height, width), (height + 2 * ph, width + 2 * pw), (max(ph, height - ph), width + 2 * pw)]
+
+
+def metadata(model, processor):
+    config = model.config
+    props = {
+        "model_type": config.model_type,
+        "input": "pixel_values: float32 (batch, channels, height, width), height and width multiples of patch_size",
+        "outputs": ",".join(Outputs(model).names),
+        "image_size": json.dumps(list(config.image_size_2d)),
+        "patch_size": json.dumps(list(config.patch_size_2d)),
+        "num_channels": str(config.num_channels),
+    }
+    if processor is not None:
+        props["preprocessor_config"] = json.dumps(processor, sort_keys=True, default=str)
+        for key in ("image_mean", "image_std", "size", "resample", "do_resize", "do_rescale", "rescale_factor",
+                    "do_normalize"):
+            if key in processor:
+                props[key] = json.dumps(processor[key], default=str)
+    if "logits" in props["outputs"]:
+        props["id2label"] = json.dumps({str(k): v for k, v in config.id2label.items()})
+    return props
+
+
+def export_graph(model, path, opset=OPSET):
+    """Write `model` (a hubvit model in eval mode) as ONNX with dynamic batch, height and width."""
+    config = model.config
+    (height, width), (ph, pw) = config.image_size_2d, config.patch_size_2d
+    wrapper = Outputs(model).eval()
+    example = torch.randn(2, config.num_channels, height, width, generator=torch.Generator().manual_seed(0))
+    rows, columns = torch.export.Dim("grid_height", min=1), torch.export.Dim("grid_width", min=1)
+    dynamic = {"pixel_values": {0: torch.export.Dim("batch", min=1), 2: ph * rows, 3: pw * columns}}
+    with torch.no_grad():
+        program = torch.onnx.export(
+            wrapper,
+            (example,),
+            dynamo=True,
+            dynamic_shapes=dynamic,
+            input_names=["pixel_values"],
+            output_names=wrapper.names,
+            opset_version=opset,
+            verbose=False,
+        )
+    program.save(str(path))
+    return wrapper.names
+
+
+def verify(model, path, names):
+    """max |onnxruntime - PyTorch| / max |PyTorch| per output at the export size and the two check sizes."""
+    import numpy as np
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    generator = torch.Generator().manual_seed(1)
+    rows = []
+    for batch, (height, width) in zip((2, 1, 3), check_sizes(model.config)):
+        pixels = torch.randn(batch, model.config.num_channels, height, width, generator=generator)
+        with torch.no_grad():
+            expected = Outputs(model)(pixels)
+        actual = session.run(names, {"pixel_values": pixels.numpy()})
+        for name, ours, theirs in zip(names, actual, expected):
+            theirs = theirs.numpy()
+            if ours.shape != theirs.shape:
+                raise ConversionError(f"onnxruntime gave {name} of shape {ours.shape} at {height}x{width}, PyTorch {theirs.shape}")
+            scale = float(np.abs(theirs).max())
+            rows.append(
+                dict(output=name, batch=batch, height=height, width=width,
+                     max_abs_difference=float(np.abs(ours - theirs).max()), max_abs_output=scale)
+            )
+    return rows
+
+
+def main(args):
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ModuleNotFoundError as error:
+        raise ConversionError(f"ONNX export needs {error.name}: pip install 'hubvit[onnx]'") from None
+    out = Path(args.out)
+    if out.suffix != ".onnx":
+        raise ValueError(f"OUT={str(out)!r} should end in .onnx")
+    report = out.with_suffix(".verification.json")
+    if out.exists() and not getattr(args, "overwrite", False):
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    model, processor = load(args.src)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    os.close(handle)
+    staging = Path(staging)
+    try:
+        names = export_graph(model, staging, args.opset)
+        rows = verify(model, staging, names)
+        for row in rows:
+            relative = row["max_abs_difference"] / max(row["max_abs_output"], 1e-12)
+            print(
+                f"verify {row['output']} batch {row['batch']} at {row['height']}x{row['width']}: "
+                f"max |onnxruntime - torch| = {row['max_abs_difference']:.2e} (max |{row['output']}| = "
+                f"{row['max_abs_output']:.3g}, relative {relative:.1e})"
+            )
+        worst = max(rows, key=lambda r: r["max_abs_difference"] / max(r["max_abs_output"], 1e-12))
+        if worst["max_abs_difference"] > args.tolerance * worst["max_abs_output"]:
+            raise ConversionError(
+                f"onnxruntime does not reproduce PyTorch at {worst['height']}x{worst['width']}: max |Δ{worst['output']}| "
+                f"{worst['max_abs_difference']:.3g} > {args.tolerance:g} x {worst['max_abs_output']:.3g}; nothing was written"
+            )
+        import onnx
+
+        graph = onnx.load(str(staging))
+        for key, value in metadata(model, processor).items():
+            entry = graph.metadata_props.add()
+            entry.key, entry.value = key, value
+        onnx.save(graph, str(staging))
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o666 & ~umask)
+        staging.replace(out)
+    finally:
+        staging.unlink(missing_ok=True)
+    summary = dict(
+        source=str(args.src), onnx=out.name, opset=args.opset, tolerance=args.tolerance,
+        torch=torch.__version__, onnxruntime=__import__("onnxruntime").__version__, checks=rows,
+    )
+    report.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out} and {report.name}")
+    return None
