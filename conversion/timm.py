@@ -17,7 +17,8 @@ from torch import nn
 from ..modeling import HubViTConfig
 from .card import CITATIONS, CardInfo
 from .common import ConversionError, StrictMapping, listing, read_weights
-from .folder import build_model, expected_shapes, make_image_processor, write_folder
+from .folder import build_model, expected_shapes, write_folder
+from .preprocessing import describe as describe_processor, from_timm
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOLERANCE = 1e-5
@@ -365,16 +366,11 @@ def refuse(architecture, problems, weights):
     return ConversionError(f"timm {architecture} uses settings hubvit cannot express; nothing was written.{listed}")
 
 
-def describe(args, name, model_args, config, crop_pct, size, label_source, verify_lines):
+def describe(args, name, model_args, config, crop_pct, processor_note, label_source, verify_lines):
     """(provenance, command, verification) texts for the model card."""
     import timm
 
-    crop = (
-        f" timm evaluates it with crop_pct={crop_pct} (resize to {round(size[0] / crop_pct)} px, centre crop "
-        f"{size[0]}); the image processor here resizes the whole image to {size[0]}x{size[1]}."
-        if crop_pct and crop_pct != 1.0
-        else ""
-    )
+    crop = f" timm evaluates it with crop_pct={crop_pct}; {processor_note}." if crop_pct and crop_pct != 1.0 else ""
     provenance = (
         f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
         f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`.{crop} Labels: {label_source}."
@@ -420,8 +416,10 @@ def main(args):
     print(f"labels: {label_source}")
 
     mean, std, resample, size, crop_pct, license, tag = preprocessing(hub_config, meta_model, config)
-    image_processor = make_image_processor(config, mean, std, resample)
-    image_processor.size = {"height": size[0], "width": size[1]}
+    # the source's own eval transform (crop_pct, interpolation): hubvit.conversion.preprocessing
+    source_cfg = {**(meta_model.pretrained_cfg or {}), **((hub_config or {}).get("pretrained_cfg") or {})}
+    image_processor, processor_note = from_timm(source_cfg, size)
+    processor_note = processor_note or f"the image processor does the same: {describe_processor(image_processor)[:-1]}"
     name = f"{architecture}.{tag}" if tag else architecture
 
     max_abs_diff, lines = None, []
@@ -437,7 +435,7 @@ def main(args):
             )
 
     provenance, command, verification = describe(
-        args, name, model_args, config, crop_pct, size, label_source, lines
+        args, name, model_args, config, crop_pct, processor_note, label_source, lines
     )
     family = family_of(architecture, tag)
     card = CardInfo(
