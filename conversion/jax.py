@@ -16,6 +16,7 @@ import torch
 
 from ..modeling import HubViTConfig
 from .card import CardInfo
+from . import sources
 from .common import ConversionError, StrictMapping, listing, read_weights
 from .folder import build_model, expected_shapes, make_image_processor, write_folder
 
@@ -29,7 +30,7 @@ DEFAULT_NATIVE_SIZE = 224
 
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision)")
+    parser.add_argument("src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision), a path or an https:// address")
     parser.add_argument("out", metavar="OUT", help="folder to write")
     parser.add_argument(
         "--image-size", type=int, metavar="S",
@@ -56,6 +57,7 @@ def add_arguments(parser):
         "--num-labels", type=int, metavar="N",
         help="replace the head with a fresh zero-initialised one over N labels (0: headless)",
     )
+    sources.add_arguments(parser, "url")  # SRC may be an https:// address
 
 
 @dataclass
@@ -331,7 +333,8 @@ def command_line(args):
 
 def main(args):
     """Convert `args.src` into a hubvit folder at `args.out`; returns the folder."""
-    path = Path(args.src)
+    source_file = sources.resolve(args, "url")
+    path = source_file.path
     if args.num_labels is not None and args.num_labels < 0:
         raise ConversionError(f"--num-labels must be >= 0, got {args.num_labels}")
     source = read_weights(path)
@@ -351,6 +354,7 @@ def main(args):
         f"{report[0]}."
     )
     card = CardInfo(
+        source=source_file.record(),
         provenance=provenance,
         command=command_line(args),
         family=layout.name,

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from .card import CITATIONS, CardInfo
+from . import sources
 from .common import ConversionError, StrictMapping, listing, read_weights
 from .folder import build_model, expected_shapes, write_folder
 from .preprocessing import describe as describe_processor, from_timm
@@ -50,7 +51,7 @@ DROPS = [
 ]
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="timm Hub-layout folder (config.json + weights) or a weights file")
+    parser.add_argument("src", metavar="SRC", help="timm Hub-layout folder (config.json + weights), a weights file, or a Hub repo id")
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument("--architecture", help="timm model name, needed for a single weights file")
     parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
@@ -61,6 +62,7 @@ def add_arguments(parser):
         help="run timm and the converted model on the same input and fail above tolerance (default: on)",
     )
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
+    sources.add_arguments(parser)  # SRC may be a Hub repo id
 
 
 def import_timm():
@@ -395,7 +397,8 @@ def describe(args, name, model_args, config, crop_pct, processor_note, label_sou
 def main(args):
     import_timm()
     model_args = parse_model_args(args.model_args)
-    architecture, model_args, hub_config, weights_path = read_source(args.src, args.architecture, model_args)
+    source = sources.resolve(args)
+    architecture, model_args, hub_config, weights_path = read_source(source.path, args.architecture, model_args)
     weights = clean_state_dict(read_weights(weights_path))
     if hub_config is None and "num_classes" not in model_args:
         head = weights.get("head.weight")
@@ -439,6 +442,7 @@ def main(args):
     )
     family = family_of(architecture, tag)
     card = CardInfo(
+        source=source.record(),
         provenance=provenance,
         command=command,
         family=family,

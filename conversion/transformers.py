@@ -20,6 +20,7 @@ import torch
 from ..modeling import HubViTConfig, HubViTForImageClassification
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from .card import CardInfo
+from . import sources
 from .common import ConversionError, StrictMapping, read_weights
 from .folder import build_model, expected_shapes, make_image_processor, staged_folder, write_folder
 
@@ -82,7 +83,7 @@ POOLER_REASON = (
 
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="folder written by transformers' save_pretrained")
+    parser.add_argument("src", metavar="SRC", help="folder written by transformers' save_pretrained, or a Hub repo id")
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument(
         "--keep-pooler",
@@ -96,6 +97,7 @@ def add_arguments(parser):
     )
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="skip the check against transformers")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of the check (1e-5)")
+    sources.add_arguments(parser)  # SRC may be a Hub repo id
 
 
 def add_export_arguments(parser):
@@ -374,7 +376,8 @@ def main(args):
             "layer, and hubvit's pooler_output is the normed [CLS] token. Convert without --keep-pooler; the pooler "
             "weights are then dropped with a printed reason."
         )
-    src = Path(args.src)
+    source = sources.resolve(args)
+    src = source.path
     architecture, family, head, cfg = read_source_config(src)
     if args.drop_head:
         head = None
@@ -421,6 +424,7 @@ def main(args):
         )
     command = ["hubvit", "convert", "transformers", str(args.src), str(args.out)]
     card = CardInfo(
+        source=source.record(),
         provenance=f"Converted from a transformers {transformers.__version__} `{architecture}` folder.\n\n"
         + " ".join(note if note.endswith(".") else f"{note}." for note in notes),
         command=shlex.join(command + (["--drop-head"] if args.drop_head else [])),
@@ -429,7 +433,7 @@ def main(args):
         max_abs_diff=max_abs_diff,
         dropped=mapping.report()[1:],
         citation_key=CITATIONS.get(family),
-        title=f"hubvit {src.name}" + ("" if src.name == architecture else f" ({architecture})"),
+        title=f"hubvit {Path(args.src).name}" + (f" ({architecture})" if Path(args.src).name != architecture else ""),
     )
     image_processor = make_image_processor(config, mean, std, resample)
     out = write_folder(model, args.out, image_processor, card, overwrite=getattr(args, "overwrite", False))
