@@ -153,7 +153,8 @@ def provenance_metadata(info: CardInfo):
     """The card's machine-readable record of what made it: hubvit's version and the source (`hubvit publish` reads it)."""
     from .. import __version__
 
-    return {"version": __version__, **({"source": dict(info.source)} if info.source else {})}
+    record = {"version": __version__, "source": dict(info.source) or None, "max_abs_diff": info.max_abs_diff}
+    return {key: value for key, value in record.items() if value is not None}
 
 
 def source_line(source):

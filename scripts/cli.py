@@ -1,4 +1,4 @@
-"""The `hubvit` command: `convert`, `export`, `push`.
+"""The `hubvit` command: `convert`, `export`, `push`, `publish`.
 
 Each source format lives in one module of `hubvit.conversion` that offers `add_arguments(parser)` and
 `main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
@@ -60,6 +60,11 @@ def build_parser():
         push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
         hub.add_arguments(push)
         push.set_defaults(run=hub.main)
+    publish = _module("hubvit.conversion.publish")
+    if publish is not None:
+        sub = commands.add_parser("publish", help="convert and push every entry of a manifest (a model zoo)")
+        publish.add_arguments(sub)
+        sub.set_defaults(run=publish.main)
     return parser
 
 
