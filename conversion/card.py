@@ -150,7 +150,7 @@ def set_repo_id(text, repo_id):
 
 
 def provenance_metadata(info: CardInfo):
-    """The card's machine-readable record of what made it: hubvit's version and the source (`hubvit publish` reads it)."""
+    """The card's machine-readable record: hubvit's version, the source, the parity figure (`hubvit publish`)."""
     from .. import __version__
 
     record = {"version": __version__, "source": dict(info.source) or None, "max_abs_diff": info.max_abs_diff}

@@ -30,7 +30,9 @@ DEFAULT_NATIVE_SIZE = 224
 
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision), a path or an https:// address")
+    parser.add_argument(
+        "src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// URL"
+    )
     parser.add_argument("out", metavar="OUT", help="folder to write")
     parser.add_argument(
         "--image-size", type=int, metavar="S",

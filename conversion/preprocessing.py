@@ -88,7 +88,7 @@ def from_torchvision(weights):
     transform = weights.transforms() if hasattr(weights, "transforms") else weights
     for name in ("crop_size", "resize_size", "interpolation", "mean", "std"):
         if not hasattr(transform, name):
-            raise ConversionError(f"{transform!r}: expected torchvision's ImageClassification transform ({name} missing)")
+            raise ConversionError(f"{transform!r}: expected torchvision's ImageClassification (no {name})")
     if getattr(transform, "antialias", True) is False:
         raise ConversionError("torchvision transform with antialias=False: transformers' processors always antialias")
     (crop,), (resize,) = list(transform.crop_size), list(transform.resize_size)

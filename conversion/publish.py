@@ -42,7 +42,7 @@ class Outcome:
 
 
 def add_arguments(parser):
-    parser.add_argument("manifest", metavar="MANIFEST", help="YAML or CSV: source, converter, options, repo_id, private")
+    parser.add_argument("manifest", metavar="MANIFEST", help="YAML or CSV of source, converter, options, repo_id, private")
     parser.add_argument("--dry-run", action="store_true", help="convert and check every entry, push nothing")
     parser.add_argument("--force", action="store_true", help="convert and push even where the card says it is current")
     parser.add_argument("--work-dir", metavar="DIR", help="keep the converted folders here (default: a temporary one)")
@@ -194,7 +194,8 @@ def failed(entry, detail):
 def converter_args(entry, out):
     from ..scripts.cli import build_parser
 
-    return build_parser().parse_args(["convert", entry.converter, entry.source, str(out), "--overwrite", *entry.options])
+    words = ["convert", entry.converter, entry.source, str(out), "--overwrite", *entry.options]
+    return build_parser().parse_args(words)
 
 
 def current_source(entry, args):

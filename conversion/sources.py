@@ -91,7 +91,7 @@ def download_repo(repo_id, revision=None):
             if any(path.glob(patterns[1])):
                 break
     except GatedRepoError:
-        raise ConversionError(f"{repo_id}: gated repo; accept its terms on the Hub and log in (hf auth login)") from None
+        raise ConversionError(f"{repo_id}: gated repo; accept its terms on the Hub, then hf auth login") from None
     except RepositoryNotFoundError:
         raise ConversionError(
             f"{repo_id}: no such repo on {constants.ENDPOINT} (or it is private and no token with access is set)"

@@ -19,7 +19,7 @@ from .card import CITATIONS, CardInfo
 from . import sources
 from .common import ConversionError, StrictMapping, listing, read_weights
 from .folder import build_model, expected_shapes, write_folder
-from .preprocessing import describe as describe_processor, from_timm
+from .preprocessing import from_timm
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOLERANCE = 1e-5
@@ -51,7 +51,9 @@ DROPS = [
 ]
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="timm Hub-layout folder (config.json + weights), a weights file, or a Hub repo id")
+    parser.add_argument(
+        "src", metavar="SRC", help="timm Hub-layout folder (config.json + weights), a weights file, or a Hub repo id"
+    )
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument("--architecture", help="timm model name, needed for a single weights file")
     parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
@@ -372,7 +374,8 @@ def describe(args, name, model_args, config, crop_pct, processor_note, label_sou
     """(provenance, command, verification) texts for the model card."""
     import timm
 
-    crop = f" timm evaluates it with crop_pct={crop_pct}; {processor_note}." if crop_pct and crop_pct != 1.0 else ""
+    setting = f" (crop_pct={crop_pct})" if crop_pct else ""
+    crop = f" {processor_note}." if processor_note else f" The image processor is timm's eval transform{setting}."
     provenance = (
         f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
         f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`.{crop} Labels: {label_source}."
@@ -422,7 +425,6 @@ def main(args):
     # the source's own eval transform (crop_pct, interpolation): hubvit.conversion.preprocessing
     source_cfg = {**(meta_model.pretrained_cfg or {}), **((hub_config or {}).get("pretrained_cfg") or {})}
     image_processor, processor_note = from_timm(source_cfg, size)
-    processor_note = processor_note or f"the image processor does the same: {describe_processor(image_processor)[:-1]}"
     name = f"{architecture}.{tag}" if tag else architecture
 
     max_abs_diff, lines = None, []

@@ -140,8 +140,9 @@ def vision_transformer_npz(depth=2, width=32, heads=4, mlp=64, patch=8, grid=4, 
             arrays[f"{block}/MultiHeadDotProductAttention_1/{name}/bias"] = (heads, width // heads)
         arrays[f"{block}/MultiHeadDotProductAttention_1/out/kernel"] = (heads, width // heads, width)
         arrays[f"{block}/MultiHeadDotProductAttention_1/out/bias"] = (width,)
-        arrays.update({f"{block}/MlpBlock_3/Dense_0/kernel": (width, mlp), f"{block}/MlpBlock_3/Dense_0/bias": (mlp,),
-                       f"{block}/MlpBlock_3/Dense_1/kernel": (mlp, width), f"{block}/MlpBlock_3/Dense_1/bias": (width,)})
+        mlp_block = f"{block}/MlpBlock_3"
+        arrays.update({f"{mlp_block}/Dense_0/kernel": (width, mlp), f"{mlp_block}/Dense_0/bias": (mlp,),
+                       f"{mlp_block}/Dense_1/kernel": (mlp, width), f"{mlp_block}/Dense_1/bias": (width,)})
     buffer = io.BytesIO()
     np.savez(buffer, **{k: rng.standard_normal(s).astype(np.float32) for k, s in arrays.items()})
     return buffer.getvalue()
