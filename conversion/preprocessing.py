@@ -10,6 +10,7 @@ rounds up the crop sits one pixel higher or further left than the source's (test
 """
 
 import math
+from pathlib import Path
 
 from transformers import BitImageProcessor
 
@@ -106,14 +107,25 @@ def from_jax(image_size, resample="bilinear"):
     return image_processor(None, size, resample, (0.5,) * 3, (0.5,) * 3)
 
 
+def from_transformers(folder):
+    """The source folder's own image processor, as transformers loads its preprocessor_config.json (None without)."""
+    if not (Path(folder) / "preprocessor_config.json").is_file():
+        return None
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(folder))
+
+
 def describe(processor):
     """One sentence for the model card: what the processor does to an image."""
-    size, resample = processor.size, RESAMPLE_NAMES.get(int(processor.resample), str(processor.resample))
+    size, resample = processor.size, RESAMPLE_NAMES.get(processor.resample, str(processor.resample))
     if "shortest_edge" in size:
         steps = f"Resize the shorter side to {size['shortest_edge']} ({resample})"
-    else:
+    elif "height" in size:
         steps = f"Resize to {size['height']}x{size['width']} ({resample})"
-    if getattr(processor, "do_center_crop", False):
+    else:
+        steps = f"Resize to {dict(size)} ({resample})"
+    if getattr(processor, "do_center_crop", False) and processor.crop_size:
         crop = processor.crop_size
         steps += f", centre crop {crop['height']}x{crop['width']}"
     mean = [round(float(m), 4) for m in processor.image_mean]

@@ -23,6 +23,7 @@ from .card import CardInfo
 from . import sources
 from .common import ConversionError, StrictMapping, read_weights
 from .folder import build_model, expected_shapes, make_image_processor, staged_folder, write_folder
+from .preprocessing import from_transformers
 
 TOLERANCE = 1e-5
 
@@ -226,17 +227,7 @@ def preprocessing(src, family, config):
     resample = RESAMPLE_NAMES.get(value, value) if isinstance(value, int) else str(value).lower()
     if resample not in RESAMPLE_NAMES.values():
         raise ConversionError(f"{path}: resample={value!r}; expected nearest, bilinear, bicubic or lanczos (0-3)")
-    notes = []
-    height, width = config.image_size_2d
-    size, crop = raw.get("size") or {}, raw.get("crop_size") if raw.get("do_center_crop") else None
-    native = {"height": height, "width": width}
-    if crop or (size and size != native):
-        notes.append(
-            f"SRC's {raw.get('image_processor_type', 'image processor')} resizes to {size}"
-            + (f" and centre-crops {crop}" if crop else "")
-            + f"; the hubvit folder resizes the whole image to {height}x{width}"
-        )
-    return mean, std, resample, notes
+    return mean, std, resample, [f"Image processor: SRC's own {raw.get('image_processor_type', '')}".rstrip()]
 
 
 # ---------------------------------------------------------------------------------------------------------- mapping
@@ -435,7 +426,9 @@ def main(args):
         citation_key=CITATIONS.get(family),
         title=f"hubvit {Path(args.src).name}" + (f" ({architecture})" if Path(args.src).name != architecture else ""),
     )
-    image_processor = make_image_processor(config, mean, std, resample)
+    image_processor = from_transformers(src)  # SRC's own eval transform (hubvit.conversion.preprocessing)
+    if image_processor is None:
+        image_processor = make_image_processor(config, mean, std, resample)
     out = write_folder(model, args.out, image_processor, card, overwrite=getattr(args, "overwrite", False))
     print(f"wrote {out}")
     return out

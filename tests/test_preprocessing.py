@@ -19,7 +19,6 @@ is the source's own resized image cropped one pixel off, and that it is not with
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -136,3 +135,23 @@ def test_unexpressible_timm_settings_say_what_they_do_instead():
 def test_refuses_an_unknown_interpolation():
     with pytest.raises(ValueError, match="interpolation 'random'"):
         preprocessing.from_timm(dict(input_size=(3, 224, 224), interpolation="random"))
+
+
+def test_a_transformers_source_keeps_its_own_processor(tmp_path):
+    """A DINOv2 folder crops (shorter side 36, crop 32): the converted folder gives the very same pixel_values."""
+    from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
+
+    from hubvit.scripts.cli import main as cli
+
+    config = Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    Dinov2Model(config).save_pretrained(tmp_path / "src")
+    BitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}, resample=3,
+                      image_mean=list(preprocessing.IMAGENET_MEAN), image_std=list(preprocessing.IMAGENET_STD),
+                      ).save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    source, ours = (AutoImageProcessor.from_pretrained(tmp_path / name) for name in ("src", "out"))
+    for photo in PHOTOS:
+        image = Image.fromarray(getattr(data, photo)())
+        assert torch.equal(ours(images=image, return_tensors="pt")["pixel_values"],
+                           source(images=image, return_tensors="pt")["pixel_values"])
+    assert "Resize the shorter side to 36 (bicubic), centre crop 32x32" in (tmp_path / "out" / "README.md").read_text()

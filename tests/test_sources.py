@@ -7,7 +7,6 @@ download killed part way (SIGKILL of the process doing it) leaves a `.part` file
 
 import hashlib
 import io
-import json
 import os
 import signal
 import subprocess
