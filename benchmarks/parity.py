@@ -1,7 +1,7 @@
 """Full-size parity of converted folders with the library they came from: the figures in README's conversion tables.
 
 Every timm family of `tests/test_convert_timm.py`, every transformers class of `tests/test_transformers_interop.py`
-and the JAX layouts of `tests/flax_reference.py` (an independent Flax model with the original module names) are
+and the JAX layouts of `hubvit.conversion.flax_vit` (Flax models with the original module names) are
 built at full size (ViT-B widths, 12 layers, 224 px; ViT-M/16 GAP at its 256 px) with every tensor random, saved
 the way its library saves (`save_for_hf`, `save_pretrained`, `.npz`), converted with the `hubvit` CLI, loaded with
 `AutoModel*.from_pretrained(..., trust_remote_code=True)` and run next to the source on the same batch, at the native

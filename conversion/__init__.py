@@ -1,1 +1,16 @@
-"""Conversion of other ViT checkpoints into hubvit folders, and the one writer of those folders."""
+"""Conversion of other ViT checkpoints into hubvit folders, and the one writer of those folders.
+
+A source format is one module here, of one shape (`jax`, `timm`, `transformers` are three instances of it):
+
+- `add_arguments(parser)`: SRC, OUT, its own flags, and `common.add_verify_arguments` (`--verify`, `--tolerance`);
+- `convert(args) -> common.Conversion`: read the source safely (`common.read_weights`), translate names and layouts
+  through `common.StrictMapping` (`map`/`combine` what exists, `drop` with a reason what is discarded, `create` with
+  a reason what the source lacks), and describe the source: config fields, `Preprocessing`, labels, and a
+  `Reference` whose `forward` runs the SOURCE implementation on the same weights (`Reference.unavailable(reason)`
+  when it cannot run);
+- `main(args)`: `folder.write_conversion(convert(args), args.out, overwrite=args.overwrite)`, which builds the
+  model, runs `common.verify` against the reference, and writes the folder with the measured figure in its card.
+
+Register the module in `scripts/cli.py` (`CONVERTERS`). Exports (`export_transformers`) go the other way and offer
+`add_arguments`/`main` too.
+"""

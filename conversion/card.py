@@ -5,6 +5,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from .common import RESAMPLE_NAMES
 from .preprocessing import describe as describe_processor
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "model_cards"
@@ -133,17 +134,6 @@ def format_diff(value):
     return f"{value:.2e}"
 
 
-def resample_name(resample):
-    from PIL import Image
-
-    if resample is None:
-        return "bilinear"
-    try:
-        return Image.Resampling(resample).name.lower()
-    except ValueError:
-        return str(resample)
-
-
 def set_repo_id(text, repo_id):
     """A rendered card's text with its usage snippets pointing at `repo_id` instead of the placeholder."""
     return text.replace(f'"{REPO_PLACEHOLDER}"', f'"{repo_id}"')
@@ -239,7 +229,7 @@ def render_card(model, info: CardInfo, image_processor=None):
         verification=info.verification,
         max_abs_diff=format_diff(info.max_abs_diff) if info.max_abs_diff is not None else None,
         eval_table=eval_table,
-        resample=resample_name(resample),
+        resample=RESAMPLE_NAMES.get(resample, str(resample)) if resample is not None else "bilinear",
         mean=[round(float(m), 4) for m in mean] if mean is not None else "n/a",
         std=[round(float(s), 4) for s in std] if std is not None else "n/a",
         auto_class="AutoModel" if headless else "AutoModelForImageClassification",

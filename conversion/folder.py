@@ -1,11 +1,17 @@
 """The one writer of hubvit checkpoint folders, whatever produced the weights (conversion, fine-tuning, export).
 
 A folder holds config.json (with `auto_map`), model.safetensors, the two modeling files, preprocessor_config.json
-(transformers' `ViTImageProcessor`) and a model card. It is written to a temporary sibling and renamed into place,
+(transformers' `ViTImageProcessor`, or for a conversion the source's own evaluation transform, built by
+`preprocessing.processor_for`) and a model card. It is written to a temporary sibling and renamed into place,
 so a failure never leaves a half-written folder.
 """
 
+import ctypes
+import errno
+import os
 import shutil
+import signal
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,26 +20,19 @@ from transformers import ViTImageProcessor
 
 from ..modeling import HubViTConfig, HubViTForImageClassification
 from .card import CardInfo, render_card
-from .common import ConversionError
+from .common import RESAMPLE_IDS, ConversionError, make_config, resample_name, verify
+from .preprocessing import processor_for
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
 
 
-def make_image_processor(config, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), resample="bilinear"):
-    """transformers' own `ViTImageProcessor` resizing to the model's native resolution."""
-    from PIL import Image
-
-    resample_id = {
-        "nearest": Image.Resampling.NEAREST,
-        "bilinear": Image.Resampling.BILINEAR,
-        "bicubic": Image.Resampling.BICUBIC,
-        "lanczos": Image.Resampling.LANCZOS,
-    }[resample]
-    height, width = config.image_size_2d
+def make_image_processor(config, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), resample="bilinear", size=None):
+    """transformers' own `ViTImageProcessor` resizing to `size` (height, width), by default the model's resolution."""
+    height, width = size or config.image_size_2d
     return ViTImageProcessor(
         do_resize=True,
-        size={"height": height, "width": width},
-        resample=resample_id,
+        size={"height": int(height), "width": int(width)},
+        resample=RESAMPLE_IDS[resample_name(resample)],
         do_rescale=True,
         rescale_factor=1 / 255,
         do_normalize=True,
@@ -62,20 +61,136 @@ def expected_shapes(config: HubViTConfig):
     return {key.removeprefix("hubvit."): tuple(value.shape) for key, value in model.state_dict().items()}
 
 
+def check_output_path(out_dir, src=None):
+    """Refuse an OUT whose replacement would delete something else: the current folder or one above it, the root,
+    SRC itself or a folder holding SRC, a link or a file. Called before anything is read."""
+    text = str(out_dir)
+    if not text.strip():
+        raise ConversionError(f"OUT is {text!r}: give the folder to write (an unset shell variable?)")
+    out = Path(out_dir)
+    if out.is_symlink():
+        raise ConversionError(f"OUT {out} is a symbolic link; give the real folder, hubvit does not replace links")
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"OUT {out} exists and is a file, not a folder")
+    resolved = out.resolve()
+    if resolved == Path(resolved.anchor):
+        raise ConversionError(f"OUT {text!r} is the root of the file system")
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise ConversionError(f"OUT {text!r} is the current folder or one above it ({resolved}); give a new folder")
+    if resolved == Path(os.path.expanduser("~")).resolve():
+        raise ConversionError(f"OUT {text!r} is the home folder")
+    if src is not None and str(src).strip():
+        source = Path(src).resolve()
+        if resolved == source or resolved in source.parents:
+            raise ConversionError(f"OUT {text!r} is SRC or holds SRC ({source}); replacing it would delete the source")
+    return out
+
+
+STAGING_MARK = "hubvit-staging"
+ASIDE_MARK = "hubvit-old"
+RENAME_EXCHANGE = 2
+
+
+def _exchange(first, second):
+    """Swap two paths in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`); False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+@contextmanager
+def _signals_deferred():
+    """Hold Ctrl-C and SIGTERM for the few system calls of a swap, so an interrupt never lands between them."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def replace_folder(new, out):
+    """Put the complete folder `new` at `out`; an existing `out` is swapped out whole and deleted afterwards.
+
+    At every instant `out` is the complete old folder or the complete new one: an atomic exchange where the system
+    has one, else rename aside, rename in, and rename back on failure (a kill between the two renames leaves the old
+    folder aside, where the next run puts it back).
+    """
+    new, out = Path(new), Path(out)
+    if not out.exists():
+        os.rename(new, out)
+        return
+    with _signals_deferred():
+        if _exchange(new, out):
+            old = new
+        else:
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.{ASIDE_MARK}-{os.getpid()}-", dir=out.parent))
+            os.rename(out, old)
+            try:
+                os.rename(new, out)
+            except BaseException:
+                os.rename(old, out)
+                raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _owner_alive(path):
+    """Whether the process that named this hidden folder (`...-PID-random`) still runs (then it is not stale)."""
+    try:
+        pid = int(path.name.rsplit("-", 2)[-2])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(out):
+    """Remove the hidden folders a killed run left beside `out`; an old folder set aside comes back if `out` is gone."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        return
+    for path in sorted(out.parent.glob(f".{out.name}.*")):
+        if not path.is_dir() or _owner_alive(path):
+            continue
+        if ASIDE_MARK in path.name and not out.exists():
+            path.rename(out)
+        elif STAGING_MARK in path.name or ASIDE_MARK in path.name:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @contextmanager
 def staged_folder(out_dir, overwrite=False):
     """Yield a temporary sibling of `out_dir` to write into; it replaces `out_dir` only if the block succeeds."""
-    out = Path(out_dir)
+    out = check_output_path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(out)
     if out.exists() and not overwrite and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{STAGING_MARK}-{os.getpid()}-", dir=out.parent))
     try:
         yield staging
         staging.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
+        replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -93,3 +208,40 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
         if missing:
             raise RuntimeError(f"save_pretrained did not write {missing}")
     return Path(out_dir)
+
+
+def write_conversion(conversion, out_dir, overwrite=False):
+    """Build the model of a converter's `Conversion`, verify it against the source, and write the folder.
+
+    The card's Verification section carries the figure measured here, on these weights; where the conversion has
+    no reference forward, the card says the file was not verified and why.
+    """
+    config = make_config(conversion)
+    model = build_model(config, conversion.weights)
+    for line in conversion.dropped + conversion.preprocessing.notes:
+        print(line)
+    reference = conversion.reference
+    result = verify(reference, model)
+    if result is None:
+        verification = f"This file was not verified at conversion: {reference.reason}."
+        print(f"not verified: {reference.reason}")
+    else:
+        verification = result.text(reference)
+        print("verify: " + "; ".join(result.lines))
+    notes = " ".join(note if note.endswith(".") else f"{note}." for note in conversion.preprocessing.notes)
+    card = CardInfo(
+        provenance="\n\n".join(text for text in (conversion.provenance, notes) if text),
+        command=conversion.command,
+        family=conversion.family,
+        verification=verification,
+        max_abs_diff=result.max_abs_diff if result else None,
+        dropped=[line for line in conversion.dropped if not line.startswith("mapped ")],
+        license=conversion.license,
+        citation_key=conversion.citation_key,
+        title=conversion.title,
+        source=conversion.source,
+    )
+    processor = processor_for(conversion.preprocessing, config)
+    out = write_folder(model, out_dir, processor, card, overwrite=overwrite)
+    print(f"wrote {out}")
+    return out

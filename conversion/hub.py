@@ -3,8 +3,9 @@
 Nothing is uploaded until the folder has proven it works the way users will load it: the required files are
 there, and a fresh Python in which `hubvit` cannot be imported loads it with `trust_remote_code=True` (so the
 modeling files in the folder, not the installed package, do the work), fills every weight and runs a forward pass
-through the folder's own image processor. Token and endpoint come from huggingface_hub's usual places (`HF_TOKEN`
-or `hf auth login`; `HF_ENDPOINT`).
+through the folder's own image processor. That check runs the folder's own `modeling_hubvit.py`: a folder written by
+someone else is code, so `--no-load-check` skips it. Token and endpoint come from huggingface_hub's usual places
+(`HF_TOKEN` or `hf auth login`; `HF_ENDPOINT`). Every request waits at most `--timeout` seconds for the network.
 """
 
 import json
@@ -57,8 +58,50 @@ print(json.dumps({"class": type(model).__name__, "module": type(model).__module_
 """
 
 
+DEFAULT_TIMEOUT = 60.0
+
+
 class PushError(ValueError):
     """A folder or a Hub request that cannot be published; nothing was uploaded."""
+
+
+def positive_seconds(text):
+    """argparse type: a positive finite number of seconds."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number of seconds, got {text!r}")
+    return value
+
+
+def bound_network_timeouts(seconds):
+    """Make every request of huggingface_hub's shared HTTP client give up after `seconds` without progress.
+
+    The client has no timeout by default, so an endpoint that accepts the connection and never answers would hang a
+    push forever. The bound applies to connecting and to each read and write (not to a whole transfer);
+    huggingface_hub retries a timed-out upload request a few times before giving up. Xet transfers (hf_xet) keep their
+    own timeouts.
+    """
+    from huggingface_hub.utils import get_session
+
+    get_session().timeout = seconds
+
+
+def network_error(error, endpoint):
+    """A one-line PushError for a connection failure or timeout of huggingface_hub's HTTP client, else None."""
+    from huggingface_hub.utils import httpx
+
+    if isinstance(error, httpx.TimeoutException):
+        return PushError(f"the Hub at {endpoint} did not answer in time ({type(error).__name__}: {error}); "
+                         "check the endpoint or raise --timeout")
+    if isinstance(error, httpx.TransportError):
+        return PushError(f"cannot reach the Hub at {endpoint} ({type(error).__name__}: {error})")
+    return None
 
 
 def add_arguments(parser):
@@ -68,6 +111,16 @@ def add_arguments(parser):
     parser.add_argument("--revision", metavar="BRANCH", help="push to this branch, created from main if new")
     parser.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
     parser.add_argument("--commit-message", metavar="MSG", help="the commit (or pull request) title")
+    parser.add_argument(
+        "--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help=f"give up on a Hub request that makes no progress for this long (default: {DEFAULT_TIMEOUT:g} s; "
+        "applies to connecting and to each read or write; huggingface_hub retries a timed-out upload a few times)",
+    )
+    parser.add_argument(
+        "--no-load-check", dest="load_check", action="store_false",
+        help="skip the load check. By default the folder is loaded with trust_remote_code=True in a child Python, "
+        "which RUNS the folder's own modeling_hubvit.py: use this for a folder you did not write yourself",
+    )
 
 
 def main(args):
@@ -78,8 +131,27 @@ def main(args):
         revision=args.revision,
         create_pr=args.create_pr,
         commit_message=args.commit_message,
+        timeout=args.timeout,
+        load_check=args.load_check,
     )
     return Path(args.local_dir)
+
+
+def outside_links(folder):
+    """Symbolic links under `folder` that point outside it (an upload would publish the content they point at)."""
+    import os
+
+    folder = Path(folder)
+    root = folder.resolve()
+    found = []
+    for directory, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            path = Path(directory) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if target != root and root not in target.parents:
+                    found.append(f"{path.relative_to(folder).as_posix()} -> {os.readlink(path)}")
+    return sorted(found)
 
 
 def check_files(folder):
@@ -92,6 +164,12 @@ def check_files(folder):
         missing.remove("model.safetensors")
     if missing:
         raise PushError(f"{folder} is missing {', '.join(missing)}; a hubvit folder needs {', '.join(REQUIRED_FILES)}")
+    links = outside_links(folder)
+    if links:
+        raise PushError(
+            f"{folder} holds symbolic links that leave it; refusing to upload what they point at:\n"
+            + "\n".join(f"    {link}" for link in links)
+        )
     try:
         config = json.loads((folder / "config.json").read_text())
     except ValueError as error:
@@ -146,21 +224,6 @@ def check_loads(folder, timeout=1800):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-_checked = {}
-
-
-def check_folder(folder):
-    """`check_files` then `check_loads`, remembered for an unchanged folder (same names, sizes and times)."""
-    check_files(folder)
-    folder = Path(folder).resolve()
-    key = (str(folder),) + tuple(
-        (str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in sorted(upload_files(folder))
-    )
-    if key not in _checked:
-        _checked[key] = check_loads(folder)
-    return _checked[key]
-
-
 def upload_files(folder):
     """Every file of `folder` except hidden ones (.git, .cache, editor files) and Python caches."""
     folder = Path(folder)
@@ -202,14 +265,17 @@ def push_folder(
     commit_message=None,
     token=None,
     endpoint=None,
+    timeout=DEFAULT_TIMEOUT,
+    load_check=True,
 ):
     """Check `folder`, then publish it to `repo_id` as one commit (or pull request); returns the `CommitInfo`.
 
     The card's usage snippets get the real repo id (in the uploaded copy; the local README keeps its text). Weight
     files left in the repo by an earlier push but absent from the folder are deleted in the same commit, so a
-    stale shard or index never shadows the new weights.
+    stale shard or index never shadows the new weights. Each request gives up after `timeout` seconds without
+    progress; `load_check=False` skips running the folder's code (for folders from someone else).
     """
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import HFValidationError, HfHubHTTPError
     from huggingface_hub.utils import validate_repo_id
 
@@ -219,48 +285,63 @@ def push_folder(
         raise PushError(f"repo id {repo_id!r} is not valid: {error}") from None
     folder = Path(folder)
     check_files(folder)
+    bound_network_timeouts(timeout)
     api = HfApi(endpoint=endpoint, token=token)
-    token = require_token(api)
-    check = check_folder(folder)
-    summary = (
-        f"{check['class']} loads with trust_remote_code=True where hubvit is not installed and runs a forward pass "
-        f"({check['output']} {tuple(check['shape'])})"
-    )
-    print(f"checked {folder}: {summary}")
-
     try:
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, token=token).repo_id
-        if private and not api.model_info(repo_id, token=token).private:
-            raise PushError(
-                f"{repo_id} exists and is public; --private does not change an existing repo. Make it private on the "
-                "Hub (settings, or HfApi().update_repo_settings(repo_id, private=True)) or push without --private"
-            )
-        if revision and not revision.startswith("refs/"):
-            api.create_branch(repo_id, branch=revision, exist_ok=True, token=token)
-
-        files = {path.relative_to(folder).as_posix(): path for path in upload_files(folder)}
-        operations = []
-        for name, path in sorted(files.items()):
-            content = path
-            if name == "README.md":
-                text = path.read_text(encoding="utf-8")
-                if f'"{REPO_PLACEHOLDER}"' in text:
-                    content = set_repo_id(text, repo_id).encode("utf-8")
-            operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=content))
-        operations += [
-            CommitOperationDelete(path_in_repo=name) for name in stale_weights(api, repo_id, revision, files, token)
-        ]
-        info = api.create_commit(
-            repo_id,
-            operations,
-            commit_message=commit_message or f"Upload hubvit model from {folder.resolve().name}",
-            commit_description=f"Checked before upload: {summary}.",
-            revision=revision,
-            create_pr=create_pr,
-            token=token,
-        )
+        return _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check)
     except HfHubHTTPError as error:
         raise PushError(f"the Hub at {api.endpoint} refused the push to {repo_id}: {error}") from None
+    except Exception as error:
+        failure = network_error(error, api.endpoint)
+        if failure is None:
+            raise
+        raise failure from None
+
+
+def _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check):
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    token = require_token(api)
+    if load_check:
+        check = check_loads(folder)
+        summary = (
+            f"{check['class']} loads with trust_remote_code=True where hubvit is not installed and runs a forward "
+            f"pass ({check['output']} {tuple(check['shape'])})"
+        )
+    else:
+        summary = "files and config only; the load check was skipped (--no-load-check)"
+    print(f"checked {folder}: {summary}")
+
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, token=token).repo_id
+    if private and not api.model_info(repo_id, token=token).private:
+        raise PushError(
+            f"{repo_id} exists and is public; --private does not change an existing repo. Make it private on the "
+            "Hub (settings, or HfApi().update_repo_settings(repo_id, private=True)) or push without --private"
+        )
+    if revision and not revision.startswith("refs/"):
+        api.create_branch(repo_id, branch=revision, exist_ok=True, token=token)
+
+    files = {path.relative_to(folder).as_posix(): path for path in upload_files(folder)}
+    operations = []
+    for name, path in sorted(files.items()):
+        content = path
+        if name == "README.md":
+            text = path.read_text(encoding="utf-8")
+            if f'"{REPO_PLACEHOLDER}"' in text:
+                content = set_repo_id(text, repo_id).encode("utf-8")
+        operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=content))
+    operations += [
+        CommitOperationDelete(path_in_repo=name) for name in stale_weights(api, repo_id, revision, files, token)
+    ]
+    info = api.create_commit(
+        repo_id,
+        operations,
+        commit_message=commit_message or f"Upload hubvit model from {folder.resolve().name}",
+        commit_description=f"Checked before upload: {summary}.",
+        revision=revision,
+        create_pr=create_pr,
+        token=token,
+    )
     print(f"pushed {folder} to {info.pr_url or info.commit_url}")
     return info
 

@@ -10,15 +10,15 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..modeling import HubViTConfig
-from .card import CardInfo
 from . import sources
-from .common import ConversionError, StrictMapping, listing, read_weights
-from .folder import build_model, expected_shapes, make_image_processor, write_folder
+from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
+                     listing, read_weights, to_tensor)
+from .folder import build_model, expected_shapes, write_conversion
 
 PREFIXES = ("params/img/", "opt/target/", "params/", "")
 BLOCK_NAMES = {
@@ -31,7 +31,7 @@ DEFAULT_NATIVE_SIZE = 224
 
 def add_arguments(parser):
     parser.add_argument(
-        "src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// URL"
+        "src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// address"
     )
     parser.add_argument("out", metavar="OUT", help="folder to write")
     parser.add_argument(
@@ -59,7 +59,8 @@ def add_arguments(parser):
         "--num-labels", type=int, metavar="N",
         help="replace the head with a fresh zero-initialised one over N labels (0: headless)",
     )
-    sources.add_arguments(parser, "url")  # SRC may be an https:// address
+    add_verify_arguments(parser)
+    sources.add_arguments(parser, "url")
 
 
 @dataclass
@@ -126,7 +127,7 @@ def _shape(source, key, layout, path):
 
 
 def read_config(source, layout, args, path):
-    """HubViTConfig fields read from the array shapes (and the few options the keys cannot tell)."""
+    """(HubViTConfig fields, number of labels) read from the array shapes and the few options the keys cannot tell."""
     p = layout.prefix
     ph, pw, channels, width = _shape(source, f"{p}embedding/kernel", layout, path)
     names = BLOCK_NAMES[layout.name]
@@ -189,7 +190,7 @@ def read_config(source, layout, args, path):
     else:
         num_labels = source[f"{p}head/kernel"].shape[-1] if f"{p}head/kernel" in source else 0
 
-    return HubViTConfig(
+    return dict(
         patch_size=[ph, pw] if ph != pw else ph,
         num_channels=channels,
         hidden_size=width,
@@ -201,12 +202,11 @@ def read_config(source, layout, args, path):
         class_token=class_token,
         pooling=POOL_TYPES[pool_type],
         representation_size=representation,
-        num_labels=num_labels,
         interpolation_mode="bilinear",
         interpolation_antialias=False,
         interpolation_align_corners=True,
         **fields,
-    )
+    ), num_labels
 
 
 def dense(kernel):
@@ -273,8 +273,8 @@ def map_mlp(mapping, target, key, index=None):
     map_dense(mapping, f"{target}.fc2", f"{key}/Dense_1", index)
 
 
-def convert_state_dict(source, layout, config, args, path):
-    """The hubvit state dict for `config`, through the strict mapper (every source tensor accounted for)."""
+def map_weights(source, layout, config, args, path):
+    """The strict mapper holding the archive translated to hubvit names (call `finish` for the state dict)."""
     p = layout.prefix
     mapping = StrictMapping(source, f"{layout.name} checkpoint {path}")
     if p:
@@ -313,11 +313,12 @@ def convert_state_dict(source, layout, config, args, path):
         )
         mapping.drop(f"{re.escape(p)}head/.*", reason)
         if config.num_labels:
-            mapping.combine("classifier.weight", [], lambda: torch.zeros(config.num_labels, features))
-            mapping.combine("classifier.bias", [], lambda: torch.zeros(config.num_labels))
+            fresh = f"fresh zero-initialised head over {config.num_labels} labels (--num-labels)"
+            mapping.create("classifier.weight", torch.zeros(config.num_labels, features), fresh)
+            mapping.create("classifier.bias", torch.zeros(config.num_labels), fresh)
     elif config.num_labels:
         map_dense(mapping, "classifier", f"{p}head")
-    return mapping.finish(expected_shapes(config)), mapping.report()
+    return mapping
 
 
 def command_line(args):
@@ -333,19 +334,88 @@ def command_line(args):
     return shlex.join(parts)
 
 
-def main(args):
-    """Convert `args.src` into a hubvit folder at `args.out`; returns the folder."""
-    source_file = sources.resolve(args, "url")
-    path = source_file.path
+def flax_reference(source, layout, config, args):
+    """The Flax model of the file's own codebase (hubvit.conversion.flax_vit) on the file's arrays, at the
+    converted resolution (the table resized as the original fine-tuning code does); unavailable without jax/flax."""
+    if not args.verify:
+        return Reference.unavailable("skipped (--no-verify)")
+    if config.position_embedding_type == "none":
+        return Reference.unavailable("big_vision has no ViT without position embeddings to run it with")
+    try:
+        from flax import traverse_util
+
+        from . import flax_vit
+    except ImportError as error:
+        return Reference.unavailable(
+            f"the Flax models need jax, flax and scipy (pip install 'hubvit[jax]'); importing them failed ({error})"
+        )
+    p = layout.prefix
+    flat = {
+        tuple(key[len(p):].split("/")): to_tensor(value).float().numpy()
+        for key, value in source.items() if key.startswith(p)
+    }
+    params = traverse_util.unflatten_dict(flat)
+    head = source.get(f"{p}head/kernel")
+    num_classes = head.shape[-1] if head is not None else None
+    representation = source[f"{p}pre_logits/kernel"].shape[-1] if f"{p}pre_logits/kernel" in source else None
+    ph, pw = config.patch_size_2d
+    common = dict(num_classes=num_classes, patch_size=(ph, pw), num_heads=config.num_attention_heads,
+                  mlp_dim=config.intermediate_size, approximate_gelu=args.gelu == "tanh")
+    grid = (config.image_size_2d[0] // ph, config.image_size_2d[1] // pw)
+    if layout.name == "vision_transformer":
+        classifier = "token" if config.class_token else "gap"
+        model = flax_vit.VisionTransformerOrig(hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
+                                               classifier=classifier, representation_size=representation, **common)
+        table = params["Transformer"]["posembed_input"]
+        if table["pos_embedding"].shape[1] != grid[0] * grid[1] + config.class_token:
+            table["pos_embedding"] = flax_vit.resize_posemb_orig(table["pos_embedding"], grid, config.class_token)
+    else:
+        pool_type = {value: key for key, value in POOL_TYPES.items()}[config.pooling]
+        learned = config.position_embedding_type == "learned"
+        model = flax_vit.VisionTransformerBV(
+            width=config.hidden_size, depth=config.num_hidden_layers, posemb="learn" if learned else "sincos2d",
+            rep_size=representation or False, pool_type=pool_type, scan=layout.scanned, **common,
+        )
+        if learned and params["pos_embedding"].shape[1] != grid[0] * grid[1]:
+            params["pos_embedding"] = flax_vit.resize_posemb_bv(params["pos_embedding"], grid)
+    head_kept = args.num_labels is None and not args.drop_pre_logits and num_classes
+
+    def forward(pixels):
+        logits, _, pooled = flax_vit.run(model, params, pixels.permute(0, 2, 3, 1).numpy(), intermediates=True)
+        outputs = {"pooler_output": torch.tensor(np.asarray(pooled))}
+        if head_kept:
+            outputs["logits"] = torch.tensor(np.asarray(logits))
+        return outputs
+
+    import flax
+
+    gelu = "" if args.gelu == "tanh" else " with exact-erf GELU as converted (the original uses tanh)"
+    return Reference(
+        f"Flax {flax.__version__} `{type(model).__name__}` (hubvit.conversion.flax_vit, the {layout.name} module "
+        f"layout) on this file's arrays{gelu}",
+        forward,
+        tolerance=args.tolerance,
+    )
+
+
+def convert(args):
+    """The `Conversion` of a vision_transformer or big_vision `.npz`."""
+    origin = sources.resolve(args, "url")
+    path = origin.path
     if args.num_labels is not None and args.num_labels < 0:
         raise ConversionError(f"--num-labels must be >= 0, got {args.num_labels}")
+    if args.image_size is not None and args.image_size <= 0:
+        raise ConversionError(f"--image-size must be a positive number of pixels, got {args.image_size}")
     source = read_weights(path)
     layout = detect_layout(source, path)
-    config = read_config(source, layout, args, path)
-    state_dict, report = convert_state_dict(source, layout, config, args, path)
-    model = build_model(config, state_dict)
+    fields, num_labels = read_config(source, layout, args, path)
+    config = HubViTConfig(**fields, num_labels=num_labels)
+    mapping = map_weights(source, layout, config, args, path)
+    state_dict, report = mapping.finish(expected_shapes(config)), mapping.report()
     if args.image_size and config.position_embedding_type == "learned":
-        model.resize_position_embeddings(args.image_size)
+        model = build_model(config, state_dict).resize_position_embeddings(args.image_size)
+        state_dict, fields["image_size"] = model.state_dict(), model.config.image_size
+        config = model.config
     dtypes = sorted({"bfloat16 (stored as 2-byte void)" if v.dtype.kind == "V" else str(v.dtype)
                      for k, v in source.items() if k.startswith(layout.prefix)})
     blocks = "scanned" if layout.scanned else "looped"
@@ -355,18 +425,20 @@ def main(args):
         f"GELU: {'tanh approximation, as Flax nn.gelu' if args.gelu == 'tanh' else 'exact erf (not the original)'}; "
         f"{report[0]}."
     )
-    card = CardInfo(
-        source=source_file.record(),
+    return Conversion(
+        weights=state_dict,
+        config=fields,
+        preprocessing=Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, resample="bilinear"),
+        labels={i: f"LABEL_{i}" for i in range(num_labels)},
+        reference=flax_reference(source, layout, config, args),
         provenance=provenance,
         command=command_line(args),
         family=layout.name,
-        dropped=report[1:],
-        verification=(
-            "hubvit's test suite (tests/test_convert_jax.py) checks this converter against an independent Flax "
-            "implementation of both layouts on random weights: logits agree within 1e-5 relative."
-        ),
+        dropped=report,
+        source=origin.record(),
     )
-    for line in report:
-        print(line)
-    processor = make_image_processor(model.config, mean=(0.5,) * 3, std=(0.5,) * 3, resample="bilinear")
-    return write_folder(model, args.out, processor, card, overwrite=getattr(args, "overwrite", False))
+
+
+def main(args):
+    """Convert `args.src` into a hubvit folder at `args.out`; returns the folder."""
+    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

@@ -14,18 +14,10 @@ from pathlib import Path
 
 from transformers import BitImageProcessor
 
-from .common import ConversionError
+from .common import RESAMPLE_IDS, RESAMPLE_NAMES, ConversionError, Preprocessing, resample_name
 
-RESAMPLE = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
-RESAMPLE_NAMES = {value: name for name, value in RESAMPLE.items()}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-DEFAULT_CROP_PCT = 0.875  # timm's default when a pretrained_cfg gives none
-
-
-def resample_id(name):
-    if name not in RESAMPLE:
-        raise ConversionError(f"interpolation {name!r}: expected one of {sorted(RESAMPLE)}")
-    return RESAMPLE[name]
+DEFAULT_CROP_PCT, DEFAULT_CROP_MODE, DEFAULT_INTERPOLATION = 0.875, "center", "bicubic"  # timm's resolve_data_config
 
 
 def image_processor(crop_size, resize_to, resample, mean, std):
@@ -41,7 +33,7 @@ def image_processor(crop_size, resize_to, resample, mean, std):
     return BitImageProcessor(
         do_resize=True,
         size=size,
-        resample=resample_id(resample),
+        resample=RESAMPLE_IDS[resample_name(resample, "interpolation")],
         do_center_crop=crop is not None,
         crop_size=crop or {"height": size.get("height", 0), "width": size.get("width", 0)},
         do_rescale=True,
@@ -53,31 +45,61 @@ def image_processor(crop_size, resize_to, resample, mean, std):
     )
 
 
-def from_timm(pretrained_cfg, input_size=None):
-    """timm's eval transform (`transforms_imagenet_eval`) for a pretrained_cfg: (processor, note or None).
+def expressible(preprocessing: Preprocessing, size):
+    """Whether a transformers processor does what the source does: a plain resize, timm's 'squash', or its
+    'center' crop of a square input ('border' and non-square 'center', timm's ResizeKeepRatio, have none)."""
+    height, width = size
+    mode = preprocessing.crop_mode
+    return preprocessing.crop_pct is None or mode == "squash" or (mode == "center" and height == width)
+
+
+def processor_for(preprocessing: Preprocessing, config):
+    """The folder's image processor for a converter's `Preprocessing`: the source's own when it has one, else a
+    `BitImageProcessor` doing the source's resize and crop (see `Preprocessing`)."""
+    p = preprocessing
+    if p.processor is not None:
+        return p.processor
+    height, width = p.size or config.image_size_2d
+    if p.crop_pct is None or not expressible(p, (height, width)):
+        return image_processor(None, (height, width), p.resample, p.mean, p.std)
+    scaled = (math.floor(height / p.crop_pct), math.floor(width / p.crop_pct))
+    if p.crop_mode == "squash":
+        crop = None if scaled == (height, width) else (height, width)
+        return image_processor(crop, scaled, p.resample, p.mean, p.std)
+    return image_processor((height, width), scaled[0], p.resample, p.mean, p.std)
+
+
+def timm_preprocessing(pretrained_cfg, input_size=None):
+    """timm's eval transform (`transforms_imagenet_eval`) for a pretrained_cfg, as a `Preprocessing`.
 
     crop_mode 'center' with a square input: resize the shorter side to floor(size / crop_pct), centre crop.
     crop_mode 'squash': resize to floor(size / crop_pct) on each side, centre crop (crop_pct 1.0: plain resize).
-    crop_mode 'border' and non-square 'center' (ResizeKeepRatio) have no transformers processor: the whole image is
-    resized to the input size instead, and the note says so.
+    Where no transformers processor expresses it, the whole image is resized to the input size and a note says so.
     """
     cfg = dict(pretrained_cfg or {})
-    height, width = (input_size or cfg.get("input_size") or (3, 224, 224))[-2:]
-    crop_pct = cfg.get("crop_pct") or DEFAULT_CROP_PCT
-    mode = cfg.get("crop_mode") or "center"
-    interpolation = cfg.get("interpolation") or "bilinear"
-    mean, std = cfg.get("mean") or IMAGENET_MEAN, cfg.get("std") or IMAGENET_STD
-    scaled = (math.floor(height / crop_pct), math.floor(width / crop_pct))
-    if mode == "squash":
-        crop = None if scaled == (height, width) else (height, width)
-        return image_processor(crop, scaled, interpolation, mean, std), None
-    if mode == "center" and height == width:
-        return image_processor((height, width), scaled[0], interpolation, mean, std), None
-    note = (
-        f"timm evaluates with crop_mode={mode!r}, crop_pct={crop_pct} at {height}x{width}, which no transformers "
-        f"image processor expresses; the processor here resizes the whole image to {height}x{width}"
+    height, width = (int(s) for s in (input_size or cfg.get("input_size") or (3, 224, 224))[-2:])
+    interpolation = cfg.get("interpolation") or DEFAULT_INTERPOLATION
+    result = Preprocessing(
+        mean=tuple(cfg.get("mean") or IMAGENET_MEAN),
+        std=tuple(cfg.get("std") or IMAGENET_STD),
+        resample=resample_name(interpolation, "interpolation"),
+        size=(height, width),
+        crop_pct=cfg.get("crop_pct") or DEFAULT_CROP_PCT,
+        crop_mode=cfg.get("crop_mode") or DEFAULT_CROP_MODE,
     )
-    return image_processor(None, (height, width), interpolation, mean, std), note
+    if not expressible(result, (height, width)):
+        result.notes.append(
+            f"timm evaluates with crop_mode={result.crop_mode!r}, crop_pct={result.crop_pct} at {height}x{width}, "
+            f"which no transformers image processor expresses; the processor here resizes the whole image to "
+            f"{height}x{width}"
+        )
+    return result
+
+
+def from_timm(pretrained_cfg, input_size=None):
+    """(processor, note or None) of timm's eval transform for a pretrained_cfg (`timm_preprocessing`)."""
+    result = timm_preprocessing(pretrained_cfg, input_size)
+    return processor_for(result, None), (result.notes[0] if result.notes else None)
 
 
 def from_torchvision(weights):
@@ -104,7 +126,7 @@ def from_jax(image_size, resample="bilinear"):
     antialias when shrinking, so a large photograph differs slightly from what TensorFlow would give.
     """
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    return image_processor(None, size, resample, (0.5,) * 3, (0.5,) * 3)
+    return processor_for(Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, resample=resample, size=size), None)
 
 
 def from_transformers(folder):

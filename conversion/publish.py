@@ -168,10 +168,11 @@ def publish_entry(entry, work, dry_run=False, force=False):
             folder = work / args.run(args)
         parity = card_record(folder).get("max_abs_diff")
         parity = f"{parity:.2e}" if isinstance(parity, (int, float)) else "n/a"
-        from .hub import check_folder, push_folder
+        from .hub import check_files, check_loads, push_folder
 
         if dry_run:
-            check_folder(folder)
+            check_files(folder)
+            check_loads(folder)
             return Outcome(entry, "checked", parity, detail=str(folder))
         info = push_folder(
             folder,

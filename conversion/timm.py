@@ -5,7 +5,6 @@ names); every setting hubvit cannot express is refused. Tensors go through the s
 result is checked against timm's own forward on the same weights before anything is written.
 """
 
-import argparse
 import json
 import re
 import shlex
@@ -15,14 +14,14 @@ import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
-from .card import CITATIONS, CardInfo
+from .card import CITATIONS
 from . import sources
-from .common import ConversionError, StrictMapping, listing, read_weights
-from .folder import build_model, expected_shapes, write_folder
-from .preprocessing import from_timm
+from .common import (ConversionError, Conversion, Reference, StrictMapping, add_verify_arguments, listing,
+                     read_weights)
+from .folder import expected_shapes, write_conversion
+from .preprocessing import timm_preprocessing
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-TOLERANCE = 1e-5
 
 RENAMES = [
     (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
@@ -57,14 +56,8 @@ def add_arguments(parser):
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument("--architecture", help="timm model name, needed for a single weights file")
     parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
-    parser.add_argument(
-        "--verify",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run timm and the converted model on the same input and fail above tolerance (default: on)",
-    )
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative tolerance of --verify (1e-5)")
-    sources.add_arguments(parser)  # SRC may be a Hub repo id
+    add_verify_arguments(parser)
+    sources.add_arguments(parser)
 
 
 def import_timm():
@@ -82,8 +75,11 @@ def read_source(src, architecture, model_args):
         config_path = src / "config.json"
         if not config_path.is_file():
             raise ConversionError(f"{src}: a timm folder needs config.json (written by timm.models.save_for_hf)")
-        hub_config = json.loads(config_path.read_text())
-        if "architecture" not in hub_config:
+        try:
+            hub_config = json.loads(config_path.read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ConversionError(f"{config_path}: not valid JSON ({error})") from None
+        if not isinstance(hub_config, dict) or "architecture" not in hub_config:
             raise ConversionError(f"{config_path}: no 'architecture' field; is this a timm checkpoint folder?")
         if architecture and architecture != hub_config["architecture"]:
             raise ConversionError(
@@ -273,8 +269,8 @@ def clean_state_dict(weights):
     return dict(weights)
 
 
-def map_weights(weights, config, description):
-    """The hubvit state dict of a timm state dict, through the shared strict mapper, and the mapper itself."""
+def map_weights(weights, description):
+    """The strict mapper holding a timm state dict translated to hubvit names (call `finish` for the state dict)."""
     mapping = StrictMapping(weights, description)
     for pattern, reason in DROPS:
         mapping.drop(pattern, reason)
@@ -285,11 +281,12 @@ def map_weights(weights, config, description):
             if re.fullmatch(pattern, key):
                 mapping.map(re.sub(pattern, target, key), key)
                 break
-    return mapping.finish(expected_shapes(config)), mapping
+    return mapping
 
 
 def label_names(hub_config, num_classes):
-    """id2label from the checkpoint's own labels, else timm's ImageNet names for ImageNet-sized heads, else LABEL_i."""
+    """(id2label, where the names came from): the checkpoint's own labels, else timm's ImageNet names for
+    ImageNet-sized heads, else LABEL_i."""
     if not num_classes:
         return {}, "headless (num_classes=0)"
     hub_config = hub_config or {}
@@ -312,22 +309,19 @@ def label_names(hub_config, num_classes):
     return {i: f"LABEL_{i}" for i in range(num_classes)}, "no names in the checkpoint (LABEL_i)"
 
 
-def preprocessing(hub_config, model, config):
-    """(mean, std, resample, (height, width), crop_pct) from timm's pretrained_cfg."""
+def pretrained_cfg(hub_config, model):
+    """timm's pretrained_cfg of the model, updated by the folder's own."""
     cfg = dict(model.pretrained_cfg or {})
     if hub_config is not None:
         cfg.update(hub_config.get("pretrained_cfg") or {})
-        size = tuple(cfg.get("input_size", (3, *config.image_size_2d)))[-2:]
-    else:
-        size = config.image_size_2d
-    resample = cfg.get("interpolation") or "bicubic"
-    if resample not in ("nearest", "bilinear", "bicubic", "lanczos"):
-        raise ConversionError(
-            f"pretrained_cfg interpolation={resample!r}; expected nearest, bilinear, bicubic or lanczos"
-        )
-    mean = cfg.get("mean") or (0.485, 0.456, 0.406)
-    std = cfg.get("std") or (0.229, 0.224, 0.225)
-    return mean, std, resample, tuple(int(s) for s in size), cfg.get("crop_pct"), cfg.get("license"), cfg.get("tag")
+    return cfg
+
+
+def preprocessing(cfg, hub_config, image_size):
+    """The `Preprocessing` of timm's pretrained_cfg (mean, std, interpolation, crop_pct, crop_mode), at the folder's
+    input size, or at the model's resolution for a bare weights file."""
+    size = tuple(cfg.get("input_size", (3, *image_size)))[-2:] if hub_config is not None else tuple(image_size)
+    return timm_preprocessing(cfg, size)
 
 
 def family_of(architecture, tag):
@@ -340,25 +334,23 @@ def family_of(architecture, tag):
     return "augreg" if tag.startswith("augreg") else "vit"
 
 
-@torch.no_grad()
-def verify(timm_model, model, tolerance):
-    """Max |timm - hubvit| on one random batch (pre-logit features, logits if any) and what exceeds `tolerance`."""
-    config = model.config
-    height, width = config.image_size_2d
-    pixels = torch.randn(2, config.num_channels, height, width, generator=torch.Generator().manual_seed(0))
-    features = timm_model.forward_features(pixels)
-    pairs = {"features": (timm_model.forward_head(features, pre_logits=True), model.hubvit(pixels).pooler_output)}
-    if config.num_labels:
-        pairs["logits"] = (timm_model.forward_head(features), model(pixel_values=pixels).logits)
-    lines, worst, failed = [], 0.0, []
-    for name, (reference, ours) in pairs.items():
-        diff = (reference - ours).abs().max().item()
-        scale = reference.abs().max().item()
-        worst = max(worst, diff)
-        lines.append(f"max |Δ{name}| = {diff:.2e} (max |{name}| = {scale:.3g})")
-        if not diff <= tolerance * scale:
-            failed.append(f"{name}: max |difference| {diff:.3g} > {tolerance:g} x max |timm| {scale:.3g}")
-    return worst, lines, failed
+def reference(args, architecture, model_args, weights, mapping, name):
+    """timm's own model on the source weights: pooled features before the head, and logits when it has a head."""
+    import timm
+
+    if not args.verify:
+        return Reference.unavailable("skipped (--no-verify)")
+    timm_model = create_timm_model(architecture, model_args, device="cpu")
+    timm_model.load_state_dict({k: v for k, v in weights.items() if k not in mapping.dropped}, strict=True)
+
+    def forward(pixels):
+        features = timm_model.forward_features(pixels)
+        outputs = {"pooler_output": timm_model.forward_head(features, pre_logits=True)}
+        if timm_model.num_classes:
+            outputs["logits"] = timm_model.forward_head(features)
+        return outputs
+
+    return Reference(f"timm {timm.__version__} `{name}`", forward, tolerance=args.tolerance)
 
 
 def refuse(architecture, problems, weights):
@@ -370,35 +362,9 @@ def refuse(architecture, problems, weights):
     return ConversionError(f"timm {architecture} uses settings hubvit cannot express; nothing was written.{listed}")
 
 
-def describe(args, name, model_args, config, crop_pct, processor_note, label_source, verify_lines):
-    """(provenance, command, verification) texts for the model card."""
-    import timm
-
-    setting = f" (crop_pct={crop_pct})" if crop_pct else ""
-    crop = f" {processor_note}." if processor_note else f" The image processor is timm's eval transform{setting}."
-    provenance = (
-        f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
-        f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`.{crop} Labels: {label_source}."
-    )
-    command = shlex.join(
-        ["hubvit", "convert", "timm", str(args.src), str(args.out)]
-        + (["--architecture", args.architecture] if args.architecture else [])
-        + (["--model-args", args.model_args] if args.model_args else [])
-    )
-    verification = None
-    if verify_lines:
-        (h, w) = config.image_size_2d
-        verification = (
-            f"timm {timm.__version__} `{name}` and this model, same weights, one random float32 batch of "
-            f"2x{config.num_channels}x{h}x{w}: " + "; ".join(verify_lines) + f". Tolerance {args.tolerance:g} "
-            "relative to the output scale. At other resolutions the position table is resized as timm's "
-            "`dynamic_img_size=True` does (bicubic, antialias, float32)."
-        )
-    return provenance, command, verification
-
-
-def main(args):
-    import_timm()
+def convert(args):
+    """The `Conversion` of a timm folder or weights file."""
+    timm = import_timm()
     model_args = parse_model_args(args.model_args)
     source = sources.resolve(args)
     architecture, model_args, hub_config, weights_path = read_source(source.path, args.architecture, model_args)
@@ -410,51 +376,40 @@ def main(args):
     settings, problems = read_settings(meta_model, architecture)
     if problems:
         raise refuse(architecture, problems, weights)
-    num_classes = meta_model.num_classes
-    id2label, label_source = label_names(hub_config, num_classes)
-    config = HubViTConfig(**settings, num_labels=num_classes, id2label=id2label or None)
-    if not num_classes:
-        config.id2label, config.label2id = {}, {}
-    state_dict, mapping = map_weights(weights, config, f"timm {architecture} checkpoint ({weights_path})")
-    model = build_model(config, state_dict)
-    for line in mapping.report():
-        print(line)
-    print(f"labels: {label_source}")
-
-    mean, std, resample, size, crop_pct, license, tag = preprocessing(hub_config, meta_model, config)
-    # the source's own eval transform (crop_pct, interpolation): hubvit.conversion.preprocessing
-    source_cfg = {**(meta_model.pretrained_cfg or {}), **((hub_config or {}).get("pretrained_cfg") or {})}
-    image_processor, processor_note = from_timm(source_cfg, size)
+    labels, label_source = label_names(hub_config, meta_model.num_classes)
+    mapping = map_weights(weights, f"timm {architecture} checkpoint ({weights_path})")
+    config = HubViTConfig(**settings, num_labels=len(labels))
+    state_dict = mapping.finish(expected_shapes(config))
+    cfg = pretrained_cfg(hub_config, meta_model)
+    tag = cfg.get("tag")
     name = f"{architecture}.{tag}" if tag else architecture
-
-    max_abs_diff, lines = None, []
-    if args.verify:
-        timm_model = create_timm_model(architecture, model_args, device="cpu")
-        timm_model.load_state_dict({k: v for k, v in weights.items() if k not in mapping.dropped}, strict=True)
-        max_abs_diff, lines, failed = verify(timm_model, model, args.tolerance)
-        print("verify: " + "; ".join(lines))
-        if failed:
-            raise ConversionError(
-                f"the converted model does not reproduce timm {name}; nothing was written.\n"
-                + "\n".join(f"    {f}" for f in failed)
-            )
-
-    provenance, command, verification = describe(
-        args, name, model_args, config, crop_pct, processor_note, label_source, lines
-    )
     family = family_of(architecture, tag)
-    card = CardInfo(
-        source=source.record(),
-        provenance=provenance,
+    command = shlex.join(
+        ["hubvit", "convert", "timm", str(args.src), str(args.out)]
+        + (["--architecture", args.architecture] if args.architecture else [])
+        + (["--model-args", args.model_args] if args.model_args else [])
+    )
+    evaluation = preprocessing(cfg, hub_config, config.image_size_2d)
+    return Conversion(
+        weights=state_dict,
+        config=settings,
+        preprocessing=evaluation,
+        labels=labels,
+        reference=reference(args, architecture, model_args, weights, mapping, name),
+        provenance=f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
+        f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`. Labels: {label_source}. The image processor "
+        f"is timm's eval transform (crop_pct={evaluation.crop_pct}, crop_mode={evaluation.crop_mode}, "
+        f"{evaluation.resample}). At other resolutions "
+        "the position table is resized as timm's `dynamic_img_size=True` does (bicubic, antialias, float32).",
         command=command,
         family=family,
-        verification=verification,
-        max_abs_diff=max_abs_diff,
-        dropped=mapping.report()[1:],
-        license=license,
+        dropped=mapping.report(),
+        license=cfg.get("license"),
         citation_key=family if family in CITATIONS else None,
         title=f"hubvit {name}",
+        source=source.record(),
     )
-    out = write_folder(model, args.out, image_processor, card, overwrite=getattr(args, "overwrite", False))
-    print(f"wrote {out}")
-    return out
+
+
+def main(args):
+    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

@@ -1,14 +1,9 @@
 """hubvit: a Vision Transformer for transformers that lives on the Hugging Face Hub.
 
 Importing this package registers the classes with transformers' Auto classes, so an installed hubvit loads
-hubvit folders without `trust_remote_code`.
+hubvit folders without `trust_remote_code`. Its subpackages are the repository's top-level folders, mapped by
+`package_dir` in setup.py (a source checkout needs `pip install -e .`).
 """
-
-import os
-
-if not os.path.isdir(os.path.join(__path__[0], "modeling")):
-    # Source checkout: the subpackages are the repository's top-level folders (setup.py maps them the same way).
-    __path__.append(os.path.dirname(__path__[0]))
 
 from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 

@@ -10,6 +10,7 @@ only, no I/O.
 """
 
 from dataclasses import dataclass
+from typing import Unpack
 
 import torch
 import torch.nn.functional as F
@@ -469,7 +470,10 @@ class HubViTModel(HubViTPreTrainedModel):
         return self.embeddings.patch_embedding
 
     @capture_outputs(tie_last_hidden_states=False)
-    def forward(self, pixel_values=None, interpolate_pos_encoding=None, num_output_tokens=None, **kwargs):
+    def forward(
+        self, pixel_values=None, interpolate_pos_encoding=None, num_output_tokens=None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
         """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized.
 
         `num_output_tokens` runs the last block for the first tokens only (keys and values still come from every
@@ -549,7 +553,10 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         self.post_init()
 
     @can_return_tuple
-    def forward(self, pixel_values=None, labels=None, interpolate_pos_encoding=None, num_output_tokens=None, **kwargs):
+    def forward(
+        self, pixel_values=None, labels=None, interpolate_pos_encoding=None, num_output_tokens=None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
         """Logits (and the loss for `labels`, chosen by transformers' `loss_function` from `problem_type`).
 
         `num_output_tokens` is passed to the body: with the number of tokens the head reads

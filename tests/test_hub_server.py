@@ -168,25 +168,31 @@ def test_private_repo_and_tokens(hub_server, tmp_path):
     assert not server.unhandled
 
 
-def test_transformers_push_and_from_pretrained(hub_server):
+def test_transformers_push_to_hub_of_a_hubvit_model_round_trips(hub_server, tmp_path):
+    """transformers' own `push_to_hub` on a hubvit model uploads the modeling files beside the weights (what a user
+    without hubvit runs), and the Auto classes load the same model back from the Hub."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
+    try:
+        from utils import randomize_, tiny_config
+    except ImportError:
+        from tests.utils import randomize_, tiny_config
+    from hubvit import HubViTForImageClassification
+
     server = hub_server
-    cfg = transformers.ViTConfig(
-        image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
-    )
-    model = transformers.ViTModel(cfg).eval()
-    repo_id = f"{server.user}/tiny-vit"
+    model = randomize_(HubViTForImageClassification(tiny_config(num_labels=3))).eval()
+    repo_id = f"{server.user}/tiny-hubvit"
     model.push_to_hub(repo_id)
-    assert "model.safetensors" in server.files(repo_id)
+    files = server.files(repo_id)
+    assert {"config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py"} <= set(files)
     assert "model.safetensors" in server.repo(repo_id).head().lfs  # *.safetensors -> LFS by suffix
 
-    before = len(server.requests)
-    loaded = transformers.ViTModel.from_pretrained(repo_id).eval()
-    hits = [r for r in server.requests[before:] if f"/{repo_id}/resolve/" in r[1]]
-    assert hits, "from_pretrained did not reach the fake hub"
-    for k, v in model.state_dict().items():
-        assert torch.equal(v, loaded.state_dict()[k]), k
+    loaded = transformers.AutoModelForImageClassification.from_pretrained(
+        repo_id, trust_remote_code=True, cache_dir=tmp_path / "cache"
+    ).eval()
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(pixel_values=pixels).logits, model(pixel_values=pixels).logits)
     assert not server.unhandled
 
 

@@ -133,7 +133,7 @@ def test_unexpressible_timm_settings_say_what_they_do_instead():
 
 
 def test_refuses_an_unknown_interpolation():
-    with pytest.raises(ValueError, match="interpolation 'random'"):
+    with pytest.raises(ValueError, match="interpolation='random'"):
         preprocessing.from_timm(dict(input_size=(3, 224, 224), interpolation="random"))
 
 

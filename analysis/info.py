@@ -1,0 +1,289 @@
+"""The design document's arithmetic, from a config: tokens, attention memory, parameters and MACs by part.
+
+Everything here is counted from the config alone (no model is built), so it works for a ViT-H as fast as for a
+ViT-Ti; the tests check the totals against `sum(p.numel())` and `torch.utils.flop_counter.FlopCounterMode` on the
+real model. MACs are those of the matrix products (linear layers, the patch convolution, the two attention
+products): the operations FlopCounterMode counts, and FLOPs = 2 x MACs. Norms, softmax, activations, biases and
+residual additions cost O(T x d) each and are left out, as in the paper's and timm's counts.
+"""
+
+from dataclasses import dataclass
+
+# Sizes from the ViT paper (Table 1) and DeiT (Ti): hidden size, depth, heads, MLP size.
+SIZES = {
+    "ti": (192, 12, 3, 768),
+    "s": (384, 12, 6, 1536),
+    "b": (768, 12, 12, 3072),
+    "l": (1024, 24, 16, 4096),
+    "h": (1280, 32, 16, 5120),
+}
+DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
+
+
+def preset_config(name, image_size=224, num_labels=1000):
+    """`b/16`-style names (size letter / patch side) as a `HubViTConfig` with the paper's 1000-class head."""
+    from hubvit import HubViTConfig
+
+    size, _, patch = name.lower().partition("/")
+    if size not in SIZES or not patch.isdigit() or int(patch) <= 0:
+        raise ValueError(f"unknown preset {name!r}; expected SIZE/PATCH with SIZE in {sorted(SIZES)}, e.g. 'b/16'")
+    hidden, depth, heads, mlp = SIZES[size]
+    return HubViTConfig(image_size=image_size, patch_size=int(patch), hidden_size=hidden, num_hidden_layers=depth,
+                        num_attention_heads=heads, intermediate_size=mlp, num_labels=num_labels)
+
+
+def parse_image_size(value):
+    """`224` or `224x320` (height x width) as an (h, w) pair."""
+    parts = str(value).lower().split("x")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"image size {value!r} must be a positive int or HEIGHTxWIDTH, e.g. 224 or 224x320")
+    sizes = [int(p) for p in parts]
+    return (sizes[0], sizes[-1])
+
+
+def dtype_bytes(dtype):
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def grid_of(config, image_size=None):
+    (h, w) = tuple(image_size) if image_size is not None else config.image_size_2d
+    ph, pw = config.patch_size_2d
+    if h % ph or w % pw:
+        raise ValueError(f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}")
+    return h // ph, w // pw
+
+
+@dataclass
+class Tokens:
+    grid: tuple
+    num_patches: int
+    num_prefix: int
+
+    @property
+    def sequence_length(self):
+        return self.num_patches + self.num_prefix
+
+
+def tokens(config, image_size=None):
+    grid = grid_of(config, image_size)
+    return Tokens(grid, grid[0] * grid[1], config.num_prefix_tokens)
+
+
+def attention_memory(config, image_size=None, batch_size=1, dtype="float32"):
+    """Attention-score entries and bytes for patch tokens, beside the same image taken pixel by pixel.
+
+    The pixel-level sequence has one token per pixel and no prefix token, as in the design document's example
+    (224 x 224 pixels: 50,176 tokens, 50,176^2 / 197^2 = 64,872x more entries).
+    """
+    size = tuple(image_size) if image_size is not None else config.image_size_2d
+    heads, depth, itemsize = config.num_attention_heads, config.num_hidden_layers, dtype_bytes(dtype)
+
+    def side(sequence):
+        entries = sequence * sequence
+        layer = batch_size * heads * entries * itemsize
+        return {"sequence_length": sequence, "entries_per_head": entries, "bytes_per_layer": layer,
+                "bytes_all_layers": layer * depth}
+
+    patches = side(tokens(config, size).sequence_length)
+    pixels = side(size[0] * size[1])
+    return {"batch_size": batch_size, "dtype": dtype, "heads": heads, "layers": depth, "patches": patches,
+            "pixels": pixels, "reduction": pixels["entries_per_head"] / patches["entries_per_head"]}
+
+
+def position_parameters(config):
+    """Position-table parameters outside the blocks (the relative 2D bias lives in each block)."""
+    kind, dim = config.position_embedding_type, config.hidden_size
+    gh, gw = config.grid_size
+    if kind == "learned":
+        return (gh * gw + (config.num_prefix_tokens if config.position_embedding_includes_prefix else 0)) * dim
+    if kind == "learned_2d":
+        return (gh + gw) * (dim // 2)
+    return 0
+
+
+def linear(n_in, n_out, bias=True):
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def block_parameters(config):
+    """(sub-layer, parameters) of one encoder block, in forward order."""
+    d, m = config.hidden_size, config.intermediate_size
+    gh, gw = config.grid_size
+    parts = [("norm1", 2 * d), ("attention.qkv", linear(d, 3 * d, config.qkv_bias)), ("attention.proj", linear(d, d))]
+    if config.position_embedding_type == "relative_2d":
+        parts.append(("attention.relative_position_bias", config.num_attention_heads * (2 * gh - 1) * (2 * gw - 1)))
+    parts += [("norm2", 2 * d), ("mlp.fc1", linear(d, m)), ("mlp.fc2", linear(m, d))]
+    if config.layer_scale_init_value is not None:
+        parts.append(("layer_scale", 2 * d))
+    return parts
+
+
+def head_features(config):
+    return config.representation_size or config.pooled_size
+
+
+def parameter_parts(config, head=True):
+    """(part, parameters) in forward order; blocks are listed once, times the depth. `head=False`: the body alone
+    (`HubViTModel`: no representation layer, no classifier)."""
+    d, c = config.hidden_size, config.num_channels
+    ph, pw = config.patch_size_2d
+    parts = [("patch_embedding", ph * pw * c * d + (d if config.patch_bias else 0)),
+             ("prefix_tokens", config.num_prefix_tokens * d),
+             ("position_embedding", position_parameters(config))]
+    if config.pre_norm:
+        parts.append(("pre_norm", 2 * d))
+    depth = config.num_hidden_layers
+    parts += [(f"blocks.{name} (x{depth})", depth * count) for name, count in block_parameters(config)]
+    parts.append(("final_norm", 2 * d))
+    if config.pooling == "map":
+        m = config.intermediate_size
+        parts.append(("pooler.map_head", d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + 2 * d
+                      + linear(d, m) + linear(m, d)))
+    if head and config.representation_size is not None:
+        parts.append(("pre_logits", linear(config.pooled_size, config.representation_size)))
+    heads = 2 if config.distillation_token and config.distillation_head else 1
+    if head and config.num_labels > 0:
+        parts.append(("head" if heads == 1 else "heads (cls + distillation)",
+                      heads * linear(head_features(config), config.num_labels)))
+    return [(name, count) for name, count in parts if count]
+
+
+def encoder_parameters(config):
+    return config.num_hidden_layers * sum(count for _, count in block_parameters(config))
+
+
+def mac_parts(config, image_size=None, head=True):
+    """(part, multiply-accumulates) of one image's forward pass, in forward order (batch 1)."""
+    t = tokens(config, image_size)
+    n, seq = t.num_patches, t.sequence_length
+    d, m, depth = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    ph, pw = config.patch_size_2d
+    parts = [("patch_embedding", n * ph * pw * config.num_channels * d),
+             ("qkv", depth * seq * d * 3 * d),
+             ("attention_scores (QK^T)", depth * seq * seq * d),
+             ("attention_weighted_sum (AV)", depth * seq * seq * d),
+             ("attention_output_projection", depth * seq * d * d),
+             ("mlp", depth * 2 * seq * d * m)]
+    if config.pooling == "map":
+        parts.append(("map_head", d * d + seq * 2 * d * d + 2 * seq * d + d * d + 2 * d * m))
+    if head and config.representation_size is not None:
+        parts.append(("pre_logits", config.pooled_size * config.representation_size))
+    heads = 2 if config.distillation_token and config.distillation_head else 1
+    if head and config.num_labels > 0:
+        parts.append(("head", heads * head_features(config) * config.num_labels))
+    return parts
+
+
+def training_step_macs(config, image_size=None, head=True):
+    """One image's forward and backward: every product costs 3x its forward (the output and two gradients),
+    except the patch embedding, whose input (the pixels) needs no gradient: 2x."""
+    parts = dict(mac_parts(config, image_size, head))
+    return 3 * sum(parts.values()) - parts["patch_embedding"]
+
+
+def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
+    """Everything `hubvit info` prints, as a JSON-able dict."""
+    size = tuple(image_size) if image_size is not None else config.image_size_2d
+    t = tokens(config, size)
+    params = parameter_parts(config, head)
+    macs = mac_parts(config, size, head)
+    forward = sum(count for _, count in macs)
+    return {
+        "image_size": list(size),
+        "patch_size": list(config.patch_size_2d),
+        "grid": list(t.grid),
+        "num_patches": t.num_patches,
+        "num_prefix_tokens": t.num_prefix,
+        "sequence_length": t.sequence_length,
+        "attention": attention_memory(config, size, batch_size, dtype),
+        "parameters": {"parts": dict(params), "encoder": encoder_parameters(config),
+                       "total": sum(count for _, count in params)},
+        "macs_per_image": {"parts": dict(macs), "forward": forward, "forward_flops": 2 * forward,
+                           "training_step": training_step_macs(config, size, head),
+                           "training_step_flops": 2 * training_step_macs(config, size, head)},
+    }
+
+
+def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="float32", head=True):
+    """One row per patch side at the same image size: how N, attention memory and MACs grow while the encoder's
+    parameters stay the same (only the patch embedding and the position table change)."""
+    size = tuple(image_size) if image_size is not None else config.image_size_2d
+    rows = []
+    for patch in patch_sizes:
+        if size[0] % patch or size[1] % patch:
+            raise ValueError(f"patch size {patch} does not divide the image size {size[0]}x{size[1]}")
+        variant = config.__class__.from_dict({**config.to_dict(), "patch_size": patch,
+                                              "image_size": list(size) if size[0] != size[1] else size[0]})
+        info = summary(variant, size, batch_size, dtype, head)
+        rows.append({"patch_size": patch, "grid": info["grid"], "num_patches": info["num_patches"],
+                     "sequence_length": info["sequence_length"],
+                     "attention_entries_per_head": info["attention"]["patches"]["entries_per_head"],
+                     "attention_bytes_all_layers": info["attention"]["patches"]["bytes_all_layers"],
+                     "forward_macs": info["macs_per_image"]["forward"],
+                     "encoder_parameters": info["parameters"]["encoder"],
+                     "total_parameters": info["parameters"]["total"]})
+    return rows
+
+
+def human_bytes(count):
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def human_count(count):
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}"
+    return str(count)
+
+
+def table(rows, header):
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+
+    def line(row):
+        return "  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def format_summary(info, name="model"):
+    att = info["attention"]
+    p, x = att["patches"], att["pixels"]
+    (h, w), (gh, gw) = info["image_size"], info["grid"]
+    lines = [
+        f"{name}: {h}x{w} image, {info['patch_size'][0]}x{info['patch_size'][1]} patches",
+        f"  grid {gh} x {gw} = {info['num_patches']:,} patches, {info['num_prefix_tokens']} prefix token(s), "
+        f"sequence length {info['sequence_length']:,}",
+        "",
+        f"Attention scores ({att['heads']} heads, {att['layers']} layers, batch {att['batch_size']}, {att['dtype']}):",
+        table([["patch tokens", f"{p['sequence_length']:,}", f"{p['entries_per_head']:,}",
+                human_bytes(p["bytes_per_layer"]), human_bytes(p["bytes_all_layers"])],
+               ["pixel tokens", f"{x['sequence_length']:,}", f"{x['entries_per_head']:,}",
+                human_bytes(x["bytes_per_layer"]), human_bytes(x["bytes_all_layers"])]],
+              ["tokens", "sequence", "entries / head", "memory / layer", "memory, all layers"]),
+        f"  pixel tokens need {att['reduction']:,.0f}x more attention entries than patches",
+        "",
+        "Parameters:",
+        table([[k, f"{v:,}"] for k, v in info["parameters"]["parts"].items()]
+              + [["total", f"{info['parameters']['total']:,}"]], ["part", "parameters"]),
+        "",
+        "Multiply-accumulates per image (FLOPs = 2 x MACs):",
+        table([[k, f"{v:,}", human_count(v)] for k, v in info["macs_per_image"]["parts"].items()]
+              + [["forward", f"{info['macs_per_image']['forward']:,}", human_count(info["macs_per_image"]["forward"])],
+                 ["training step (fwd + bwd)", f"{info['macs_per_image']['training_step']:,}",
+                  human_count(info["macs_per_image"]["training_step"])]], ["part", "MACs", ""]),
+    ]
+    return "\n".join(lines)
+
+
+def format_patch_rows(rows):
+    return table([[r["patch_size"], f"{r['grid'][0]}x{r['grid'][1]}", f"{r['num_patches']:,}",
+                   f"{r['attention_entries_per_head']:,}", human_bytes(r["attention_bytes_all_layers"]),
+                   human_count(r["forward_macs"]) + "MAC", f"{r['encoder_parameters']:,}",
+                   f"{r['total_parameters']:,}"] for r in rows],
+                 ["patch", "grid", "N", "entries / head", "attention, all layers", "forward", "encoder params",
+                  "total params"])

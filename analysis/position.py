@@ -1,0 +1,75 @@
+"""Position embeddings as the paper draws them (Figure 7, centre): the cosine similarity of each patch's position
+vector with every other patch's, and, for the relative 2D bias, each head's bias over (dy, dx) offsets.
+
+Tables are read through the model's own methods (`learned_table`, `learned_2d_table`, `sincos_2d_position_table`,
+`relative_bias_table`), so a resized table is exactly what the model adds at that size.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .attention import body
+
+
+def position_table(model, grid=None):
+    """(N, D) position vectors of the patches at `grid` (default: the native grid), or None for `relative_2d` and
+    `none`, which add no vector to the patches."""
+    from hubvit.modeling.modeling_hubvit import sincos_2d_position_table
+
+    model = body(model)
+    config, embeddings = model.config, model.embeddings
+    grid = tuple(grid or config.grid_size)
+    kind = config.position_embedding_type
+    with torch.no_grad():
+        if kind == "learned":
+            table = embeddings.learned_table(grid)
+            return table[0, table.shape[1] - grid[0] * grid[1] :].float()
+        if kind == "learned_2d":
+            return embeddings.learned_2d_table(grid)[0].float()
+        if kind == "sincos_2d":
+            return sincos_2d_position_table(grid, config.hidden_size)[0]
+    return None
+
+
+def cosine_similarity_grid(table, grid):
+    """(gh, gw, gh, gw): entry [i, j] is the map of patch (i, j)'s cosine similarity with every patch."""
+    unit = F.normalize(table.float(), dim=-1)
+    return (unit @ unit.t()).reshape(grid[0], grid[1], grid[0], grid[1])
+
+
+def stripe_score(similarity):
+    """How much more similar patches in the same row or column are than other pairs at the same distance.
+
+    For each axis-aligned offset of length k, the mean similarity of those pairs minus the mean similarity of the
+    off-axis pairs whose Euclidean distance rounds to k; averaged over the k where both exist. About 0 for a table
+    that depends on distance only (or on nothing), positive where rows and columns show as stripes (the paper's
+    learned 1D tables; a [sin x, cos x, sin y, cos y] table by construction). None when no k has both kinds.
+    """
+    gh, gw = similarity.shape[:2]
+    ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    ys, xs = ys.reshape(-1), xs.reshape(-1)
+    dy, dx = (ys[:, None] - ys[None, :]).abs(), (xs[:, None] - xs[None, :]).abs()
+    values = similarity.reshape(gh * gw, gh * gw).double()
+    distance = torch.sqrt((dy.square() + dx.square()).double())
+    aligned = ((dy == 0) | (dx == 0)) & (distance > 0)
+    off_axis = (dy > 0) & (dx > 0)
+    gaps = []
+    for k in range(1, max(gh, gw)):
+        on = aligned & (distance == k)
+        off = off_axis & (distance.round() == k)
+        if on.any() and off.any():
+            gaps.append(values[on].mean() - values[off].mean())
+    return float(torch.stack(gaps).mean()) if gaps else None
+
+
+def relative_bias_tables(model, layer=0, grid=None):
+    """(heads, 2gh - 1, 2gw - 1) biases over (dy, dx) of one block, resized to `grid` as the model does."""
+    model = body(model)
+    layers = model.encoder.layers
+    if not -len(layers) <= layer < len(layers):
+        raise ValueError(f"layer {layer} does not exist; the model has layers 0..{len(layers) - 1}")
+    attention = layers[layer].attention
+    if attention.relative_position_bias is None:
+        raise ValueError("the model has no relative position bias (position_embedding_type is not 'relative_2d')")
+    with torch.no_grad():
+        return attention.relative_bias_table(tuple(grid or model.config.grid_size)).float()

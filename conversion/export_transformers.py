@@ -1,0 +1,195 @@
+"""`hubvit export transformers`: a hubvit folder as transformers' built-in `ViTForImageClassification`.
+
+A hubvit folder that transformers' ViT can express becomes a `ViTForImageClassification` (or `ViTModel` without
+pooler when headless) folder written by transformers' own `save_pretrained`, after both models agree on one batch;
+anything else is refused with the list of offending settings.
+"""
+
+from pathlib import Path
+
+import torch
+
+from ..modeling import HubViTConfig
+from .common import TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, verify
+from .folder import build_model, make_image_processor, staged_folder
+from .transformers import read_folder_weights, read_json
+
+VIT_INTERPOLATION = ("bicubic", False, False)
+VIT_LAYER_NAMES = {
+    "norm1": "layernorm_before",
+    "attention.proj": "attention.o_proj",
+    "norm2": "layernorm_after",
+    "mlp.fc1": "mlp.fc1",
+    "mlp.fc2": "mlp.fc2",
+}
+
+
+def export_problems(config):
+    """Settings of a hubvit config transformers' ViT cannot express (empty when it can)."""
+    from transformers.activations import ACT2FN
+
+    checks = [
+        (not config.class_token, "class_token=False (ViT always prepends [CLS])"),
+        (config.distillation_token, "distillation_token=True (DeiT, not ViT)"),
+        (config.num_register_tokens, f"num_register_tokens={config.num_register_tokens} (ViT has no registers)"),
+        (
+            config.position_embedding_type != "learned",
+            f"position_embedding_type={config.position_embedding_type!r} (ViT has a learned 1D table)",
+        ),
+        (config.pooling != "cls", f"pooling={config.pooling!r} (ViT classifies the [CLS] token)"),
+        (config.fc_norm, "fc_norm=True (ViT norms before pooling)"),
+        (config.layer_scale_init_value is not None, "layer_scale_init_value set (ViT has no layer scale)"),
+        (config.pre_norm, "pre_norm=True (ViT has no LayerNorm before the encoder)"),
+        (config.representation_size is not None, f"representation_size={config.representation_size} (no pre-logits)"),
+        (config.dynamic_img_pad, "dynamic_img_pad=True (ViT does not pad inputs)"),
+        (config.hidden_act not in ACT2FN, f"hidden_act={config.hidden_act!r} (not in transformers' ACT2FN)"),
+    ]
+    return [text for bad, text in checks if bad]
+
+
+def export_notes(config):
+    """What changes without affecting the outputs at the native resolution."""
+    notes = []
+    interpolation = (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners)
+    if interpolation != VIT_INTERPOLATION:
+        notes.append(
+            f"interpolation {interpolation} becomes ViT's (bicubic, antialias=False, align_corners=False): outputs at "
+            "other resolutions (interpolate_pos_encoding=True) differ from hubvit's"
+        )
+    if config.drop_path_rate:
+        notes.append(f"drop_path_rate={config.drop_path_rate} is dropped: ViT has no stochastic depth (training only)")
+    if not config.position_embedding_includes_prefix:
+        notes.append("the position table has no [CLS] row: ViT's gets a zero row (same outputs at every size)")
+    if len(set(config.image_size_2d)) > 1 or len(set(config.patch_size_2d)) > 1:
+        notes.append("non-square image or patch: ViT runs it at the native size but cannot interpolate its table")
+    return notes
+
+
+def vit_config(config):
+    from transformers import ViTConfig
+
+    labels = {}
+    if config.num_labels:
+        id2label = {int(k): v for k, v in config.id2label.items()}
+        labels = dict(id2label=id2label, label2id=config.label2id or {v: k for k, v in id2label.items()})
+    return ViTConfig(
+        image_size=config.image_size,
+        patch_size=config.patch_size,
+        num_channels=config.num_channels,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act=config.hidden_act,
+        layer_norm_eps=config.layer_norm_eps,
+        qkv_bias=config.qkv_bias,
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        initializer_range=config.initializer_range,
+        num_labels=config.num_labels,
+        **labels,
+    )
+
+
+def map_to_vit(weights, config, prefix, description):
+    """The shared strict mapper from a hubvit state dict to ViT's v5 in-memory names under `prefix`."""
+    mapping = StrictMapping(weights, description)
+    dim = config.hidden_size
+    ours, theirs = "hubvit.embeddings.", f"{prefix}embeddings."
+    mapping.map(f"{theirs}cls_token", f"{ours}class_token")
+    table = f"{ours}position_embedding"
+    if config.position_embedding_includes_prefix:
+        mapping.map(f"{theirs}position_embeddings", table)
+    else:
+        mapping.map(f"{theirs}position_embeddings", table, lambda t: torch.cat([torch.zeros_like(t[:, :1]), t], 1))
+    patch = f"{theirs}patch_embeddings.projection."
+    mapping.map(f"{patch}weight", f"{ours}patch_embedding.weight")
+    if config.patch_bias:
+        mapping.map(f"{patch}bias", f"{ours}patch_embedding.bias")
+    else:
+        mapping.create(f"{patch}bias", torch.zeros(dim), "patch_bias=False: ViT's patch convolution has a bias; zero "
+                       "gives the same outputs")
+    for i in range(config.num_hidden_layers):
+        src, dst = f"hubvit.encoder.layers.{i}.", f"{prefix}layers.{i}."
+        for part in ("weight", "bias") if config.qkv_bias else ("weight",):
+            for n, name in enumerate(("q_proj", "k_proj", "v_proj")):
+                rows = slice(n * dim, (n + 1) * dim)
+                mapping.map(f"{dst}attention.{name}.{part}", f"{src}attention.qkv.{part}", lambda t, r=rows: t[r])
+        for name, vit_name in VIT_LAYER_NAMES.items():
+            for part in ("weight", "bias"):
+                mapping.map(f"{dst}{vit_name}.{part}", f"{src}{name}.{part}")
+    for part in ("weight", "bias"):
+        mapping.map(f"{prefix}layernorm.{part}", f"hubvit.norm.{part}")
+        if config.num_labels:
+            mapping.map(f"classifier.{part}", f"classifier.{part}")
+    return mapping
+
+
+def build_vit(config, weights, description):
+    """transformers' ViTForImageClassification (ViTModel without pooler when headless) holding `weights`."""
+    from transformers import ViTForImageClassification, ViTModel
+
+    headless = not config.num_labels
+    vit_class, kwargs = (ViTModel, {"add_pooling_layer": False}) if headless else (ViTForImageClassification, {})
+    vit_cfg = vit_config(config)
+    vit_cfg.architectures = [vit_class.__name__]
+    model = vit_class(vit_cfg, **kwargs).eval()
+    shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    mapping = map_to_vit(weights, config, "" if headless else "vit.", description)
+    model.load_state_dict(mapping.finish(shapes), strict=True)
+    return model, mapping
+
+
+def add_arguments(parser):
+    parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
+    parser.add_argument("out", metavar="OUT", help="folder for transformers' ViTForImageClassification / ViTModel")
+    parser.add_argument(
+        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
+    )
+
+
+def main(args):
+    """Export `args.src` as transformers' ViT at `args.out`, checked against the hubvit model first."""
+    import transformers
+    from transformers import ViTImageProcessor
+
+    src, out = Path(args.src), Path(args.out)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
+    raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
+    if raw.get("model_type") != HubViTConfig.model_type:
+        raise ConversionError(
+            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
+        )
+    config = HubViTConfig.from_pretrained(str(src))
+    problems = export_problems(config)
+    if problems:
+        raise ConversionError(
+            "transformers' ViT cannot express this hubvit model; nothing was written. Offending settings:\n"
+            + "\n".join(f"    {p}" for p in problems)
+        )
+    weights, weights_path = read_folder_weights(src)
+    if not any(key.startswith("hubvit.") for key in weights):
+        weights = {f"hubvit.{key}": value for key, value in weights.items()}
+    model, mapping = build_vit(config, weights, f"hubvit folder ({weights_path})")
+    for line in mapping.report() + export_notes(config):
+        print(line)
+
+    def forward(pixels):
+        outputs = model(pixel_values=pixels)
+        return {"logits": outputs.logits} if config.num_labels else {"last_hidden_state": outputs.last_hidden_state}
+
+    exported = Reference(f"the exported transformers {transformers.__version__} `{type(model).__name__}`", forward,
+                         tolerance=args.tolerance)
+    result = verify(exported, build_model(config, weights))
+    print("verify: " + "; ".join(result.lines))
+
+    with staged_folder(out, getattr(args, "overwrite", False)) as staging:
+        model.save_pretrained(staging)
+        if (src / "preprocessor_config.json").is_file():
+            ViTImageProcessor.from_pretrained(str(src)).save_pretrained(staging)
+        else:
+            make_image_processor(config).save_pretrained(staging)
+    print(f"wrote {out} ({type(model).__name__})")
+    return out

@@ -1,0 +1,53 @@
+"""The installed package maps exactly the folders setup.py names, in a source checkout too (`pip install -e .`).
+
+Run in a fresh interpreter from the repository root, where `./hubvit` is importable by path: what resolves there is
+what the editable install's `package_dir` mapping provides, nothing the checkout happens to hold beside it.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = r"""
+import importlib.util, json, sys
+names = sys.argv[1:]
+found = {}
+for name in names:
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        spec = None
+    found[name] = spec.origin if spec else None
+print(json.dumps(found))
+"""
+
+
+MAPPED = ("hubvit.conversion", "hubvit.modeling", "hubvit.scripts.cli", "hubvit.conversion.common")
+NOT_MAPPED = ("hubvit.tests", "hubvit.setup", "hubvit.hubvit", "hubvit.benchmarks")
+
+
+@pytest.fixture(scope="module")
+def found():
+    """Where each module name resolves (its file), or None, in a fresh Python started at the repository root."""
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *MAPPED, *NOT_MAPPED], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def test_subpackages_resolve_to_the_top_level_folders(found):
+    assert found["hubvit.conversion"] == str(ROOT / "conversion" / "__init__.py")
+    assert found["hubvit.modeling"] == str(ROOT / "modeling" / "__init__.py")
+    assert found["hubvit.scripts.cli"] == str(ROOT / "scripts" / "cli.py")
+    assert found["hubvit.conversion.common"] == str(ROOT / "conversion" / "common.py")
+
+
+def test_folders_setup_does_not_map_are_not_subpackages(found):
+    """setup.py calls setup() on import and tests/ is not shipped: neither may be reachable as hubvit.*."""
+    assert {name: found[name] for name in NOT_MAPPED} == dict.fromkeys(NOT_MAPPED)
