@@ -31,7 +31,8 @@ DEFAULT_NATIVE_SIZE = 224
 
 def add_arguments(parser):
     parser.add_argument(
-        "src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// address"
+        "src", metavar="SRC",
+        help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// address",
     )
     parser.add_argument("out", metavar="OUT", help="folder to write")
     parser.add_argument(

@@ -42,7 +42,9 @@ class Outcome:
 
 
 def add_arguments(parser):
-    parser.add_argument("manifest", metavar="MANIFEST", help="YAML or CSV of source, converter, options, repo_id, private")
+    parser.add_argument(
+        "manifest", metavar="MANIFEST", help="YAML or CSV of source, converter, options, repo_id, private"
+    )
     parser.add_argument("--dry-run", action="store_true", help="convert and check every entry, push nothing")
     parser.add_argument("--force", action="store_true", help="convert and push even where the card says it is current")
     parser.add_argument("--work-dir", metavar="DIR", help="keep the converted folders here (default: a temporary one)")

@@ -14,8 +14,8 @@ from hubvit.conversion import hub, publish
 
 CONVERTERS = {
     "timm": ("hubvit.conversion.timm", "a timm checkpoint (Hub-layout folder, weights file or Hub repo id)"),
-    "jax": ("hubvit.conversion.jax", "an original JAX .npz (vision_transformer or big_vision; a file or an https:// address)"),
-    "transformers": ("hubvit.conversion.transformers", "a folder saved by transformers, or a Hub repo id (ViT, DeiT, DINOv2)"),
+    "jax": ("hubvit.conversion.jax", "an original JAX .npz (vision_transformer or big_vision), a file or https://"),
+    "transformers": ("hubvit.conversion.transformers", "a transformers folder or Hub repo id (ViT, DeiT, DINOv2)"),
 }
 EXPORTERS = {
     "transformers": ("hubvit.conversion.export_transformers", "a folder transformers' built-in ViT loads"),
