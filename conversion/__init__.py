@@ -7,8 +7,8 @@ A source format is one module here, of one shape (`jax`, `timm`, `transformers` 
 - `convert(args) -> common.Conversion`: find SRC (`sources.resolve(args)`: a local path, a download, and the
   `source` record of where it came from for the card), read it safely (`common.read_weights`), translate names
   and layouts through `common.StrictMapping` (`map`/`combine` what exists, `drop` with a reason what is discarded,
-  `create` with a reason what the source lacks), and describe the source: config fields, `Preprocessing` (its evaluation
-  transform; `preprocessing.processor_for` builds the folder's image processor from it), labels, and a
+  `create` with a reason what the source lacks), and describe the source: config fields, `Preprocessing` (its
+  evaluation transform; `preprocessing.processor_for` builds the folder's image processor from it), labels, and a
   `Reference` whose `forward` runs the SOURCE implementation on the same weights (`Reference.unavailable(reason)`
   when it cannot run);
 - `main(args)`: `folder.write_conversion(convert(args), args.out, overwrite=args.overwrite)`, which builds the
