@@ -80,7 +80,7 @@ def check_output_path(out_dir, src=None):
         raise ConversionError(f"OUT {text!r} is the current folder or one above it ({resolved}); give a new folder")
     if resolved == Path(os.path.expanduser("~")).resolve():
         raise ConversionError(f"OUT {text!r} is the home folder")
-    if src is not None and str(src).strip():
+    if src is not None and str(src).strip() and Path(src).exists():  # not a Hub repo id or an address
         source = Path(src).resolve()
         if resolved == source or resolved in source.parents:
             raise ConversionError(f"OUT {text!r} is SRC or holds SRC ({source}); replacing it would delete the source")

@@ -272,3 +272,17 @@ def test_sha256_mismatch_and_offline_cache_miss_are_refused(tmp_path, npz_cache,
         assert "not in hubvit's cache" in capsys.readouterr().err
     finally:
         server.close()
+
+
+def test_an_out_folder_named_like_the_repo_namespace_is_not_taken_for_src(tmp_path, monkeypatch):
+    """`hubvit convert timm timm/NAME timm`: SRC is a repo id, not a local folder inside OUT, so OUT is accepted;
+    a local SRC inside OUT is still refused."""
+    from hubvit.conversion.common import ConversionError
+    from hubvit.conversion.folder import check_output_path
+
+    monkeypatch.chdir(tmp_path)
+    assert check_output_path("timm", "timm/vit_tiny_patch16_224.augreg_in21k").name == "timm"
+    (tmp_path / "timm").mkdir()
+    (tmp_path / "timm" / "weights.safetensors").write_bytes(b"x")
+    with pytest.raises(ConversionError, match="is SRC or holds SRC"):
+        check_output_path("timm", "timm/weights.safetensors")
