@@ -1,5 +1,6 @@
 """What the analysis commands read: SRC (a hubvit folder, a Hub repo id or a preset such as `b/16`) and images."""
 
+import math
 import os
 from pathlib import Path
 
@@ -132,4 +133,14 @@ def to_model_mode(image, config):
 
 
 def preprocess(processor, images, size):
-    return processor(images=images, size={"height": size[0], "width": size[1]}, return_tensors="pt")["pixel_values"]
+    """`images` as the model's processor prepares them, at `size`; a cropping processor (a conversion's timm or
+    DINOv2 eval transform) keeps its resize-to-crop ratio, so the model still sees exactly `size`."""
+    height, width = size
+    options = {"size": {"height": height, "width": width}}
+    if getattr(processor, "do_center_crop", False):
+        shorter = (processor.size or {}).get("shortest_edge")
+        crop = processor.crop_size or {}
+        if shorter and crop.get("height") and height == width:
+            options["size"] = {"shortest_edge": math.floor(height * shorter / crop["height"])}
+        options["crop_size"] = {"height": height, "width": width}
+    return processor(images=images, return_tensors="pt", **options)["pixel_values"]

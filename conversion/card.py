@@ -6,6 +6,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from .common import RESAMPLE_NAMES
+from .preprocessing import describe as describe_processor
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "model_cards"
 
@@ -68,6 +69,7 @@ class CardInfo:
     repo_id: str = REPO_PLACEHOLDER
     title: str | None = None
     eval_split: str | None = None
+    source: dict = field(default_factory=dict)  # where SRC came from: hubvit.conversion.sources.Source.record()
 
 
 def count_parameters(model):
@@ -137,6 +139,22 @@ def set_repo_id(text, repo_id):
     return text.replace(f'"{REPO_PLACEHOLDER}"', f'"{repo_id}"')
 
 
+def provenance_metadata(info: CardInfo):
+    """The card's machine-readable record: hubvit's version, the source, the parity figure (`hubvit publish`)."""
+    from .. import __version__
+
+    record = {"version": __version__, "source": dict(info.source) or None, "max_abs_diff": info.max_abs_diff}
+    return {key: value for key, value in record.items() if value is not None}
+
+
+def source_line(source):
+    if not source:
+        return None
+    if source.get("repo_id"):
+        return f"Source: Hub repo `{source['repo_id']}` at commit `{source['revision']}`."
+    return f"Source: <{source['url']}>, sha256 `{source['sha256']}`."
+
+
 def render_card(model, info: CardInfo, image_processor=None):
     """A `ModelCard` for `model` (a hubvit model) with `info`; its YAML metadata follows the Hub's schema."""
     config = model.config
@@ -156,6 +174,7 @@ def render_card(model, info: CardInfo, image_processor=None):
         "base_model": info.base_model,
         "eval_results": eval_results,
         "model_name": title if eval_results else None,
+        "hubvit": provenance_metadata(info),
     }
     card_data = ModelCardData(**{k: v for k, v in metadata.items() if v is not None})
     (h, w), (ph, pw) = config.image_size_2d, config.patch_size_2d
@@ -217,4 +236,6 @@ def render_card(model, info: CardInfo, image_processor=None):
         pipeline_tag=pipeline_tag,
         repo_id=info.repo_id,
         family_citations=citations(info),
+        preprocessing=describe_processor(image_processor) if image_processor is not None else None,
+        source=source_line(info.source),
     )

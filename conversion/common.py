@@ -40,11 +40,14 @@ def resample_name(value, where="resample"):
 
 @dataclass
 class Preprocessing:
-    """How the source feeds images to the model: normalisation, resize method and evaluation size.
+    """How the source feeds images to the model at evaluation; `preprocessing.processor_for` turns it into the
+    folder's image processor (the one place that builds it).
 
-    `size` (height, width) defaults to the model's resolution; `crop_pct` is the source's centre crop at
-    evaluation (resize to size / crop_pct, then crop), recorded even where the folder's processor does not apply it;
-    `notes` say where the folder's processor differs from the source's.
+    `size` (height, width) is what the model sees, by default its resolution. `crop_pct` None: the whole image is
+    resized to `size` (the original JAX fine-tuning); otherwise timm's eval transform: resize to size / crop_pct
+    (`crop_mode` 'center': the shorter side, 'squash': both sides; 'border' as timm names it), then centre crop
+    `size`. `processor`: the source's own transformers image processor, saved as it is (a transformers SRC that has
+    one). `notes` say where the folder's processor differs from the source's.
     """
 
     mean: tuple = (0.5, 0.5, 0.5)
@@ -52,6 +55,8 @@ class Preprocessing:
     resample: str = "bilinear"
     size: tuple | None = None
     crop_pct: float | None = None
+    crop_mode: str = "center"
+    processor: object | None = None
     notes: list = field(default_factory=list)
 
 
@@ -83,7 +88,8 @@ class Conversion:
     `weights`: the hubvit state dict (keys without the `hubvit.` prefix where the body holds them); `config`:
     HubViTConfig fields other than the labels; `labels`: id2label ({} for a headless model); `dropped`: the mapper's
     lines about tensors not carried over. The card texts (`provenance`, `command`, `family`, `license`,
-    `citation_key`, `title`) say where the weights came from.
+    `citation_key`, `title`) say where the weights came from; `source` where SRC itself came from
+    (`sources.Source.record()`: Hub repo id and resolved commit, or address and sha256; {} for a local path).
     """
 
     weights: dict
@@ -98,6 +104,7 @@ class Conversion:
     license: str | None = None
     citation_key: str | list | None = None
     title: str | None = None
+    source: dict = field(default_factory=dict)
 
 
 def make_config(conversion):

@@ -1,7 +1,8 @@
 """The one writer of hubvit checkpoint folders, whatever produced the weights (conversion, fine-tuning, export).
 
 A folder holds config.json (with `auto_map`), model.safetensors, the two modeling files, preprocessor_config.json
-(transformers' `ViTImageProcessor`) and a model card. It is written to a temporary sibling and renamed into place,
+(transformers' `ViTImageProcessor`, or for a conversion the source's own evaluation transform, built by
+`preprocessing.processor_for`) and a model card. It is written to a temporary sibling and renamed into place,
 so a failure never leaves a half-written folder.
 """
 
@@ -19,7 +20,8 @@ from transformers import ViTImageProcessor
 
 from ..modeling import HubViTConfig, HubViTForImageClassification
 from .card import CardInfo, render_card
-from .common import RESAMPLE_IDS, ConversionError, Preprocessing, make_config, resample_name, verify
+from .common import RESAMPLE_IDS, ConversionError, make_config, resample_name, verify
+from .preprocessing import processor_for
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
 
@@ -81,7 +83,7 @@ def check_output_path(out_dir, src=None, is_file=False):
         raise ConversionError(f"OUT {text!r} is the current folder or one above it ({resolved}); give a new folder")
     if resolved == Path(os.path.expanduser("~")).resolve():
         raise ConversionError(f"OUT {text!r} is the home folder")
-    if src is not None and str(src).strip():
+    if src is not None and str(src).strip() and Path(src).exists():  # not a Hub repo id or an address
         source = Path(src).resolve()
         if resolved == source or resolved in source.parents:
             raise ConversionError(f"OUT {text!r} is SRC or holds SRC ({source}); replacing it would delete the source")
@@ -211,12 +213,6 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
     return Path(out_dir)
 
 
-def processor_for(preprocessing: Preprocessing, config):
-    """The folder's `ViTImageProcessor` for a converter's `Preprocessing`."""
-    p = preprocessing
-    return make_image_processor(config, p.mean, p.std, p.resample, p.size)
-
-
 def write_conversion(conversion, out_dir, overwrite=False):
     """Build the model of a converter's `Conversion`, verify it against the source, and write the folder.
 
@@ -246,6 +242,7 @@ def write_conversion(conversion, out_dir, overwrite=False):
         license=conversion.license,
         citation_key=conversion.citation_key,
         title=conversion.title,
+        source=conversion.source,
     )
     processor = processor_for(conversion.preprocessing, config)
     out = write_folder(model, out_dir, processor, card, overwrite=overwrite)

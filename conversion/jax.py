@@ -10,12 +10,12 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..modeling import HubViTConfig
+from . import sources
 from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
                      listing, read_weights, to_tensor)
 from .folder import build_model, expected_shapes, write_conversion
@@ -30,7 +30,10 @@ DEFAULT_NATIVE_SIZE = 224
 
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="the .npz checkpoint (vision_transformer or big_vision)")
+    parser.add_argument(
+        "src", metavar="SRC",
+        help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// address",
+    )
     parser.add_argument("out", metavar="OUT", help="folder to write")
     parser.add_argument(
         "--image-size", type=int, metavar="S",
@@ -58,6 +61,7 @@ def add_arguments(parser):
         help="replace the head with a fresh zero-initialised one over N labels (0: headless)",
     )
     add_verify_arguments(parser)
+    sources.add_arguments(parser, "url")
 
 
 @dataclass
@@ -397,7 +401,8 @@ def flax_reference(source, layout, config, args):
 
 def convert(args):
     """The `Conversion` of a vision_transformer or big_vision `.npz`."""
-    path = Path(args.src)
+    origin = sources.resolve(args, "url")
+    path = origin.path
     if args.num_labels is not None and args.num_labels < 0:
         raise ConversionError(f"--num-labels must be >= 0, got {args.num_labels}")
     if args.image_size is not None and args.image_size <= 0:
@@ -431,6 +436,7 @@ def convert(args):
         command=command_line(args),
         family=layout.name,
         dropped=report,
+        source=origin.record(),
     )
 
 

@@ -15,9 +15,11 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from .card import CITATIONS
-from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
-                     listing, read_weights, resample_name)
+from . import sources
+from .common import (ConversionError, Conversion, Reference, StrictMapping, add_verify_arguments, listing,
+                     read_weights)
 from .folder import expected_shapes, write_conversion
+from .preprocessing import timm_preprocessing
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -48,11 +50,14 @@ DROPS = [
 ]
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="timm Hub-layout folder (config.json + weights) or a weights file")
+    parser.add_argument(
+        "src", metavar="SRC", help="timm Hub-layout folder (config.json + weights), a weights file, or a Hub repo id"
+    )
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument("--architecture", help="timm model name, needed for a single weights file")
     parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
     add_verify_arguments(parser)
+    sources.add_arguments(parser)
 
 
 def import_timm():
@@ -313,24 +318,10 @@ def pretrained_cfg(hub_config, model):
 
 
 def preprocessing(cfg, hub_config, image_size):
-    """The `Preprocessing` of timm's pretrained_cfg: its mean, std, interpolation, input size and crop."""
+    """The `Preprocessing` of timm's pretrained_cfg (mean, std, interpolation, crop_pct, crop_mode), at the folder's
+    input size, or at the model's resolution for a bare weights file."""
     size = tuple(cfg.get("input_size", (3, *image_size)))[-2:] if hub_config is not None else tuple(image_size)
-    size = tuple(int(s) for s in size)
-    crop_pct = cfg.get("crop_pct")
-    notes = []
-    if crop_pct and crop_pct != 1.0:
-        notes.append(
-            f"timm evaluates it with crop_pct={crop_pct} (resize to {round(size[0] / crop_pct)} px, centre crop "
-            f"{size[0]}); the image processor here resizes the whole image to {size[0]}x{size[1]}"
-        )
-    return Preprocessing(
-        mean=tuple(cfg.get("mean") or (0.485, 0.456, 0.406)),
-        std=tuple(cfg.get("std") or (0.229, 0.224, 0.225)),
-        resample=resample_name(cfg.get("interpolation") or "bicubic", "pretrained_cfg interpolation"),
-        size=size,
-        crop_pct=crop_pct,
-        notes=notes,
-    )
+    return timm_preprocessing(cfg, size)
 
 
 def family_of(architecture, tag):
@@ -375,7 +366,8 @@ def convert(args):
     """The `Conversion` of a timm folder or weights file."""
     timm = import_timm()
     model_args = parse_model_args(args.model_args)
-    architecture, model_args, hub_config, weights_path = read_source(args.src, args.architecture, model_args)
+    source = sources.resolve(args)
+    architecture, model_args, hub_config, weights_path = read_source(source.path, args.architecture, model_args)
     weights = clean_state_dict(read_weights(weights_path))
     if hub_config is None and "num_classes" not in model_args:
         head = weights.get("head.weight")
@@ -397,14 +389,17 @@ def convert(args):
         + (["--architecture", args.architecture] if args.architecture else [])
         + (["--model-args", args.model_args] if args.model_args else [])
     )
+    evaluation = preprocessing(cfg, hub_config, config.image_size_2d)
     return Conversion(
         weights=state_dict,
         config=settings,
-        preprocessing=preprocessing(cfg, hub_config, config.image_size_2d),
+        preprocessing=evaluation,
         labels=labels,
         reference=reference(args, architecture, model_args, weights, mapping, name),
         provenance=f"Converted from the timm checkpoint `{name}` with timm {timm.__version__}.\n\n"
-        f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`. Labels: {label_source}. At other resolutions "
+        f"timm model_args: `{json.dumps(model_args, sort_keys=True)}`. Labels: {label_source}. The image processor "
+        f"is timm's eval transform (crop_pct={evaluation.crop_pct}, crop_mode={evaluation.crop_mode}, "
+        f"{evaluation.resample}). At other resolutions "
         "the position table is resized as timm's `dynamic_img_size=True` does (bicubic, antialias, float32).",
         command=command,
         family=family,
@@ -412,6 +407,7 @@ def convert(args):
         license=cfg.get("license"),
         citation_key=family if family in CITATIONS else None,
         title=f"hubvit {name}",
+        source=source.record(),
     )
 
 

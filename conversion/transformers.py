@@ -15,9 +15,11 @@ import torch
 
 from ..modeling import HubViTConfig
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
+from . import sources
 from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
                      read_weights, resample_name, shard_files)
 from .folder import expected_shapes, write_conversion
+from .preprocessing import from_transformers
 
 # architecture -> (family, head); the family names transformers' config class and interpolation.
 ARCHITECTURES = {
@@ -76,7 +78,7 @@ POOLER_REASON = (
 
 
 def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="folder written by transformers' save_pretrained")
+    parser.add_argument("src", metavar="SRC", help="folder written by transformers' save_pretrained, or a Hub repo id")
     parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
     parser.add_argument(
         "--drop-head",
@@ -84,6 +86,7 @@ def add_arguments(parser):
         help="convert only the body of a classifier (a headless hubvit folder)",
     )
     add_verify_arguments(parser)
+    sources.add_arguments(parser)
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
@@ -192,8 +195,9 @@ def label_names(cfg, num_labels):
     return id2label, "config.json id2label"
 
 
-def preprocessing(src, family, image_size):
-    """The `Preprocessing` of SRC/preprocessor_config.json, else of the family's default processor."""
+def preprocessing(src, family):
+    """SRC's own image processor (its preprocessor_config.json, e.g. DINOv2's resize and centre crop), else the
+    family's default normalisation with a plain resize."""
     path = Path(src) / "preprocessor_config.json"
     mean, std, resample = DEFAULT_PREPROCESSING[family]
     if not path.is_file():
@@ -201,16 +205,9 @@ def preprocessing(src, family, image_size):
         return Preprocessing(mean, std, resample, notes=[note])
     raw = read_json(path)
     resample = resample_name(raw.get("resample", resample), f"{path}: resample")
-    notes = []
-    height, width = image_size
-    size, crop = raw.get("size") or {}, raw.get("crop_size") if raw.get("do_center_crop") else None
-    if crop or (size and size != {"height": height, "width": width}):
-        notes.append(
-            f"SRC's {raw.get('image_processor_type', 'image processor')} resizes to {size}"
-            + (f" and centre-crops {crop}" if crop else "")
-            + f"; the hubvit folder resizes the whole image to {height}x{width}"
-        )
-    return Preprocessing(tuple(raw.get("image_mean", mean)), tuple(raw.get("image_std", std)), resample, notes=notes)
+    return Preprocessing(
+        tuple(raw.get("image_mean", mean)), tuple(raw.get("image_std", std)), resample, processor=from_transformers(src)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------- mapping
@@ -293,14 +290,14 @@ def off_native_size(config):
     return h + 2 * ph, w + 2 * pw
 
 
-def reference(args, architecture, family, head, config):
+def reference(args, src, architecture, family, head, config):
     """transformers' own class loaded from SRC, at the native size and one size above it (its position-table
     resizing, `interpolate_pos_encoding`, included)."""
     import transformers
 
     if not args.verify:
         return Reference.unavailable("skipped (--no-verify)")
-    model, info = getattr(transformers, architecture).from_pretrained(str(args.src), output_loading_info=True)
+    model, info = getattr(transformers, architecture).from_pretrained(str(src), output_loading_info=True)
     missing = [k for k in info["missing_keys"] if "pooler" not in k]
     if missing:
         raise ConversionError(f"transformers itself cannot load SRC completely (missing {missing}); nothing written")
@@ -332,7 +329,8 @@ def convert(args):
     """The `Conversion` of a folder saved by transformers."""
     import transformers
 
-    src = Path(args.src)
+    source = sources.resolve(args)
+    src = source.path
     architecture, family, head, cfg = read_source_config(src)
     if args.drop_head:
         head = None
@@ -348,19 +346,21 @@ def convert(args):
     config = HubViTConfig(**settings, num_labels=num_labels)
     mapping = map_weights(weights, head, config, args.drop_head, f"transformers {architecture} folder ({weights_path})")
     command = ["hubvit", "convert", "transformers", str(args.src), str(args.out)]
+    name = Path(str(args.src)).name  # a Hub snapshot folder is named by its commit
     return Conversion(
         weights=mapping.finish(expected_shapes(config)),
         config=settings,
-        preprocessing=preprocessing(src, family, config.image_size_2d),
+        preprocessing=preprocessing(src, family),
         labels=labels,
-        reference=reference(args, architecture if head else BASE_MODELS[family], family, head, config),
+        reference=reference(args, src, architecture if head else BASE_MODELS[family], family, head, config),
         provenance=f"Converted from a transformers {transformers.__version__} `{architecture}` folder. Labels: "
         f"{label_source}.",
         command=shlex.join(command + (["--drop-head"] if args.drop_head else [])),
         family=family.replace("_", "-"),
         dropped=mapping.report(),
         citation_key=CITATION_KEYS.get(family),
-        title=f"hubvit {src.name}" + ("" if src.name == architecture else f" ({architecture})"),
+        title=f"hubvit {name}" + ("" if name == architecture else f" ({architecture})"),
+        source=source.record(),
     )
 
 

@@ -1,4 +1,4 @@
-"""The `hubvit` command: `convert`, `export`, `push`, `info`, `analyze`.
+"""The `hubvit` command: `convert`, `export`, `push`, `publish`, `info`, `analyze`.
 
 Each source format (and each export) lives in one module of `hubvit.conversion` that offers `add_arguments(parser)`
 and `main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
@@ -10,12 +10,12 @@ import importlib
 import sys
 
 from hubvit.analysis.commands import add_commands
-from hubvit.conversion import hub
+from hubvit.conversion import hub, publish
 
 CONVERTERS = {
-    "timm": ("hubvit.conversion.timm", "a timm checkpoint (Hub-layout folder or weights file)"),
-    "jax": ("hubvit.conversion.jax", "an original JAX .npz (vision_transformer or big_vision)"),
-    "transformers": ("hubvit.conversion.transformers", "a folder saved by transformers (ViT, DeiT, DINOv2)"),
+    "timm": ("hubvit.conversion.timm", "a timm checkpoint (Hub-layout folder, weights file or Hub repo id)"),
+    "jax": ("hubvit.conversion.jax", "an original JAX .npz (vision_transformer or big_vision), a file or https://"),
+    "transformers": ("hubvit.conversion.transformers", "a transformers folder or Hub repo id (ViT, DeiT, DINOv2)"),
     "torchvision": ("hubvit.conversion.torchvision", "a state dict of torchvision's VisionTransformer (vit_b_16 ...)"),
     "pytorch": ("hubvit.conversion.pytorch", "a plain PyTorch ViT on nn.TransformerEncoder (norm_first=True)"),
 }
@@ -52,6 +52,9 @@ def build_parser():
     push = commands.add_parser("push", help="publish a hubvit folder to the Hub")
     hub.add_arguments(push)
     push.set_defaults(run=hub.main)
+    zoo = commands.add_parser("publish", help="convert and push every entry of a manifest (a model zoo)")
+    publish.add_arguments(zoo)
+    zoo.set_defaults(run=publish.main)
 
     add_commands(commands)
     return parser

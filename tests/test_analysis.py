@@ -404,3 +404,14 @@ def test_cli_reads_a_hub_repo_id(hub_server, model_folder, photo_folder, tmp_pat
     assert cli.main(["analyze", "attention-map", repo_id, str(photo_folder / "coffee.png"),
                      "--output-dir", str(tmp_path)]) == 0
     assert decodes(tmp_path / "attention_map_coffee_rollout.png")
+
+
+@pytest.mark.parametrize("size", [(32, 32), (48, 48), (32, 48)])
+def test_a_cropping_processor_gives_the_requested_size(size):
+    """A converted timm folder carries a resize-then-crop processor; analysis at another size still feeds `size`."""
+    from hubvit.analysis.source import preprocess
+    from hubvit.conversion.preprocessing import from_timm
+
+    processor, _ = from_timm(dict(input_size=(3, 32, 32), crop_pct=0.875, interpolation="bicubic"))
+    photo = Image.fromarray(skimage.data.chelsea())
+    assert preprocess(processor, [photo], size).shape == (1, 3, *size)

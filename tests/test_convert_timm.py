@@ -163,7 +163,9 @@ def test_family_matches_timm(family, tmp_path, capsys):
     processor = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
     assert processor["image_mean"] == pytest.approx(list(pretrained_cfg["mean"]))
     assert processor["image_std"] == pytest.approx(list(pretrained_cfg["std"]))
-    assert processor["size"] == {"height": args.get("img_size", 32), "width": args.get("img_size", 32)}
+    size = args.get("img_size", 32)
+    assert processor["crop_size"] == {"height": size, "width": size} and processor["do_center_crop"]
+    assert processor["size"] == {"shortest_edge": int(size / pretrained_cfg["crop_pct"])}  # timm floors it
     assert processor["resample"] == {"bicubic": 3, "bilinear": 2}[pretrained_cfg["interpolation"]]
     card = (tmp_path / "out" / "README.md").read_text()
     assert "## Verification" in card and "max |Δpooler_output|" in card

@@ -1,0 +1,257 @@
+"""`hubvit publish MANIFEST`: convert and push a zoo of checkpoints, one manifest entry at a time.
+
+A manifest (YAML or CSV) lists entries with `source` (path, Hub repo id or address), `converter` (`timm`,
+`transformers`, `jax`), `options` (the converter's own flags), `repo_id` (the target) and `private`. Every entry is
+tried even when an earlier one failed; a table of results ends the run and the exit status is non-zero if any failed.
+An entry is skipped when its target repo's card already records the same source revision (Hub commit, or address
+and sha256) and the same hubvit version, so a rerun after a failure only redoes what is missing (`--force` redoes
+all). `--dry-run` converts and runs the same load check as a push, and uploads nothing.
+"""
+
+import contextlib
+import csv
+import io
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import sources
+from .common import ConversionError
+
+FIELDS = ("source", "converter", "options", "repo_id", "private")
+KINDS = {"timm": "hub", "transformers": "hub", "jax": "url"}
+
+
+@dataclass
+class Entry:
+    source: str
+    converter: str
+    repo_id: str
+    options: list = field(default_factory=list)
+    private: bool = False
+
+
+@dataclass
+class Outcome:
+    entry: Entry
+    result: str
+    parity: str = "-"
+    commit: str = "-"
+    detail: str = ""
+
+
+def add_arguments(parser):
+    parser.add_argument(
+        "manifest", metavar="MANIFEST", help="YAML or CSV of source, converter, options, repo_id, private"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="convert and check every entry, push nothing")
+    parser.add_argument("--force", action="store_true", help="convert and push even where the card says it is current")
+    parser.add_argument("--work-dir", metavar="DIR", help="keep the converted folders here (default: a temporary one)")
+
+
+def main(args):
+    entries = read_manifest(args.manifest)
+    with tempfile.TemporaryDirectory(prefix="hubvit-publish-") as scratch:
+        work = Path(args.work_dir or scratch).resolve()
+        outcomes = [publish_entry(entry, work, dry_run=args.dry_run, force=args.force) for entry in entries]
+    print(summary(outcomes))
+    failed = [o for o in outcomes if o.result == "failed"]
+    if failed:
+        names = ", ".join(o.entry.repo_id for o in failed)
+        raise ConversionError(f"{len(failed)} of {len(outcomes)} entries failed: {names}")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- manifest
+
+
+def read_manifest(path):
+    """The entries of a YAML (a list, or a mapping with `entries`) or CSV (header row) manifest, all validated."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConversionError(f"{path}: no such manifest")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".csv":
+        rows = list(csv.DictReader(io.StringIO(text)))
+    elif path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            rows = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConversionError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        if isinstance(rows, dict) and "entries" in rows:
+            rows = rows["entries"]
+    else:
+        raise ConversionError(f"{path}: expected a .yaml, .yml or .csv manifest")
+    if not isinstance(rows, list) or not rows:
+        raise ConversionError(f"{path}: expected a non-empty list of entries ({', '.join(FIELDS)})")
+    entries = [entry_of(row, f"{path} entry {number}", path.parent) for number, row in enumerate(rows, 1)]
+    targets = [e.repo_id for e in entries]
+    duplicates = sorted({t for t in targets if targets.count(t) > 1})
+    if duplicates:
+        raise ConversionError(f"{path}: several entries push to {', '.join(duplicates)}")
+    return entries
+
+
+def entry_of(row, where, base):
+    """An `Entry`; a relative local source is taken relative to the manifest's folder."""
+    if not isinstance(row, dict):
+        raise ConversionError(f"{where}: expected a mapping with {', '.join(FIELDS)}, got {row!r}")
+    unknown = sorted(set(row) - set(FIELDS))
+    missing = [name for name in ("source", "converter", "repo_id") if not str(row.get(name) or "").strip()]
+    if unknown or missing:
+        raise ConversionError(f"{where}: " + "; ".join(
+            ([f"unknown fields {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
+        ) + f" (fields: {', '.join(FIELDS)})")
+    converter = str(row["converter"]).strip()
+    if converter not in KINDS:
+        raise ConversionError(f"{where}: converter {converter!r}; expected one of {sorted(KINDS)}")
+    source = str(row["source"]).strip()
+    if (base / source).exists() and not Path(source).is_absolute():
+        source = str((base / source).resolve())
+    return Entry(
+        source=source,
+        converter=converter,
+        repo_id=str(row["repo_id"]).strip(),
+        options=option_list(row.get("options"), where),
+        private=flag(row.get("private"), where),
+    )
+
+
+def option_list(value, where):
+    """Converter flags from a string (shell words), a list, or a mapping {flag: value} (true: a bare flag)."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    if isinstance(value, dict):
+        words = []
+        for name, setting in value.items():
+            flag_name = "--" + str(name).removeprefix("--").replace("_", "-")
+            if setting is True:
+                words.append(flag_name)
+            elif setting is not False and setting is not None:
+                words += [flag_name, str(setting)]
+        return words
+    raise ConversionError(f"{where}: options {value!r}; expected a string of flags, a list or a mapping")
+
+
+def flag(value, where):
+    if isinstance(value, bool):
+        return value
+    text = str(value or "").strip().lower()
+    if text in ("", "false", "no", "0", "public"):
+        return False
+    if text in ("true", "yes", "1", "private"):
+        return True
+    raise ConversionError(f"{where}: private {value!r}; expected true/false (or private/public)")
+
+
+# ---------------------------------------------------------------------------------------------------- one entry
+
+
+def publish_entry(entry, work, dry_run=False, force=False):
+    """Convert, check and push one entry; every failure becomes a failed `Outcome`, never an exception."""
+    print(f"== {entry.repo_id}: {entry.converter} {entry.source}")
+    try:
+        name = entry.repo_id.replace("/", "--")
+        args = converter_args(entry, name)
+        source = current_source(entry, args)
+        if not force and source:
+            published = published_record(entry.repo_id)
+            if published == {"version": hubvit_version(), "source": source}:
+                return Outcome(entry, "skipped", detail="the card records this source revision and hubvit version")
+        work.mkdir(parents=True, exist_ok=True)
+        with contextlib.chdir(work):  # the card's command names OUT as given: the same card on every run
+            folder = work / args.run(args)
+        parity = card_record(folder).get("max_abs_diff")
+        parity = f"{parity:.2e}" if isinstance(parity, (int, float)) else "n/a"
+        from .hub import check_files, check_loads, push_folder
+
+        if dry_run:
+            check_files(folder)
+            check_loads(folder)
+            return Outcome(entry, "checked", parity, detail=str(folder))
+        info = push_folder(
+            folder,
+            entry.repo_id,
+            private=entry.private,
+            commit_message=f"hubvit {hubvit_version()}: {entry.converter} {entry.source}",
+        )
+        return Outcome(entry, "pushed", parity, info.oid or "-")
+    except SystemExit as error:  # argparse refused the options; it printed why
+        return failed(entry, f"invalid options {shlex.join(entry.options)!r} (exit {error.code})")
+    except Exception as error:  # noqa: BLE001  (one entry's failure must not stop the others)
+        return failed(entry, str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+
+
+def failed(entry, detail):
+    print(f"{entry.repo_id}: failed: {detail}")
+    return Outcome(entry, "failed", detail=detail)
+
+
+def converter_args(entry, out):
+    from ..scripts.cli import build_parser
+
+    words = ["convert", entry.converter, entry.source, str(out), "--overwrite", *entry.options]
+    return build_parser().parse_args(words)
+
+
+def current_source(entry, args):
+    """What the card of this entry's conversion will record as its source, found without converting ({} if local)."""
+    kind = KINDS[entry.converter]
+    if Path(entry.source).exists():
+        return {}
+    if kind == "url":
+        return sources.resolve(args, "url").record()
+    from huggingface_hub import HfApi
+
+    repo_id = sources.REPO_ID.fullmatch(entry.source)
+    if not repo_id:
+        return {}
+    try:
+        commit = HfApi().model_info(repo_id[1], revision=getattr(args, "revision", None)).sha
+    except Exception:  # noqa: BLE001  (the conversion reports the real error)
+        return {}
+    return {"repo_id": repo_id[1], "revision": commit}
+
+
+def published_record(repo_id):
+    """The `hubvit` metadata of the card now in `repo_id`, or {} when there is no such repo or card."""
+    from huggingface_hub import ModelCard, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        path = hf_hub_download(repo_id, "README.md")
+    except (EntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError):
+        return {}
+    record = ModelCard.load(path).data.to_dict().get("hubvit") or {}
+    return {"version": record.get("version"), "source": record.get("source")}
+
+
+def card_record(folder):
+    from huggingface_hub import ModelCard
+
+    readme = Path(folder) / "README.md"
+    return (ModelCard.load(readme).data.to_dict().get("hubvit") or {}) if readme.is_file() else {}
+
+
+def hubvit_version():
+    from .. import __version__
+
+    return __version__
+
+
+def summary(outcomes):
+    """A Markdown table: entry, result, parity figure (max |difference| from the source), repo commit."""
+    rows = [("entry", "result", "parity", "repo commit")]
+    rows += [(o.entry.repo_id, o.result + (f" ({o.detail})" if o.result == "failed" else ""), o.parity, o.commit)
+             for o in outcomes]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
+    lines.insert(1, "| " + " | ".join("-" * width for width in widths) + " |")
+    return "\n".join(lines)
