@@ -526,21 +526,27 @@ def main(argv=None):
         raise SystemExit(2)
 
 
-def train(args):
+def make_accelerator(args):
+    """The one Accelerator of a run (experiments reuse it for every model they fit)."""
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, set_seed
-    from transformers import get_scheduler
+    from accelerate.utils import DataLoaderConfiguration
 
-    started = time.time()
-    resolve_defaults(args)
-    check_args(args)
-    accelerator = Accelerator(
+    return Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
         log_with=None if args.report_to == "none" else args.report_to,
         project_dir=str(Path(args.output_dir) / "logs"),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     )
+
+
+def train(args):
+    from accelerate.utils import set_seed
+
+    started = time.time()
+    resolve_defaults(args)
+    check_args(args)
+    accelerator = make_accelerator(args)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
     if not accelerator.is_local_main_process:
@@ -552,7 +558,26 @@ def train(args):
     with accelerator.main_process_first():
         train_split, eval_split, source, eval_name = load_splits(args)
     label_names = train_split.features[args.label_column_name].names
-    model, (mean, std, resample) = load_model(args, label_names)
+    model, preprocessing = load_model(args, label_names)
+    model, results = fit(args, accelerator, train_split, eval_split, model, preprocessing)
+    results["total_runtime_s"] = round(time.time() - started, 2)
+    export(accelerator, args, model, results, (source, eval_name), preprocessing)
+    accelerator.end_training()
+    return 0
+
+
+def fit(args, accelerator, train_split, eval_split, model, preprocessing):
+    """Train `model` on `train_split` with the recipe in `args`, evaluating on `eval_split` after every epoch.
+
+    The one training loop: the main command and the experiments (scripts/experiments/) both call it. Returns the
+    prepared model and the final results (metrics of the last evaluation, runtime, throughput). Any model whose
+    `config` has `image_size_2d` and `num_hidden_layers` and whose forward takes `pixel_values` and returns
+    `.logits` fits (the inductive-bias experiment's CNN does).
+    """
+    from transformers import get_scheduler
+
+    label_names = train_split.features[args.label_column_name].names
+    mean, std, resample = preprocessing
     size = tuple(model.config.image_size_2d)
     train_tf, eval_tf = make_transforms(size, mean, std, resample, args.augment, args.randaugment,
                                         args.randaugment_magnitude)
@@ -662,7 +687,6 @@ def train(args):
     results = {
         **metrics,
         "train_runtime_s": round(train_runtime, 2),
-        "total_runtime_s": round(time.time() - started, 2),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
         "train_samples": len(train_split),
@@ -670,9 +694,7 @@ def train(args):
         "epochs": num_epochs,
         "train_images_per_second": round(len(train_split) * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
     }
-    export(accelerator, args, model, results, (source, eval_name), (mean, std, resample))
-    accelerator.end_training()
-    return 0
+    return model, results
 
 
 def checkpoint(accelerator, args, global_step, epoch, batches_in_epoch):
