@@ -569,6 +569,8 @@ def train(args):
 def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     """Train `model` on `train_split` with the recipe in `args`, evaluating on `eval_split` after every epoch.
 
+    With `eval_split=None` nothing is evaluated (the experiments evaluate the returned model themselves).
+
     The one training loop: the main command and the experiments (scripts/experiments/) both call it. Returns the
     prepared model and the final results (metrics of the last evaluation, runtime, throughput). Any model whose
     `config` has `image_size_2d` and `num_hidden_layers` and whose forward takes `pixel_values` and returns
@@ -582,21 +584,25 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     train_tf, eval_tf = make_transforms(size, mean, std, resample, args.augment, args.randaugment,
                                         args.randaugment_magnitude)
     train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
-    eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)
     # Loaders with their own generators: starting an iterator then never draws from the global RNG, which
     # `load_state` restores, so a resumed run (which starts one more iterator) stays on the same random stream.
     train_loader = torch.utils.data.DataLoader(
         train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
         num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
     )
-    eval_loader = torch.utils.data.DataLoader(
-        eval_set, batch_size=args.per_device_eval_batch_size, collate_fn=collate,
-        num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed + 1),
-    )
+    eval_loader = None
+    if eval_split is not None:
+        eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)
+        eval_loader = torch.utils.data.DataLoader(
+            eval_set, batch_size=args.per_device_eval_batch_size, collate_fn=collate,
+            num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed + 1),
+        )
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, len(label_names))
     resume_path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir) if args.resume_from_checkpoint else None
 
-    train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
+    train_loader = accelerator.prepare(train_loader)
+    if eval_loader is not None:
+        eval_loader = accelerator.prepare(eval_loader)
     updates_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     num_epochs = math.ceil(max_steps / updates_per_epoch)
@@ -621,7 +627,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
         logger.info(f"resumed from {resume_path} at update {global_step} (epoch {start_epoch}, batch {skip_batches})")
 
     batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
-    logger.info(f"{len(train_split)} training / {len(eval_split)} eval images, {len(label_names)} classes; "
+    logger.info(f"{len(train_split)} training / {len(eval_split or ())} eval images, {len(label_names)} classes; "
                 f"{accelerator.num_processes} process(es), batch {batch_size}, {max_steps} updates over "
                 f"{num_epochs} epochs, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     from tqdm.auto import tqdm
@@ -672,16 +678,17 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
                 checkpoint(accelerator, args, global_step, epoch, batches_in_epoch)
             if global_step >= max_steps:
                 break
-        metrics = evaluate_model(accelerator, model, eval_loader)
-        logger.info(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=global_step)
+        if eval_loader is not None:
+            metrics = evaluate_model(accelerator, model, eval_loader)
+            logger.info(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=global_step)
         if args.checkpointing_steps == "epoch":
             checkpoint(accelerator, args, global_step, epoch, batches_in_epoch)
         if global_step >= max_steps:
             break
     progress.close()
     train_runtime = time.time() - train_started
-    if not metrics:
+    if not metrics and eval_loader is not None:
         metrics = evaluate_model(accelerator, model, eval_loader)
 
     results = {
