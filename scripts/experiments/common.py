@@ -30,6 +30,9 @@ def parser(description, quick_help="a tiny run (seconds to a minute) for the tes
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--seeds", type=int, help="number of seeds (default 3; 1 with --quick)")
     p.add_argument("--cpu_threads", type=int, help="torch threads (default: OMP_NUM_THREADS or torch's choice)")
+    p.add_argument("--first_seed", type=int, default=0, help="seeds are first_seed, first_seed + 1, ...")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="instead of training, pool the runs of these results "
+                   "files (the same experiment run with different --first_seed, side by side) and write the report")
     return p
 
 
@@ -45,7 +48,32 @@ def setup(options):
     transformers.logging.set_verbosity_error()
     os.environ.setdefault("TQDM_DISABLE", "1")
     Path(options.output_dir).mkdir(parents=True, exist_ok=True)
-    return list(range(options.seeds or (1 if options.quick else 3)))
+    count = options.seeds or (1 if options.quick else 3)
+    return list(range(options.first_seed, options.first_seed + count))
+
+
+def concatenate(parts):
+    """Nested dicts of per-seed lists, pooled: lists are joined in order, dicts merged key by key."""
+    first = parts[0]
+    if isinstance(first, dict):
+        return {key: concatenate([part[key] for part in parts]) for key in first}
+    if isinstance(first, list):
+        return [item for part in parts for item in part]
+    return first
+
+
+def merged(paths):
+    """One results dict from the results files of runs of one experiment over different seeds."""
+    parts = [json.loads(Path(path).read_text()) for path in paths]
+    results = dict(parts[0])
+    if len({json.dumps(part["setup"], sort_keys=True) for part in parts}) != 1:
+        raise SystemExit(f"--merge: the runs in {paths} differ in their setup; only seeds may differ")
+    results["runs"] = concatenate([part["runs"] for part in parts])
+    results["command"] = " ; ".join([part["command"] for part in parts] + [command(results["name"])])
+    results["environment"] = dict(parts[0]["environment"], wall_time_s=max(p["environment"]["wall_time_s"] for p in parts),
+                                  parallel_parts=len(parts),
+                                  load_average_at_end=max((p["environment"]["load_average_at_end"] for p in parts)))
+    return results
 
 
 def training_args(output_dir, seed, flags=()):
@@ -128,8 +156,11 @@ def mean_std(values):
 
 
 def difference(a, b):
-    """Mean of a - b and its standard error (independent seeds), in the units of a and b."""
+    """Mean of a - b and its standard error (independent seeds), in the units of a and b; infinite with one seed,
+    so that no verdict is drawn from a single run."""
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    if min(len(a), len(b)) < 2:
+        return ma - mb, float("inf")
     return ma - mb, float(np.sqrt(sa**2 / len(a) + sb**2 / len(b)))
 
 
@@ -183,6 +214,8 @@ def header(title, results, claim):
         if results["quick"] else ""
     return (f"# {title}\n{quick}\n**Claim.** {claim}\n\n**Command.** `{results['command']}`\n\n"
             f"Measured on a shared 2-core CPU machine ({env['torch_threads']} torch thread(s), load average "
-            f"{env['load_average_at_end'][0]} at the end, other jobs running): wall time {env['wall_time_s'] / 60:.1f} min. "
+            f"{env['load_average_at_end'][0]} at the end, other jobs running): wall time {env['wall_time_s'] / 60:.1f} min"
+            + (f" ({env['parallel_parts']} processes side by side, one per seed, pooled with `--merge`)"
+               if env.get("parallel_parts") else "") + ". "
             f"Results: [`{results['name']}.json`]({results['name']}.json), figure "
             f"[`{results['name']}.png`]({results['name']}.png).\n\n![{results['name']}]({results['name']}.png)\n")

@@ -70,6 +70,12 @@ def main(argv=None):
     options = parse_args(argv)
     started = time.time()
     seeds = common.setup(options)
+    if options.merge:
+        results = common.merged(options.merge)
+        fractions = [float(f) for f in results["runs"]["cnn"]]
+        results["summary"], results["verdicts"] = summarise(results["runs"], fractions)
+        common.write(options.output_dir, NAME, results, figure(results, fractions), markdown(results, fractions))
+        return 0
     accelerator = common.accelerator_for(options.output_dir)
     steps = 4 if options.quick else options.steps
     fractions = [0.25, 1.0] if options.quick else FRACTIONS

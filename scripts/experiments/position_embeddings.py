@@ -92,6 +92,11 @@ def main(argv=None):
     options = parse_args(argv)
     started = time.time()
     seeds = common.setup(options)
+    if options.merge:
+        results = common.merged(options.merge)
+        results["summary"], results["verdicts"] = summarise(results["runs"])
+        common.write(options.output_dir, NAME, results, figure(results), markdown(results))
+        return 0
     accelerator = common.accelerator_for(options.output_dir)
     steps = 3 if options.quick else options.steps
     quadrant_steps = 3 if options.quick else options.quadrant_steps

@@ -150,7 +150,8 @@ def verdicts(results):
          "measured": f"native 28: {common.pct(s['native 28']['mean'])}%; at 56 best mode ({best}) "
                      f"{common.pct(s[best]['mean'])}% ({-100 * drop:+.2f} ± {200 * drop_se:.2f} points); spread across "
                      f"modes {100 * spread:.2f} points",
-         "verdict": "holds with a small loss" if drop < 0.05 else
+         "verdict": "not resolved (one seed)" if not np.isfinite(drop_se) else
+                    "holds with a small loss" if drop < 0.05 else
                     f"runs, but loses {100 * drop:.1f} points without fine-tuning at this scale"},
         {"claim": "the [CLS] row must be kept apart from the grid when resizing",
          "measured": f"{best} {common.pct(s[best]['mean'])}% vs control {common.pct(s[CONTROL]['mean'])}% "
@@ -159,7 +160,8 @@ def verdicts(results):
         {"claim": "a short fine-tune at the higher resolution (SGD, momentum, no weight decay, cosine) recovers it",
          "measured": f"fine-tuned at 56: {common.pct(s['fine-tuned at 56']['mean'])}% vs native 28 "
                      f"{common.pct(s['native 28']['mean'])}% ({100 * tuned:+.2f} ± {200 * tuned_se:.2f} points)",
-         "verdict": "holds" if tuned > -2 * tuned_se else "does not recover fully at this scale"},
+         "verdict": "not resolved (one seed)" if not np.isfinite(tuned_se) else
+                    "holds" if tuned > -2 * tuned_se else "does not recover fully at this scale"},
     ]
 
 
