@@ -194,7 +194,7 @@ def markdown(results, fractions):
               "ViTs overtake ResNets (ImageNet-21k, JFT-300M); this measures only the small-data end of the claim. "
               "A fixed number of updates means the smallest subsets are seen for many more epochs (with augmentation), "
               "the usual way to give both models the same compute. Neither model was tuned; both use the main "
-              "command's recipe, which was chosen for the ViT."]
+              "command's recipe, which was chosen for the ViT.", "", common.SCHEDULE_NOTE]
     return "\n".join(lines)
 
 

@@ -263,7 +263,7 @@ def markdown(results):
               "seed spread is of the order of the 0.2-point differences the claim is about, so only large effects are "
               "resolved. Digits are recognisable from their set of strokes alone, which is why `none` gets far on "
               "them; the two controls show that the position information itself is learned and used where the task "
-              "needs it."]
+              "needs it.", "", common.SCHEDULE_NOTE]
     return "\n".join(lines)
 
 

@@ -224,7 +224,7 @@ def markdown(results):
               "Digits upsampled from 28 to 56 contain no new detail, so the fine-tune can only recover, not gain, "
               "accuracy; the paper's gain from higher resolution needs images with detail to spare. Upsampling a 7 x 7 "
               "table by exactly two makes the modes differ little (nearest copies each row into a 2 x 2 block), and "
-              "the fine-tune's learning rate was fixed in advance, not tuned."]
+              "the fine-tune's learning rate was fixed in advance, not tuned.", "", common.SCHEDULE_NOTE]
     return "\n".join(lines)
 
 
