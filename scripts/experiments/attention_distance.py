@@ -189,7 +189,9 @@ def markdown(results):
               "On a 7 x 7 grid the largest possible distance is about 34 px and uniform attention gives "
               f"{setup['uniform_reference_px']:.1f} px, so \"local\" and \"global\" are separated by a few patches only; "
               "4 heads per layer is a small sample of heads. The models are those of the position-embedding "
-              "experiment, trained briefly; the paper's picture comes from ViT-L/16 on ImageNet."]
+              "experiment, trained briefly; the paper's picture comes from ViT-L/16 on ImageNet. Heads of an under-trained model "
+              "stay near uniform attention, so this measures the models as trained here, not converged ones.", "",
+              common.SCHEDULE_NOTE.replace("these digits", "the digits")]
     return "\n".join(lines)
 
 
