@@ -162,6 +162,7 @@ def figure(results):
         ax.set_xlabel("layer")
         ax.set_xticks(layers)
     axes[0][0].set_ylabel("mean attention distance (px)")
+    axes[0][0].set_ylim(0, 1.1 * max(uniform, max(np.max(r["distance"]) for r in runs.values())))
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.suptitle("Mean attention distance per head (colour) and layer; dots: seeds")
     fig.tight_layout()
