@@ -26,7 +26,15 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["hubvit", "hubvit.modeling", "hubvit.conversion", "hubvit.scripts", "hubvit.model_cards", "hubvit.analysis"],
+    packages=[
+        "hubvit",
+        "hubvit.modeling",
+        "hubvit.conversion",
+        "hubvit.scripts",
+        "hubvit.scripts.experiments",
+        "hubvit.model_cards",
+        "hubvit.analysis",
+    ],
     package_dir={
         "hubvit": "hubvit",
         "hubvit.model_cards": "model_cards",

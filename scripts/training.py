@@ -752,14 +752,11 @@ def main(argv=None):
         raise SystemExit(2)
 
 
-def train(args):
+def make_accelerator(args):
+    """The one Accelerator of a run (experiments reuse it for every model they fit)."""
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, set_seed
-    from transformers import get_scheduler
+    from accelerate.utils import DataLoaderConfiguration
 
-    started = time.time()
-    resolve_defaults(args)
-    check_args(args)
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
@@ -768,6 +765,16 @@ def train(args):
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
     )
     check_fsdp(accelerator)
+    return accelerator
+
+
+def train(args):
+    from accelerate.utils import set_seed
+
+    started = time.time()
+    resolve_defaults(args)
+    check_args(args)
+    accelerator = make_accelerator(args)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
     if not accelerator.is_local_main_process:
@@ -779,26 +786,56 @@ def train(args):
     with accelerator.main_process_first():
         train_split, eval_split, source, eval_name = load_splits(args)
     label_names = train_split.features[args.label_column_name].names
-    model, (mean, std, resample) = load_model(args, label_names)
+    model, preprocessing = load_model(args, label_names)
+    model, results = fit(args, accelerator, train_split, eval_split, model, preprocessing)
+    results["total_runtime_s"] = round(time.time() - started, 2)
+    export(accelerator, args, model, results, (source, eval_name), preprocessing)
+    if accelerator.is_main_process:
+        from hubvit.analysis.commands import training_figures
+
+        training_figures(Path(args.output_dir) / "model", eval_split[:128][args.image_column_name],
+                         Path(args.output_dir) / "analysis")
+    accelerator.end_training()
+    return 0
+
+
+def fit(args, accelerator, train_split, eval_split, model, preprocessing):
+    """Train `model` on `train_split` with the recipe in `args`, evaluating on `eval_split` after every epoch.
+
+    With `eval_split=None` nothing is evaluated (the experiments evaluate the returned model themselves).
+
+    The one training loop: the main command and the experiments (scripts/experiments/) both call it. Returns the
+    prepared model and the final results (metrics of the last evaluation, runtime, throughput). Any model whose
+    `config` has `image_size_2d` and `num_hidden_layers` and whose forward takes `pixel_values` and returns
+    `.logits` fits (the inductive-bias experiment's CNN does).
+    """
+    from transformers import get_scheduler
+
+    label_names = train_split.features[args.label_column_name].names
+    mean, std, resample = preprocessing
     size = tuple(model.config.image_size_2d)
     train_tf, eval_tf = make_transforms(size, mean, std, resample, args.augment, args.randaugment,
                                         args.randaugment_magnitude)
     train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
-    eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)
     # Loaders with their own generators: starting an iterator then never draws from the global RNG, which
     # `load_state` restores, so a resumed run (which starts one more iterator) stays on the same random stream.
     train_loader = torch.utils.data.DataLoader(
         train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
         num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
     )
-    eval_loader = torch.utils.data.DataLoader(
-        eval_set, batch_size=args.per_device_eval_batch_size, collate_fn=collate,
-        num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed + 1),
-    )
+    eval_loader = None
+    if eval_split is not None:
+        eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)
+        eval_loader = torch.utils.data.DataLoader(
+            eval_set, batch_size=args.per_device_eval_batch_size, collate_fn=collate,
+            num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed + 1),
+        )
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, len(label_names))
     resume_path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir) if args.resume_from_checkpoint else None
 
-    train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
+    train_loader = accelerator.prepare(train_loader)
+    if eval_loader is not None:
+        eval_loader = accelerator.prepare(eval_loader)
     updates_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
     num_epochs = math.ceil(max_steps / updates_per_epoch)
@@ -821,7 +858,7 @@ def train(args):
         logger.info(f"resumed from {resume_path} at update {global_step} (epoch {start_epoch}, batch {skip_batches})")
 
     batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
-    logger.info(f"{len(train_split)} training / {len(eval_split)} eval images, {len(label_names)} classes; "
+    logger.info(f"{len(train_split)} training / {len(eval_split or ())} eval images, {len(label_names)} classes; "
                 f"{accelerator.num_processes} process(es), batch {batch_size}, {max_steps} updates over "
                 f"{num_epochs} epochs, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     from tqdm.auto import tqdm
@@ -872,22 +909,22 @@ def train(args):
                 checkpoint(accelerator, args, global_step, epoch, batches_in_epoch)
             if global_step >= max_steps:
                 break
-        metrics = evaluate_model(accelerator, model, eval_loader)
-        logger.info(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=global_step)
+        if eval_loader is not None:
+            metrics = evaluate_model(accelerator, model, eval_loader)
+            logger.info(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=global_step)
         if args.checkpointing_steps == "epoch":
             checkpoint(accelerator, args, global_step, epoch, batches_in_epoch)
         if global_step >= max_steps:
             break
     progress.close()
     train_runtime = time.time() - train_started
-    if not metrics:
+    if not metrics and eval_loader is not None:
         metrics = evaluate_model(accelerator, model, eval_loader)
 
     results = {
         **metrics,
         "train_runtime_s": round(train_runtime, 2),
-        "total_runtime_s": round(time.time() - started, 2),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
         "train_samples": len(train_split),
@@ -895,14 +932,7 @@ def train(args):
         "epochs": num_epochs,
         "train_images_per_second": round(len(train_split) * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
     }
-    export(accelerator, args, model, results, (source, eval_name), (mean, std, resample))
-    if accelerator.is_main_process:
-        from hubvit.analysis.commands import training_figures
-
-        training_figures(Path(args.output_dir) / "model", eval_split[:128][args.image_column_name],
-                         Path(args.output_dir) / "analysis")
-    accelerator.end_training()
-    return 0
+    return model, results
 
 
 def checkpoint(accelerator, args, global_step, epoch, batches_in_epoch):

