@@ -169,7 +169,8 @@ def test_vit_b_32_by_architecture_name(tmp_path, capsys):
     assert model.config.id2label[0] == ViT_B_16_Weights.IMAGENET1K_V1.meta["categories"][0]
     processor = json.loads((tmp_path / "out" / "preprocessor_config.json").read_text())
     transform = torchvision.models.ViT_B_32_Weights.IMAGENET1K_V1.transforms()
-    assert processor["size"] == {"height": transform.crop_size[0], "width": transform.crop_size[0]}
+    assert processor["size"] == {"shortest_edge": transform.resize_size[0]}
+    assert processor["crop_size"] == {"height": transform.crop_size[0], "width": transform.crop_size[0]}
     assert processor["resample"] == 2 and processor["image_mean"] == pytest.approx(transform.mean)
     assert "resize 256 (bilinear), centre crop 224" in (tmp_path / "out" / "README.md").read_text()
 
