@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 from ..modeling import HubViTConfig
-from .common import RESAMPLE_NAMES, TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, verify
+from .common import RESAMPLE_NAMES, TOLERANCE, ConversionError, StrictMapping, positive_tolerance, verify
 from .folder import build_model, staged_folder
-from .timm import RENAMES, import_timm
+from .timm import RENAMES, import_timm, timm_reference
 from .transformers import read_folder_weights, read_json
 
 TIMM_INTERPOLATION = ("bicubic", True, False)
@@ -189,20 +189,6 @@ def label_fields(config):
     return {"label_names": names}
 
 
-def exported_reference(timm_model, architecture, tolerance):
-    """The exported timm model as the `Reference` hubvit's forward is checked against (features, and logits)."""
-    import timm
-
-    def forward(pixels):
-        features = timm_model.forward_features(pixels)
-        outputs = {"pooler_output": timm_model.forward_head(features, pre_logits=True)}
-        if timm_model.num_classes:
-            outputs["logits"] = timm_model.forward_head(features)
-        return outputs
-
-    return Reference(f"the exported timm {timm.__version__} `{architecture}`", forward, tolerance=tolerance)
-
-
 def card_text(args, architecture, config, lines, notes):
     """A short timm-style model card: where the weights came from, how to load them, the measured check."""
     import timm
@@ -270,7 +256,8 @@ def main(args):
     notes = export_notes(config)
     for line in mapping.report() + notes:
         print(line)
-    exported = exported_reference(timm_model, architecture, args.tolerance)
+    description = f"the exported timm {import_timm().__version__} `{architecture}`"
+    exported = timm_reference(timm_model, description, args.tolerance)
     lines = verify(exported, build_model(config, weights)).lines
     print("verify: " + "; ".join(lines))
     with staged_folder(args.out, getattr(args, "overwrite", False)) as staging:

@@ -342,6 +342,11 @@ def reference(args, architecture, model_args, weights, mapping, name):
         return Reference.unavailable("skipped (--no-verify)")
     timm_model = create_timm_model(architecture, model_args, device="cpu")
     timm_model.load_state_dict({k: v for k, v in weights.items() if k not in mapping.dropped}, strict=True)
+    return timm_reference(timm_model, f"timm {timm.__version__} `{name}`", args.tolerance)
+
+
+def timm_reference(timm_model, description, tolerance):
+    """timm's own forward (pooled features, and logits where there is a head) as the `Reference` to verify against."""
 
     def forward(pixels):
         features = timm_model.forward_features(pixels)
@@ -350,7 +355,7 @@ def reference(args, architecture, model_args, weights, mapping, name):
             outputs["logits"] = timm_model.forward_head(features)
         return outputs
 
-    return Reference(f"timm {timm.__version__} `{name}`", forward, tolerance=args.tolerance)
+    return Reference(description, forward, tolerance=tolerance)
 
 
 def refuse(architecture, problems, weights):
