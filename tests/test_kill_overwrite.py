@@ -137,8 +137,10 @@ def test_overwrite_killed_at_random_points_leaves_the_old_or_the_new_folder(tmp_
     broken = [r for r in results if r["left"] not in ("old", "new")]
     assert not broken, f"seed {seed} (rerun with HUBVIT_KILL_SEED={seed}): {broken}"
     assert all(r["killed"] for r in results if r["signal"] == "SIGKILL")
-    # Ctrl-C is not lost: every interrupted child exits with an error, never as if the write had simply finished.
-    assert all(r["exit"] == 1 for r in results if r["signal"] == "SIGINT")
+    # Ctrl-C is not lost: an interrupted child exits with an error, unless the interrupt landed when the new folder
+    # was already complete in place (Python may then run no more bytecode of the write before it returns).
+    lost = [r for r in results if r["signal"] == "SIGINT" and r["exit"] != 1 and (r["exit"], r["left"]) != (0, "new")]
+    assert not lost, f"seed {seed} (rerun with HUBVIT_KILL_SEED={seed}): {lost}"
     assert report["leftovers"] == [], "a later write must clean the hidden folders killed runs left"
 
 
