@@ -8,6 +8,7 @@ dropped with a reason, every target tensor is filled with the right shape, or no
 """
 
 import argparse
+import json
 import re
 import struct
 import zipfile
@@ -475,3 +476,22 @@ class StrictMapping:
         for key, reason in sorted(self.created.items()):
             lines.append(f"created {key} ({reason})")
         return lines
+
+
+def read_hubvit_config(src):
+    """(HubViTConfig, raw config.json) of the hubvit folder SRC that an export reads; one clear error otherwise."""
+    from ..modeling import HubViTConfig
+
+    src = Path(src)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
+    path = src / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConversionError(f"{path}: not valid JSON ({error})") from None
+    if raw.get("model_type") != HubViTConfig.model_type:
+        raise ConversionError(
+            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
+        )
+    return HubViTConfig.from_pretrained(str(src)), raw

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..modeling import HubViTConfig
-from .common import ConversionError, positive_tolerance
+from .common import ConversionError, positive_tolerance, read_hubvit_config
 
 TOLERANCE = 1e-4
 OPSET = 18
@@ -55,15 +54,7 @@ def load(src):
     from ..modeling import HubViTForImageClassification, HubViTModel
 
     src = Path(src)
-    path = src / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{src}: no config.json; expected a hubvit folder")
-    raw = json.loads(path.read_text())
-    if raw.get("model_type") != HubViTConfig.model_type:
-        raise ConversionError(
-            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
-        )
-    config = HubViTConfig.from_pretrained(str(src))
+    config, raw = read_hubvit_config(src)
     headless = not config.num_labels or raw.get("architectures") == [HubViTModel.__name__]
     cls = HubViTModel if headless else HubViTForImageClassification
     model = cls.from_pretrained(str(src), attn_implementation="sdpa").eval()

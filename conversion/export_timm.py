@@ -9,8 +9,8 @@ model.safetensors). Settings timm cannot express from a config are refused, all 
 import re
 from pathlib import Path
 
-from ..modeling import HubViTConfig
-from .common import RESAMPLE_NAMES, TOLERANCE, ConversionError, StrictMapping, positive_tolerance, verify
+from .common import (RESAMPLE_NAMES, TOLERANCE, ConversionError, StrictMapping, positive_tolerance,
+                     read_hubvit_config, verify)
 from .folder import build_model, staged_folder
 from .timm import RENAMES, import_timm, timm_reference
 from .transformers import read_folder_weights, read_json
@@ -219,16 +219,8 @@ def card_text(args, architecture, config, lines, notes):
 
 
 def read_hubvit_folder(src):
-    src = Path(src)
-    if not src.is_dir():
-        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
-    raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
-    if raw.get("model_type") != HubViTConfig.model_type:
-        raise ConversionError(
-            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
-        )
-    config = HubViTConfig.from_pretrained(str(src))
-    weights, weights_path = read_folder_weights(src)
+    config, _ = read_hubvit_config(src)
+    weights, weights_path = read_folder_weights(Path(src))
     return config, weights, weights_path
 
 

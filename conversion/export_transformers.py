@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from ..modeling import HubViTConfig
-from .common import TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, verify
+from .common import (TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, read_hubvit_config,
+                     verify)
 from .folder import build_model, make_image_processor, staged_folder
-from .transformers import read_folder_weights, read_json
+from .transformers import read_folder_weights
 
 VIT_INTERPOLATION = ("bicubic", False, False)
 VIT_LAYER_NAMES = {
@@ -155,14 +155,7 @@ def main(args):
     from transformers import ViTImageProcessor
 
     src, out = Path(args.src), Path(args.out)
-    if not src.is_dir():
-        raise ConversionError(f"{src}: no such folder" if not src.exists() else f"{src}: not a folder")
-    raw = read_json(src / "config.json") if (src / "config.json").is_file() else {}
-    if raw.get("model_type") != HubViTConfig.model_type:
-        raise ConversionError(
-            f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
-        )
-    config = HubViTConfig.from_pretrained(str(src))
+    config, _ = read_hubvit_config(src)
     problems = export_problems(config)
     if problems:
         raise ConversionError(
