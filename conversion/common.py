@@ -134,7 +134,7 @@ def add_verify_arguments(parser):
         "(default: on)",
     )
     parser.add_argument(
-        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        "--tolerance", type=positive_number, default=TOLERANCE,
         help=f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
     )
 
@@ -361,9 +361,9 @@ def shard_files(index_path):
     return [folder / name for name in names]
 
 
-def positive_tolerance(text):
-    """argparse type for --tolerance: a positive finite number (NaN, inf, 0 or less would make any check pass or fail)."""
-    import argparse
+def positive_number(text):
+    """argparse type for --tolerance and --timeout: a positive finite number (NaN, inf, 0 or less would make a check
+    always pass or fail, or a request never end)."""
     import math
 
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .common import ConversionError, positive_tolerance, read_hubvit_config
+from .common import ConversionError, positive_number, read_hubvit_config
 
 TOLERANCE = 1e-4
 OPSET = 18
@@ -26,7 +26,7 @@ def add_arguments(parser):
     parser.add_argument("out", metavar="OUT", help="the .onnx file to write (OUT.verification.json is written beside)")
     parser.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset ({OPSET})")
     parser.add_argument(
-        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        "--tolerance", type=positive_number, default=TOLERANCE,
         help="max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)",
     )
     parser.set_defaults(out_is_file=True)

@@ -9,7 +9,7 @@ model.safetensors). Settings timm cannot express from a config are refused, all 
 import re
 from pathlib import Path
 
-from .common import (RESAMPLE_NAMES, TOLERANCE, ConversionError, StrictMapping, positive_tolerance,
+from .common import (RESAMPLE_NAMES, TOLERANCE, ConversionError, StrictMapping, positive_number,
                      read_hubvit_config, verify)
 from .folder import build_model, staged_folder
 from .timm import RENAMES, import_timm, timm_reference
@@ -30,7 +30,7 @@ def add_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
     parser.add_argument("out", metavar="OUT", help="timm Hub-layout folder to write (config.json + model.safetensors)")
     parser.add_argument(
-        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        "--tolerance", type=positive_number, default=TOLERANCE,
         help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
     )
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .common import (TOLERANCE, ConversionError, Reference, StrictMapping, positive_tolerance, read_hubvit_config,
+from .common import (TOLERANCE, ConversionError, Reference, StrictMapping, positive_number, read_hubvit_config,
                      verify)
 from .folder import build_model, make_image_processor, staged_folder
 from .transformers import read_folder_weights
@@ -144,7 +144,7 @@ def add_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
     parser.add_argument("out", metavar="OUT", help="folder for transformers' ViTForImageClassification / ViTModel")
     parser.add_argument(
-        "--tolerance", type=positive_tolerance, default=TOLERANCE,
+        "--tolerance", type=positive_number, default=TOLERANCE,
         help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
     )
 

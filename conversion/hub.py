@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .card import REPO_PLACEHOLDER, set_repo_id
+from .common import positive_number
 from .folder import REQUIRED_FILES
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
@@ -65,20 +66,6 @@ class PushError(ValueError):
     """A folder or a Hub request that cannot be published; nothing was uploaded."""
 
 
-def positive_seconds(text):
-    """argparse type: a positive finite number of seconds."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number of seconds, got {text!r}")
-    return value
-
-
 def bound_network_timeouts(seconds):
     """Make every request of huggingface_hub's shared HTTP client give up after `seconds` without progress.
 
@@ -112,7 +99,7 @@ def add_arguments(parser):
     parser.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
     parser.add_argument("--commit-message", metavar="MSG", help="the commit (or pull request) title")
     parser.add_argument(
-        "--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        "--timeout", type=positive_number, default=DEFAULT_TIMEOUT, metavar="SECONDS",
         help=f"give up on a Hub request that makes no progress for this long (default: {DEFAULT_TIMEOUT:g} s; "
         "applies to connecting and to each read or write; huggingface_hub retries a timed-out upload a few times)",
     )
