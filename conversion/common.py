@@ -420,6 +420,17 @@ class StrictMapping:
     def map(self, target, key, transform=None):
         self.combine(target, [key], transform)
 
+    def rename(self, renames):
+        """`map` every source key not dropped by the first (pattern, target) of `renames` it matches in full; keys
+        no pattern matches stay unused, so `finish` lists them."""
+        for key in self.source:
+            if key in self.dropped:
+                continue
+            for pattern, target in renames:
+                if re.fullmatch(pattern, key):
+                    self.map(re.sub(pattern, target, key), key)
+                    break
+
     def combine(self, target, keys, transform=None):
         """Fill `target` from several source tensors (e.g. JAX q, k, v into one qkv)."""
         absent = [key for key in keys if key not in self.source]

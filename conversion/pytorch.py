@@ -117,11 +117,7 @@ class TransformerEncoderViT(nn.Module):
 def map_weights(weights, description):
     """The strict mapper holding the source state dict translated to hubvit names."""
     mapping = StrictMapping(weights, description)
-    for key in weights:
-        for pattern, target in RENAMES:
-            if re.fullmatch(pattern, key):
-                mapping.map(re.sub(pattern, target, key), key)
-                break
+    mapping.rename(RENAMES)
     return mapping
 
 

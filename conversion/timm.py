@@ -274,13 +274,7 @@ def map_weights(weights, description):
     mapping = StrictMapping(weights, description)
     for pattern, reason in DROPS:
         mapping.drop(pattern, reason)
-    for key in weights:
-        if key in mapping.dropped:
-            continue
-        for pattern, target in RENAMES:
-            if re.fullmatch(pattern, key):
-                mapping.map(re.sub(pattern, target, key), key)
-                break
+    mapping.rename(RENAMES)
     return mapping
 
 

@@ -211,11 +211,7 @@ def settings(sizes, num_heads, channels, image_size):
 def map_weights(weights, description):
     """The strict mapper holding a torchvision state dict translated to hubvit names."""
     mapping = StrictMapping(weights, description)
-    for key in weights:
-        for pattern, target in RENAMES:
-            if re.fullmatch(pattern, key):
-                mapping.map(re.sub(pattern, target, key), key)
-                break
+    mapping.rename(RENAMES)
     return mapping
 
 
