@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import HubViTError
+
 
 TOLERANCE = 1e-5
 RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
@@ -27,7 +29,7 @@ RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 RESAMPLE_IDS = {name: index for index, name in RESAMPLE_NAMES.items()}
 
 
-class ConversionError(ValueError):
+class ConversionError(HubViTError):
     """A checkpoint that cannot be converted faithfully; the message says what did not match."""
 
 

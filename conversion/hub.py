@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .card import REPO_PLACEHOLDER, set_repo_id
+from ..errors import HubViTError
 from .common import positive_number
 from .folder import REQUIRED_FILES
 
@@ -62,7 +63,7 @@ print(json.dumps({"class": type(model).__name__, "module": type(model).__module_
 DEFAULT_TIMEOUT = 60.0
 
 
-class PushError(ValueError):
+class PushError(HubViTError):
     """A folder or a Hub request that cannot be published; nothing was uploaded."""
 
 

@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
 from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
 from .cpu import optimize_for_cpu
+from .errors import HubViTError
 
 __version__ = "0.1.0"
 
@@ -16,4 +17,4 @@ AutoConfig.register(HubViTConfig.model_type, HubViTConfig, exist_ok=True)
 AutoModel.register(HubViTConfig, HubViTModel, exist_ok=True)
 AutoModelForImageClassification.register(HubViTConfig, HubViTForImageClassification, exist_ok=True)
 
-__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "optimize_for_cpu", "__version__"]
+__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "optimize_for_cpu", "HubViTError", "__version__"]

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torchvision.transforms import v2
 
 from hubvit.conversion.common import resample_name
+from hubvit.errors import HubViTError
 
 logger = logging.getLogger("hubvit.finetune")
 
@@ -72,7 +73,7 @@ TORCHVISION_INTERPOLATION = {
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 
 
-class UsageError(ValueError):
+class UsageError(HubViTError):
     """A bad argument or input, reported before any training starts."""
 
 
