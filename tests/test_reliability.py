@@ -339,7 +339,7 @@ def test_finetuning_from_weights_that_do_not_fit_their_config_stops_before_train
 
 
 def test_only_the_head_is_replaced_and_only_for_a_new_label_count(tmp_path):
-    from hubvit.scripts.training import UsageError, load_pretrained
+    from hubvit.training import UsageError, load_pretrained
 
     model = HubViTForImageClassification(tiny_config(num_labels=3))
     folder = write_folder(model, tmp_path / "start")
