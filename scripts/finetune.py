@@ -37,14 +37,15 @@ def draw_figures(result, image_column):
 
 def main(argv=None, prog="finetune.py"):
     """Console entry: returns 0, or exits with status 2 and a one-line message on bad arguments."""
-    from hubvit.training import UsageError, parse_args, train
+    from hubvit.errors import HubViTError
+    from hubvit.training import parse_args, train
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv, prog)
     try:
         result = train(args, command=command_line(prog, argv))
         draw_figures(result, args.image_column_name)
-    except UsageError as error:
+    except HubViTError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2)
     except OSError as error:

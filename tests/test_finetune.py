@@ -453,14 +453,19 @@ def test_hubvit_train_parses_the_options_of_finetune(tmp_path, capsys):
 def test_hubvit_train_help_works_from_the_installed_wheel(tmp_path):
     """The wheel (not the checkout) carries the training package, its metric scripts and the command."""
     wheels, venv = tmp_path / "wheels", tmp_path / "venv"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+    # Offline, so no build isolation: the interpreter building needs a setuptools with bdist_wheel (>= 70.1); a
+    # venv's own ensurepip setuptools may be older, its base interpreter's is the one installed with the project.
+    probe = [sys.executable, "-c", "import setuptools.command.bdist_wheel"]
+    builder = sys.executable if subprocess.run(probe, capture_output=True).returncode == 0 else sys._base_executable
+    built = subprocess.run([builder, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                             str(wheels), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("hubvit-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=300)
     python = venv / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
-                                str(wheel)], capture_output=True, text=True, timeout=600)
+    installed = subprocess.run([builder, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                                "--force-reinstall", str(wheel)], capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

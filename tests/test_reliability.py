@@ -455,7 +455,7 @@ class Evil:
 def test_a_damaged_checkpoint_fails_the_resume(tmp_path, checkpoint_run, finetune_data, capsys, damage, message):
     out = tmp_path / "run"
     shutil.copytree(checkpoint_run / "checkpoints", out / "checkpoints")
-    checkpoint = out / "checkpoints" / "step_1"
+    checkpoint = out / "checkpoints" / "checkpoint_1"
     name = damage.split(" ")[0]
     target = checkpoint / name
     if damage.endswith("garbage"):

@@ -154,7 +154,9 @@ class OutputArguments:
         help="gets model/ (a hubvit folder), all_results.json, checkpoints/ and logs/", required=True)
     overwrite_output_dir: bool = option(False)
     checkpointing_steps: Optional[str] = option(help="N (every N updates) or 'epoch'")
-    checkpoints_total_limit: Optional[int] = option(help="keep only the last K checkpoints")
+    checkpoints_total_limit: Optional[int] = option(
+        help="keep only the last K checkpoints (Accelerate's rotation deletes the oldest before writing the next, so "
+        "K >= 2 keeps a complete one through a kill during a save)")
     resume_from_checkpoint: Optional[str] = option(
         help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path")
     logging_steps: int = option(20)
