@@ -1,4 +1,4 @@
-"""Installs the `hubvit` namespace onto the repository's top-level folders (modeling/, conversion/, scripts/)."""
+"""Installs the `hubvit` namespace onto the repository's top-level folders (modeling/, conversion/, training/, scripts/)."""
 
 from setuptools import setup
 
@@ -34,6 +34,7 @@ setup(
         "hubvit.scripts.experiments",
         "hubvit.model_cards",
         "hubvit.analysis",
+        "hubvit.training",
     ],
     package_dir={
         "hubvit": "hubvit",
@@ -42,8 +43,9 @@ setup(
         "hubvit.conversion": "conversion",
         "hubvit.scripts": "scripts",
         "hubvit.analysis": "analysis",
+        "hubvit.training": "training",
     },
-    package_data={"hubvit.model_cards": ["*.md"], "hubvit.scripts": ["metrics/*/*.py"]},
+    package_data={"hubvit.model_cards": ["*.md"], "hubvit.training": ["metrics/*/*.py"]},
     install_requires=[
         "transformers>=5",
         "torch",

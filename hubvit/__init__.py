@@ -17,4 +17,14 @@ AutoConfig.register(HubViTConfig.model_type, HubViTConfig, exist_ok=True)
 AutoModel.register(HubViTConfig, HubViTModel, exist_ok=True)
 AutoModelForImageClassification.register(HubViTConfig, HubViTForImageClassification, exist_ok=True)
 
-__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "optimize_for_cpu", "HubViTError", "__version__"]
+__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "optimize_for_cpu", "HubViTError", "train", "__version__"]
+
+LAZY = {"train": "hubvit.training"}  # imported on first use, so `import hubvit` does not load datasets
+
+
+def __getattr__(name):
+    if name in LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(LAZY[name]), name)
+    raise AttributeError(f"module 'hubvit' has no attribute {name!r}")

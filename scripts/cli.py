@@ -1,4 +1,4 @@
-"""The `hubvit` command: `convert`, `export`, `push`, `publish`, `info`, `analyze`.
+"""The `hubvit` command: `convert`, `export`, `push`, `publish`, `info`, `analyze`, `train`.
 
 Each source format (and each export) lives in one module of `hubvit.conversion` that offers `add_arguments(parser)`
 and `main(args) -> folder`; this file only wires them up. `--push-to-hub REPO_ID` on any conversion publishes the
@@ -57,6 +57,7 @@ def build_parser():
     zoo.set_defaults(run=publish.main)
 
     add_commands(commands)
+    commands.add_parser("train", add_help=False, help="fine-tune or train a classifier (`hubvit train --help`)")
     return parser
 
 
@@ -68,6 +69,11 @@ def os_error_line(error):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # its own HfArgumentParser: the options of scripts/finetune.py
+        from hubvit.scripts import finetune
+
+        return finetune.main(argv[1:], prog="hubvit train")
     args = build_parser().parse_args(argv)
     from safetensors import SafetensorError
 

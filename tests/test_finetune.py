@@ -1,4 +1,5 @@
-"""scripts/finetune.py: data paths, resumption after SIGKILL, two-process DDP, bad arguments, the output folder.
+"""hubvit.training through scripts/finetune.py and `hubvit.train`: data paths, resumption after SIGKILL, two-process
+DDP, bad arguments, the output folder.
 
 Everything runs offline on tiny synthetic images and tiny models; the embedded-default recipe itself (MNIST digits
 to >= 0.95) is measured in the README, not here, because it takes minutes.
@@ -6,6 +7,7 @@ to >= 0.95) is measured in the README, not here, because it takes minutes.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,12 +65,12 @@ def run_in_process(argv):
     """Run the script's main() here (no launcher start-up cost), with Accelerate's singletons reset around it."""
     from accelerate.state import AcceleratorState, GradientState
 
-    from hubvit.scripts import training
+    from hubvit.scripts import finetune
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     try:
-        return training.main(argv)
+        return finetune.main(argv)
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
@@ -95,7 +97,7 @@ def digits_like(tmp_path_factory):
 def test_metric_modules_load_offline_and_agree_with_scikit_learn():
     from sklearn.metrics import accuracy_score, top_k_accuracy_score
 
-    from hubvit.scripts.training import load_metric
+    from hubvit.training.evaluation import load_metric
 
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(64, 7))
@@ -110,7 +112,7 @@ def test_metric_modules_load_offline_and_agree_with_scikit_learn():
 
 def test_parameter_groups_decay_and_layer_scales():
     from hubvit import HubViTForImageClassification
-    from hubvit.scripts.training import parameter_groups
+    from hubvit.training.model import parameter_groups
 
     model = HubViTForImageClassification(tiny_config(num_labels=3, num_register_tokens=1))
     groups = parameter_groups(model, learning_rate=1.0, weight_decay=0.1, layer_decay=0.5)
@@ -128,10 +130,11 @@ def test_parameter_groups_decay_and_layer_scales():
 
 
 def test_augmentation_depends_only_on_seed_epoch_and_index():
-    from hubvit.scripts.training import SeededImages, make_transforms
+    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.training.data import SeededImages, make_transforms
 
     data = datasets.Dataset.from_dict({"image": [class_image(0, i) for i in range(3)], "label": [0, 0, 0]})
-    train_tf, _ = make_transforms((16, 16), (0.5,) * 3, (0.5,) * 3, 2, "inception", randaugment=2)
+    train_tf, _ = make_transforms((16, 16), Preprocessing(), "inception", randaugment=2)
     images = SeededImages(data, train_tf, "image", "label", seed=3)
     first = images[1][0]
     torch.rand(10)  # the global RNG must not matter
@@ -234,7 +237,7 @@ def test_saved_dataset_run_with_paper_recipe_options(digits_like, tmp_path):
     assert summary["mixed_precision"] == "bf16"
     assert list((out / "logs").rglob("events.out.tfevents*")), "tensorboard tracker wrote nothing"
     # an epoch is 4 batches = 2 updates; the last, partial epoch ends at the step limit
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_3"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint_2", "checkpoint_3"]
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["id2label"] == {"0": "red", "1": "green", "2": "blue"}
 
@@ -260,13 +263,14 @@ def test_pretrained_start_gets_a_new_head_and_a_resized_position_table(imagefold
 
 
 def kill_after_first_checkpoint(argv, checkpoints, timeout=600):
-    """Start the script, SIGKILL it from outside as soon as a complete checkpoint folder appears; its exit status."""
+    """Start the script, SIGKILL it from outside as soon as a complete checkpoint (one whose trainer_state.json, written
+    last, exists) appears; its exit status."""
     process = subprocess.Popen([sys.executable, str(SCRIPT), *argv], cwd=ROOT, env=ENV,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
         while process.poll() is None and time.monotonic() < deadline:
-            if checkpoints.is_dir() and any(path.name.startswith("step_") for path in checkpoints.iterdir()):
+            if checkpoints.is_dir() and list(checkpoints.glob("checkpoint_*/trainer_state.json")):
                 process.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.01)
@@ -286,14 +290,16 @@ def test_sigkill_after_checkpoint_then_resume_matches_uninterrupted(digits_like,
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     done = run_script([*common, "--output_dir", str(whole)])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["step_4", "step_6"]
+    assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["checkpoint_4", "checkpoint_6"]
 
     killed = kill_after_first_checkpoint([*common, "--output_dir", str(broken)], broken / "checkpoints")
     assert killed == -signal.SIGKILL, f"the run ended on its own (exit {killed}) before the kill"
     assert not (broken / "model").exists()
-    # A crash in the middle of writing the next checkpoint leaves only a temporary folder, which is never resumed.
-    partial = broken / "checkpoints" / ".tmp-step_6"
-    partial.mkdir(exist_ok=True)
+    # A crash in the middle of writing the next checkpoint leaves a folder without trainer_state.json (Accelerate
+    # writes in place): it is never resumed, and is removed before the next save.
+    partial = broken / "checkpoints" / "checkpoint_6"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"truncated")
 
     resumed = run_script([*common, "--output_dir", str(broken), "--resume_from_checkpoint", "latest"])
@@ -306,6 +312,7 @@ def test_sigkill_after_checkpoint_then_resume_matches_uninterrupted(digits_like,
         # Same operations in the same order on the same thread count: float32 round-off at most.
         assert (got[name] - value).abs().max() <= 1e-6 * max(value.abs().max().item(), 1.0), name
     assert results(broken)["eval_accuracy"] == results(whole)["eval_accuracy"]
+    assert sorted(p.name for p in (broken / "checkpoints").iterdir()) == ["checkpoint_4", "checkpoint_6"]
 
 
 def free_port():
@@ -339,15 +346,16 @@ def test_two_ddp_processes_on_cpu(digits_like, tmp_path):
 @pytest.mark.parametrize("data", [[], ["--dataset_name", "some/dataset"]], ids=["embedded", "dataset"])
 def test_help_shows_the_default_each_run_uses(capsys, data):
     """Every recipe default resolved for a run appears, as printed, in `--help` (one place for the defaults)."""
-    from hubvit.scripts import training
+    from hubvit import training
+    from hubvit.training.arguments import RECIPES
 
     with pytest.raises(SystemExit):
         training.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     args = training.resolve_defaults(training.parse_args([*data, "--output_dir", "unused"]))
-    for key in training.RECIPES["dataset"]:
+    for key in RECIPES["dataset"]:
         value = getattr(args, key)
-        help_text = text[text.index(f"--{key} {key.upper()} "):]
+        help_text = text[text.index(f"--{key} {key.upper()},"):]
         assert f"{value:g}" in help_text[:400], (key, value)
 
 
@@ -391,3 +399,81 @@ def test_push_to_hub_publishes_the_model_folder(hub_server, digits_like, tmp_pat
     assert {"config.json", "modeling_hubvit.py", "preprocessor_config.json", "README.md"} <= set(files)
     assert not any(name.startswith(("checkpoints", "logs", "all_results")) for name in files)
     assert f'"{repo_id}"' in files["README.md"].decode()
+
+
+# --- the Python API and the `hubvit train` command ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"learning_rate": float("nan")}, "--learning_rate must be a finite number >= 0, got nan"),
+        ({"optimizer": "adam"}, "--optimizer 'adam': expected one of adamw, sgd"),
+        ({"max_train_steps": "10"}, "--max_train_steps '10': expected int, got str"),
+        ({"learning_rat": 0.1}, "unknown option(s) learning_rat"),
+    ],
+)
+def test_train_with_a_bad_argument_raises_a_hubvit_error_naming_it(tmp_path, options, message):
+    import hubvit
+
+    with pytest.raises(hubvit.HubViTError) as error:
+        hubvit.train(output_dir=str(tmp_path / "out"), **options)
+    assert isinstance(error.value, ValueError) and message in str(error.value)
+    assert not (tmp_path / "out" / "checkpoints").exists() and not (tmp_path / "out" / "model").exists()
+
+
+def test_train_takes_the_argument_dataclasses_and_keywords_alike():
+    from hubvit.training import Arguments, DataArguments, OutputArguments, TrainingArguments
+
+    built = Arguments.build(DataArguments(max_train_samples=8), TrainingArguments(seed=3),
+                            OutputArguments(output_dir="out"), learning_rate=0.5)
+    assert (built.max_train_samples, built.seed, built.output_dir, built.learning_rate) == (8, 3, "out", 0.5)
+    parsed = Arguments.build(*built.groups())
+    assert parsed == built
+
+
+def test_importing_hubvit_does_not_import_the_training_stack():
+    code = "import sys, hubvit; print(sorted(m for m in ('datasets', 'hubvit.training', 'evaluate') if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
+
+
+def test_hubvit_train_parses_the_options_of_finetune(tmp_path, capsys):
+    """`hubvit train` and scripts/finetune.py share one parser: the same refusal, under its own name."""
+    from hubvit.scripts.cli import main as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["train", "--output_dir", str(tmp_path), "--warmup_ratio", "1.5"])
+    assert exit_info.value.code == 2
+    assert "hubvit train: error: --warmup_ratio must be a finite number in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+@pytest.mark.heavy
+def test_hubvit_train_help_works_from_the_installed_wheel(tmp_path):
+    """The wheel (not the checkout) carries the training package, its metric scripts and the command."""
+    wheels, venv = tmp_path / "wheels", tmp_path / "venv"
+    # Offline, so no build isolation: the interpreter building needs a setuptools with bdist_wheel (>= 70.1); a
+    # venv's own ensurepip setuptools may be older, its base interpreter's is the one installed with the project.
+    probe = [sys.executable, "-c", "import setuptools.command.bdist_wheel"]
+    builder = sys.executable if subprocess.run(probe, capture_output=True).returncode == 0 else sys._base_executable
+    built = subprocess.run([builder, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(wheels), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = wheels.glob("hubvit-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=300)
+    python = venv / "bin" / "python"
+    installed = subprocess.run([builder, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                                "--force-reinstall", str(wheel)], capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = subprocess.run([str(venv / "bin" / "hubvit"), "train", "--help"], cwd=elsewhere, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("usage: hubvit train") and "--per_device_train_batch_size" in run.stdout
+    where = subprocess.run([str(python), "-c", "import hubvit.training.evaluation as e; print(e.METRICS_DIR)"],
+                           cwd=elsewhere, env=ENV, capture_output=True, text=True, timeout=300)
+    metrics = Path(where.stdout.strip())
+    assert str(venv) in str(metrics) and (metrics / "accuracy" / "accuracy.py").is_file()

@@ -59,11 +59,11 @@ def test_fsdp2_trains_checkpoints_and_resumes(data, tmp_path):
     run = run_script(arguments(data, whole), launcher=launcher())
     assert run.returncode == 0, run.stderr[-3000:]
     assert results(whole)["num_processes"] == 2
-    assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["step_2", "step_4"]
+    assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["checkpoint_2", "checkpoint_4"]
 
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
-    shutil.copytree(whole / "checkpoints" / "step_2", resumed / "checkpoints" / "step_2")
+    shutil.copytree(whole / "checkpoints" / "checkpoint_2", resumed / "checkpoints" / "checkpoint_2")
     run = run_script(arguments(data, resumed, "--resume_from_checkpoint", "latest"), launcher=launcher())
     assert run.returncode == 0, run.stderr[-3000:]
     assert "resumed from" in run.stderr

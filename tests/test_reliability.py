@@ -339,7 +339,7 @@ def test_finetuning_from_weights_that_do_not_fit_their_config_stops_before_train
 
 
 def test_only_the_head_is_replaced_and_only_for_a_new_label_count(tmp_path):
-    from hubvit.scripts.training import UsageError, load_pretrained
+    from hubvit.training import UsageError, load_pretrained
 
     model = HubViTForImageClassification(tiny_config(num_labels=3))
     folder = write_folder(model, tmp_path / "start")
@@ -455,7 +455,7 @@ class Evil:
 def test_a_damaged_checkpoint_fails_the_resume(tmp_path, checkpoint_run, finetune_data, capsys, damage, message):
     out = tmp_path / "run"
     shutil.copytree(checkpoint_run / "checkpoints", out / "checkpoints")
-    checkpoint = out / "checkpoints" / "step_1"
+    checkpoint = out / "checkpoints" / "checkpoint_1"
     name = damage.split(" ")[0]
     target = checkpoint / name
     if damage.endswith("garbage"):

@@ -19,6 +19,7 @@ import torch
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hubvit.conversion.preprocessing import Preprocessing  # noqa: E402
 from hubvit.scripts.experiments import common  # noqa: E402
 
 NAME = "attention_distance"
@@ -83,7 +84,7 @@ def main(argv=None):
                          "run position_embeddings.py first")
     _, test = common.digits_splits(options.quick)
     count = min(100 if options.quick else options.images, len(test))
-    pixels, _ = common.eval_tensors(test.select(range(count)), ((0.5,) * 3, (0.5,) * 3, 2), (28, 28))
+    pixels, _ = common.eval_tensors(test.select(range(count)), Preprocessing(), (28, 28))
     runs, grid, patch = {}, None, None
     for folder in folders:
         kind, seed = folder.name.rsplit("-seed", 1)

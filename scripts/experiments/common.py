@@ -1,7 +1,8 @@
 """What every experiment shares: data splits, the ViT they train, the call into the main command's `fit`, writing.
 
-Each experiment builds its training arguments with the main command's own parser (`training.parse_args`), so a
-model here is trained exactly as `scripts/finetune.py` would train it with the same flags, by the same loop.
+Each experiment builds its training arguments with the Python API (`hubvit.training.Arguments`, the dataclasses
+`hubvit train` parses), so a model here is trained exactly as `scripts/finetune.py` would train it with the same
+options, by the same loop.
 """
 
 import argparse
@@ -21,7 +22,15 @@ DOCS = ROOT / "docs" / "experiments"
 # The experiments' ViT: the main command's default preset (4 heads, mean pooling) with 4-px patches, so 28 x 28
 # digits give a 7 x 7 grid where geometry matters, narrowed to 64 wide and 4 blocks so that a run takes a minute or two
 # on a CPU core.
-VIT_OVERRIDES = "patch_size=4,hidden_size=64,intermediate_size=128,num_hidden_layers=4"
+VIT_FIELDS = dict(patch_size=4, hidden_size=64, intermediate_size=128, num_hidden_layers=4)
+
+
+def fields_text(fields):
+    """Config fields as the reports print them: `name=value,...`."""
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+VIT_OVERRIDES = fields_text(VIT_FIELDS)
 
 
 def parser(description, quick_help="a tiny run (seconds to a minute) for the tests: structure, not accuracy"):
@@ -76,37 +85,37 @@ def merged(paths):
     return results
 
 
-def training_args(output_dir, seed, flags=()):
-    """The main command's arguments (its parser and its defaults) for one run of the experiment."""
-    from hubvit.scripts import training
+def training_args(output_dir, seed, **options):
+    """The main command's arguments (its defaults and recipe) for one run of the experiment, built with the Python
+    API: `options` are fields of `hubvit.training.Arguments`."""
+    from hubvit import training
 
-    args = training.parse_args(["--output_dir", str(output_dir), "--seed", str(seed), "--logging_steps", "1000000",
-                                *map(str, flags)])
+    args = training.Arguments.build(output_dir=str(output_dir), seed=seed, logging_steps=1_000_000, **options)
     return training.resolve_defaults(args)
 
 
 def accelerator_for(output_dir):
-    from hubvit.scripts import training
+    from hubvit import training
 
     return training.make_accelerator(training_args(output_dir, 0))
 
 
-def build_vit(args, label_names, overrides=""):
-    """The main command's model from its preset, with the experiment's overrides (seeded by `args.seed`)."""
+def build_vit(args, label_names, fields=None):
+    """The main command's model from its preset, with VIT_FIELDS and the experiment's `fields` (seeded by
+    `args.seed`); returns (model, Preprocessing)."""
     from accelerate.utils import set_seed
 
-    from hubvit.scripts import training
+    from hubvit import training
 
-    args.config_overrides = ",".join(part for part in (VIT_OVERRIDES, overrides) if part)
     set_seed(args.seed)
-    return training.load_model(args, label_names)
+    return training.load_model(args, label_names, config_fields={**VIT_FIELDS, **(fields or {})})
 
 
 def fit(accelerator, args, train, test, model, preprocessing):
     """The main command's training loop; returns the unwrapped model in eval mode and fit's results."""
     from accelerate.utils import set_seed
 
-    from hubvit.scripts import training
+    from hubvit import training
 
     set_seed(args.seed)
     model, results = training.fit(args, accelerator, train, test, model, preprocessing)
@@ -120,7 +129,7 @@ def digits_splits(quick=False):
 
     The split is the same for every seed and every experiment; nothing is tuned on it.
     """
-    from hubvit.scripts import training
+    from hubvit import training
 
     parts = training.embedded_digits().train_test_split(test_size=0.2, seed=0, stratify_by_column="label")
     train, test = parts["train"], parts["test"]
@@ -130,11 +139,10 @@ def digits_splits(quick=False):
 
 
 def eval_tensors(dataset, preprocessing, size):
-    """The evaluation transform of the main command applied to every image: (pixels, labels)."""
-    from hubvit.scripts import training
+    """The evaluation transform of the main command (for a `Preprocessing`) applied to every image: (pixels, labels)."""
+    from hubvit import training
 
-    mean, std, resample = preprocessing
-    _, eval_tf = training.make_transforms(tuple(size), mean, std, resample, "none")
+    _, eval_tf = training.make_transforms(tuple(size), preprocessing, "none")
     pixels = torch.stack([eval_tf(image.convert("RGB")) for image in dataset["image"]])
     return pixels, torch.tensor(dataset["label"])
 

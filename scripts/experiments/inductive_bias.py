@@ -15,12 +15,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 from torch import nn
 from transformers.modeling_outputs import ImageClassifierOutput
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hubvit.conversion.preprocessing import Preprocessing  # noqa: E402
 from hubvit.scripts.experiments import common  # noqa: E402
 
 NAME = "inductive_bias"
@@ -85,12 +85,12 @@ def main(argv=None):
     parameters, test_pixels = {}, None
     for seed, fraction, kind in itertools.product(seeds, fractions, MODELS):
         data = subset(train, fraction, seed)
-        args = common.training_args(options.output_dir, seed, ["--max_train_steps", steps, "--augment", "none"])
+        args = common.training_args(options.output_dir, seed, max_train_steps=steps, augment="none")
         if kind == "vit":
-            model, preprocessing = common.build_vit(args, labels, "position_embedding_type=learned")
+            model, preprocessing = common.build_vit(args, labels, {"position_embedding_type": "learned"})
         else:
             set_seed(seed)
-            model, preprocessing = ConvNet(len(labels)), ((0.5,) * 3, (0.5,) * 3, 2)
+            model, preprocessing = ConvNet(len(labels)), Preprocessing()
         parameters[kind] = sum(p.numel() for p in model.parameters())
         if test_pixels is None:
             test_pixels, test_labels = common.eval_tensors(test, preprocessing, (28, 28))

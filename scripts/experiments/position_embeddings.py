@@ -108,9 +108,9 @@ def main(argv=None):
     test_pixels = test_labels = quad_pixels = quad_labels = None
     parameters = {}
     for seed, kind in itertools.product(seeds, TYPES):
-        overrides = f"position_embedding_type={kind}"
-        args = common.training_args(options.output_dir, seed, ["--max_train_steps", steps, "--augment", "none"])
-        model, preprocessing = common.build_vit(args, digits_train.features["label"].names, overrides)
+        fields = {"position_embedding_type": kind}
+        args = common.training_args(options.output_dir, seed, max_train_steps=steps, augment="none")
+        model, preprocessing = common.build_vit(args, digits_train.features["label"].names, fields)
         parameters[kind] = sum(p.numel() for p in model.parameters())
         if test_pixels is None:
             test_pixels, test_labels = common.eval_tensors(digits_test, preprocessing, (28, 28))
@@ -126,9 +126,9 @@ def main(argv=None):
         if accelerator.is_main_process:
             model.save_pretrained(Path(options.models_dir) / f"{kind}-seed{seed}")
 
-        args = common.training_args(options.output_dir, seed, ["--max_train_steps", quadrant_steps,
-                                                               "--image_size", CANVAS, "--augment", "none"])
-        model, preprocessing = common.build_vit(args, QUADRANTS, overrides)
+        args = common.training_args(options.output_dir, seed, max_train_steps=quadrant_steps, image_size=CANVAS,
+                                    augment="none")
+        model, preprocessing = common.build_vit(args, QUADRANTS, fields)
         if quad_pixels is None:
             quad_pixels, quad_labels = common.eval_tensors(quad_test, preprocessing, (CANVAS, CANVAS))
         model, _ = common.fit(accelerator, args, quad_train, quad_test, model, preprocessing)

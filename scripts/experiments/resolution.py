@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a file from a source checkout
 from hubvit.scripts.experiments import common  # noqa: E402
 
 NAME = "resolution"
-OVERRIDES = "position_embedding_type=learned,class_token=True,pooling=cls,fc_norm=False"
+FIELDS = dict(position_embedding_type="learned", class_token=True, pooling="cls", fc_norm=False)
 MODES = {  # name: (interpolation_mode, interpolation_antialias)
     "bicubic": ("bicubic", False),
     "bicubic + antialias": ("bicubic", True),
@@ -81,8 +81,8 @@ def main(argv=None):
     runs = {name: [] for name in columns}
     tables, low = {}, (LOW // 4, LOW // 4)
     for seed in seeds:
-        args = common.training_args(options.output_dir, seed, ["--max_train_steps", steps, "--augment", "none"])
-        model, preprocessing = common.build_vit(args, labels, OVERRIDES)
+        args = common.training_args(options.output_dir, seed, max_train_steps=steps, augment="none")
+        model, preprocessing = common.build_vit(args, labels, FIELDS)
         if seed == seeds[0]:
             pixels = {size: common.eval_tensors(test, preprocessing, (size, size)) for size in (LOW, HIGH)}
         model, _ = common.fit(accelerator, args, train, None, model, preprocessing)
@@ -100,10 +100,10 @@ def main(argv=None):
         if seed == seeds[0]:
             tables["trained at 28"], tables[CONTROL] = grid_table(model, low), grid_table(control, high)
         finetuned = copy.deepcopy(model).train().resize_position_embeddings(HIGH)
-        finetune_args = common.training_args(options.output_dir, seed, [
-            "--max_train_steps", finetune_steps, "--optimizer", "sgd", "--learning_rate", options.finetune_learning_rate,
-            "--momentum", 0.9, "--weight_decay", 0, "--lr_scheduler_type", "cosine", "--warmup_ratio", 0.1,
-            "--label_smoothing", 0, "--max_grad_norm", 1, "--augment", "none"])
+        finetune_args = common.training_args(
+            options.output_dir, seed, max_train_steps=finetune_steps, optimizer="sgd",
+            learning_rate=options.finetune_learning_rate, momentum=0.9, weight_decay=0.0, lr_scheduler_type="cosine",
+            warmup_ratio=0.1, label_smoothing=0.0, max_grad_norm=1.0, augment="none")
         finetuned, _ = common.fit(accelerator, finetune_args, train, None, finetuned, preprocessing)
         runs["fine-tuned at 56"].append(common.accuracy(common.predict(finetuned, pixels[HIGH][0]), pixels[HIGH][1]))
         if seed == seeds[0]:
@@ -115,7 +115,7 @@ def main(argv=None):
         "quick": options.quick,
         "command": common.command(NAME),
         "setup": {
-            "model": f"main-command preset `default` with `{common.VIT_OVERRIDES},{OVERRIDES}`: [CLS] pooling, learned 1D "
+            "model": f"main-command preset `default` with `{common.VIT_OVERRIDES},{common.fields_text(FIELDS)}`: [CLS] pooling, learned 1D "
                      f"table of 1 + 7 x 7 rows, {sum(p.numel() for p in model.parameters())} parameters",
             "training at 28": f"the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64)"
                               f" without augmentation, {steps} updates",

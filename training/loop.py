@@ -1,0 +1,276 @@
+"""The one training loop (the main command and the experiments both call `fit`), in the spirit of transformers'
+`run_image_classification_no_trainer.py`. Everything distributed (DDP, FSDP, DeepSpeed, mixed precision) goes
+through Accelerate.
+
+Exact resumption: the sampler is seeded by (seed, epoch), each training image by (seed, epoch, index) (see
+data.py), and MixUp/CutMix by (seed, step); the only stateful randomness left (dropout, stochastic depth) lives in
+the global RNG that `save_state`/`load_state` carry. A resumed run replays the batches of an uninterrupted one.
+"""
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .arguments import UsageError
+from .checkpoints import load_checkpoint, project_configuration, resolve_checkpoint, save_checkpoint
+from .data import make_loaders, make_mixer
+from .evaluation import evaluate_model
+from .model import make_optimizer
+
+logger = logging.getLogger("hubvit.finetune")
+
+
+def check_fsdp(accelerator):
+    """Accelerate (1.16) turns FSDP on only for GPU-like devices: on CPU `--use_fsdp` silently becomes DDP or
+    independent processes, so a run that asked for FSDP and did not get it stops before training."""
+    from accelerate.utils import DistributedType
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and (
+        accelerator.distributed_type != DistributedType.FSDP
+    ):
+        raise UsageError(
+            f"FSDP was requested but Accelerate set up {accelerator.distributed_type.value} on {accelerator.device.type}: "
+            "Accelerate runs FSDP only on GPU/XPU/NPU/HPU devices, not on CPU (use --multi_gpu with "
+            "ACCELERATE_USE_CPU=1 for DDP on CPU)"
+        )
+
+
+def make_accelerator(args):
+    """The one Accelerator of a run (experiments reuse it for every model they fit)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision=args.mixed_precision,
+        log_with=None if args.report_to == "none" else args.report_to,
+        project_config=project_configuration(args),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+    )
+    check_fsdp(accelerator)
+    return accelerator
+
+
+@dataclass
+class Schedule:
+    """How long the run is, in optimizer updates and epochs."""
+
+    updates_per_epoch: int
+    max_steps: int
+    num_epochs: int
+    warmup: int
+
+    @classmethod
+    def plan(cls, args, batches_per_epoch):
+        updates_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
+        max_steps = args.max_train_steps or args.num_train_epochs * updates_per_epoch
+        warmup = args.num_warmup_steps if args.num_warmup_steps is not None else int(args.warmup_ratio * max_steps)
+        return cls(updates_per_epoch, max_steps, math.ceil(max_steps / updates_per_epoch), warmup)
+
+
+@dataclass
+class Position:
+    """Where the loop is: updates done, the epoch, batches of it already seen (a resumed run skips them)."""
+
+    global_step: int = 0
+    epoch: int = 0
+    skip_batches: int = 0
+
+
+@dataclass
+class Window:
+    """Throughput between two log lines."""
+
+    started: float = field(default_factory=time.time)
+    images: int = 0
+
+
+@dataclass
+class Run:
+    """What one `fit` call trains with, after `accelerator.prepare`."""
+
+    args: object
+    accelerator: object
+    model: object
+    optimizer: object
+    scheduler: object
+    train_set: object
+    train_loader: object
+    eval_loader: object
+    mixer: object
+    schedule: Schedule
+
+
+def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
+    """Loaders, optimizer and schedule for `model`, prepared by Accelerate."""
+    from transformers import get_scheduler
+
+    num_labels = len(train_split.features[args.label_column_name].names)
+    size = tuple(model.config.image_size_2d)
+    train_set, train_loader, eval_loader = make_loaders(args, train_split, eval_split, size, preprocessing)
+    train_loader = accelerator.prepare(train_loader)
+    if eval_loader is not None:
+        eval_loader = accelerator.prepare(eval_loader)
+    schedule = Schedule.plan(args, len(train_loader))
+    optimizer = make_optimizer(args, model)
+    # A prepared scheduler steps once per process per update (accelerate's AcceleratedScheduler).
+    processes = accelerator.num_processes
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=schedule.warmup * processes,
+                              num_training_steps=schedule.max_steps * processes)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
+    return Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, mixer, schedule)
+
+
+def start_trackers(run):
+    if run.args.report_to != "none":
+        hparams = {k: v for k, v in vars(run.args).items() if isinstance(v, (int, float, str, bool))}
+        run.accelerator.init_trackers("hubvit-finetune", config=hparams)
+
+
+def resume(run):
+    """The position to start from: the checkpoint's when resuming, else the beginning."""
+    args = run.args
+    if not args.resume_from_checkpoint:
+        return Position()
+    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    global_step, epoch, skip = load_checkpoint(run.accelerator, path)
+    if skip >= len(run.train_loader):
+        epoch, skip = epoch + 1, 0
+    logger.info(f"resumed from {path} at update {global_step} (epoch {epoch}, batch {skip})")
+    return Position(global_step, epoch, skip)
+
+
+def describe(run, train_split, eval_split):
+    args, accelerator, schedule = run.args, run.accelerator, run.schedule
+    batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+    classes = len(train_split.features[args.label_column_name].names)
+    logger.info(f"{len(train_split)} training / {len(eval_split or ())} eval images, {classes} classes; "
+                f"{accelerator.num_processes} process(es), batch {batch_size}, {schedule.max_steps} updates over "
+                f"{schedule.num_epochs} epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters")
+
+
+def train_step(run, pixels, labels, global_step):
+    """One forward/backward (an optimizer update when the accumulation is complete); returns the loss."""
+    args, accelerator, model = run.args, run.accelerator, run.model
+    with accelerator.accumulate(model):
+        targets = labels
+        if run.mixer is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(args.seed * 1_000_003 + global_step * 97 + accelerator.process_index)
+                pixels, targets = run.mixer(pixels, labels)
+        logits = model(pixel_values=pixels).logits.float()
+        loss = F.cross_entropy(logits, targets, label_smoothing=args.label_smoothing)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and args.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad()
+    return loss
+
+
+def log_step(run, loss, window, epoch_fraction, global_step, progress):
+    rate = window.images / max(time.time() - window.started, 1e-9)
+    logs = {"train_loss": loss.item(), "lr": run.scheduler.get_last_lr()[-1], "images_per_second": rate,
+            "epoch": epoch_fraction}
+    progress.set_postfix(loss=f"{logs['train_loss']:.3f}", lr=f"{logs['lr']:.2e}", img_s=f"{rate:.0f}")
+    run.accelerator.log(logs, step=global_step)
+
+
+def checkpoint(run, position, batches_in_epoch):
+    state = {"global_step": position.global_step, "epoch": position.epoch, "batches_in_epoch": batches_in_epoch}
+    logger.info(f"saved checkpoint {save_checkpoint(run.accelerator, state)}")
+
+
+def train_epoch(run, position, progress, window):
+    """One epoch (or its rest, after a resume) of updates, logging and step checkpoints; moves `position`."""
+    args, accelerator = run.args, run.accelerator
+    every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
+    run.train_set.set_epoch(position.epoch)
+    run.train_loader.set_epoch(position.epoch)
+    loader, batches = run.train_loader, 0
+    if position.skip_batches:
+        loader = accelerator.skip_first_batches(run.train_loader, position.skip_batches)
+        batches, position.skip_batches = position.skip_batches, 0
+    for pixels, labels in loader:
+        loss = train_step(run, pixels, labels, position.global_step)
+        batches += 1
+        window.images += labels.numel() * accelerator.num_processes
+        if not accelerator.sync_gradients:
+            continue
+        position.global_step += 1
+        progress.update(1)
+        if position.global_step % args.logging_steps == 0 or position.global_step == run.schedule.max_steps:
+            log_step(run, loss, window, position.epoch + batches / len(run.train_loader), position.global_step,
+                     progress)
+            window.started, window.images = time.time(), 0
+        if every and position.global_step % every == 0:
+            checkpoint(run, position, batches)
+        if position.global_step >= run.schedule.max_steps:
+            break
+    return batches
+
+
+def end_of_epoch(run, position, batches):
+    """Evaluate (when there is an eval split) and checkpoint (with `--checkpointing_steps epoch`)."""
+    metrics = {}
+    if run.eval_loader is not None:
+        metrics = evaluate_model(run.accelerator, run.model, run.eval_loader)
+        logger.info(f"epoch {position.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        run.accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=position.global_step)
+    if run.args.checkpointing_steps == "epoch":
+        checkpoint(run, position, batches)
+    return metrics
+
+
+def results(run, metrics, train_split, global_step, train_runtime):
+    schedule, accelerator = run.schedule, run.accelerator
+    seen = len(train_split) * (schedule.max_steps / schedule.updates_per_epoch)
+    return {
+        **metrics,
+        "train_runtime_s": round(train_runtime, 2),
+        "num_processes": accelerator.num_processes,
+        "mixed_precision": accelerator.mixed_precision,
+        "train_samples": len(train_split),
+        "global_step": global_step,
+        "epochs": schedule.num_epochs,
+        "train_images_per_second": round(seen / max(train_runtime, 1e-9), 1),
+    }
+
+
+def fit(args, accelerator, train_split, eval_split, model, preprocessing):
+    """Train `model` on `train_split` with the recipe in `args`, evaluating on `eval_split` after every epoch.
+
+    With `eval_split=None` nothing is evaluated (the experiments evaluate the returned model themselves).
+    `preprocessing` is a `Preprocessing` (normalisation and resample filter). Returns the prepared model and the
+    final results (metrics of the last evaluation, runtime, throughput). Any model whose `config` has
+    `image_size_2d` and `num_hidden_layers` and whose forward takes `pixel_values` and returns `.logits` fits
+    (the inductive-bias experiment's CNN does).
+    """
+    from tqdm.auto import tqdm
+
+    run = prepare(args, accelerator, train_split, eval_split, model, preprocessing)
+    start_trackers(run)
+    position = resume(run)
+    describe(run, train_split, eval_split)
+    progress = tqdm(total=run.schedule.max_steps, initial=position.global_step,
+                    disable=not accelerator.is_local_main_process, desc="training")
+    started, window, metrics = time.time(), Window(), {}
+    run.model.train()
+    while position.epoch < run.schedule.num_epochs:
+        batches = train_epoch(run, position, progress, window)
+        metrics = end_of_epoch(run, position, batches) or metrics
+        if position.global_step >= run.schedule.max_steps:
+            break
+        position.epoch += 1
+    progress.close()
+    train_runtime = time.time() - started
+    if not metrics and run.eval_loader is not None:
+        metrics = evaluate_model(accelerator, run.model, run.eval_loader)
+    return run.model, results(run, metrics, train_split, position.global_step, train_runtime)

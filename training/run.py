@@ -1,0 +1,113 @@
+"""`train`: one whole run (data, model, loop, the hubvit folder, results), the function under `hubvit train`."""
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+
+from .arguments import Arguments, check_args, resolve_defaults
+from .data import load_splits
+from .loop import fit, logger, make_accelerator
+
+
+@dataclass
+class TrainingResult:
+    """What a run leaves: OUTPUT_DIR, the hubvit folder in it, and all_results.json's metrics. `eval_dataset` is
+    the held-out split the metrics were computed on (not serialised; scripts draw figures from it)."""
+
+    output_dir: Path
+    model_dir: Path
+    metrics: dict
+    eval_dataset: object = dataclasses.field(default=None, repr=False)
+
+
+def python_call(args):
+    """The `hubvit.train(...)` call that repeats a run: the options that differ from their defaults."""
+    defaults = Arguments()
+    changed = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+               if getattr(args, f.name) != getattr(defaults, f.name)}
+    return "hubvit.train(" + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")"
+
+
+def train(*groups, command=None, **options):
+    """Fine-tune (or train from scratch) a hubvit image classifier; returns a `TrainingResult`.
+
+    `groups`: any of `DataArguments`, `ModelArguments`, `TrainingArguments`, `OutputArguments` (or one
+    `Arguments`); `options`: the same fields by keyword, e.g. `train(output_dir="out", max_train_steps=100)`.
+    Bad input raises `UsageError` (a `hubvit.HubViTError`, so a `ValueError`) before any training starts.
+    `command` is the line the model card cites (default: this call, written out).
+    """
+    started = time.time()
+    args = Arguments.build(*groups, **options)
+    resolve_defaults(args)
+    check_args(args)
+    accelerator = make_accelerator(args)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
+    if not accelerator.is_local_main_process:
+        datasets.utils.logging.set_verbosity_error()
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
+    from accelerate.utils import set_seed
+
+    set_seed(args.seed)
+    with accelerator.main_process_first():
+        train_split, eval_split, source, eval_name = load_splits(args)
+    from .model import load_model
+
+    model, preprocessing = load_model(args, train_split.features[args.label_column_name].names)
+    model, results = fit(args, accelerator, train_split, eval_split, model, preprocessing)
+    results["total_runtime_s"] = round(time.time() - started, 2)
+    export(accelerator, args, model, results, (source, eval_name), preprocessing, command or python_call(args))
+    accelerator.end_training()
+    out = Path(args.output_dir)
+    return TrainingResult(out, out / "model", results, eval_split)
+
+
+def model_card(args, results, data, command):
+    from hubvit.conversion.card import CardInfo
+
+    base = args.model_name_or_path
+    source, eval_name = data
+    provenance = (
+        f"Fine-tuned from `{base}`" if base else f"Trained from scratch (preset `{args.model_size}`)"
+    ) + (f" on {source}: {results['train_samples']} training images, {results['eval_samples']} held out, "
+         f"{results['epochs']} epochs on {results['num_processes']} process(es) with hubvit's training package"
+         f" ({args.optimizer}, lr {args.learning_rate:g}, {args.lr_scheduler_type} schedule).")
+    return CardInfo(
+        provenance=provenance,
+        command=command,
+        family="fine-tuned" if base else "trained-from-scratch",
+        eval_results={k: results[k] for k in ("eval_accuracy", "eval_top5_accuracy")},
+        eval_split=eval_name,
+        datasets=[args.dataset_name] if args.dataset_name and not Path(args.dataset_name).exists() else [],
+        base_model=base if base and not Path(base).exists() else None,
+        repo_id=args.push_to_hub or "REPO_ID",
+    )
+
+
+def export(accelerator, args, model, results, data, preprocessing, command):
+    """Write OUTPUT_DIR/model (the one hubvit folder writer), all_results.json, and push when asked."""
+    from hubvit.conversion.folder import build_model, make_image_processor, write_folder
+
+    accelerator.wait_for_everyone()
+    state_dict = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        return
+    config = accelerator.unwrap_model(model).config
+    final = build_model(config, {k: v.detach().cpu() for k, v in state_dict.items()})
+    processor = make_image_processor(config, preprocessing.mean, preprocessing.std, preprocessing.resample)
+    out = Path(args.output_dir)
+    folder = write_folder(final, out / "model", processor, model_card(args, results, data, command), overwrite=True)
+    (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    logger.info("results: " + json.dumps(results))
+    if args.push_to_hub:
+        from hubvit.conversion.hub import push_folder
+
+        push_folder(folder, args.push_to_hub)
+        logger.info(f"pushed {folder} to {args.push_to_hub}")
