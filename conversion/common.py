@@ -1,9 +1,10 @@
-"""What every converter shares: the `Conversion` record a converter returns, and (re-exported from their own modules)
-safe reading of weight files (`weights`), the strict key mapper (`mapping`), the check against the source
-(`verification`) and the shared flags (`arguments`).
+"""What every converter shares: the `Conversion` record a converter returns, the records the API returns, and (re-exported
+from their own modules) safe reading of weight files (`weights`), the strict key mapper (`mapping`), the check against
+the source (`verification`) and the shared flags (`arguments`).
 
 A converter module reads its source and returns a `Conversion` (weights, config fields, preprocessing, labels, a
-reference forward of the source); `folder.write_conversion` then builds the model, runs `verify` and writes the folder.
+reference forward of the source); `folder.write_conversion` then builds the model, runs `verify`, writes the folder and
+returns a `ConversionResult`.
 """
 
 import json
@@ -19,9 +20,10 @@ from .weights import CORRUPT_FILE_ERRORS, WEIGHT_SUFFIXES, check_finite, read_we
 
 __all__ = [
     "CORRUPT_FILE_ERRORS", "RESAMPLE_IDS", "RESAMPLE_NAMES", "TOLERANCE", "WEIGHT_SUFFIXES", "Conversion",
-    "ConversionError", "Preprocessing", "Reference", "StrictMapping", "Verification", "add_verify_arguments",
-    "check_finite", "hubvit_outputs", "listing", "make_config", "positive_number", "read_hubvit_config",
-    "read_weights", "resample_name", "shard_files", "to_tensor", "verify",
+    "ConversionError", "ConversionResult", "ExportResult", "Preprocessing", "Reference", "StrictMapping",
+    "Verification", "add_verify_arguments", "check_finite", "hubvit_outputs", "listing", "load_hubvit",
+    "make_config", "positive_number", "read_hubvit_config", "read_weights", "resample_name", "shard_files",
+    "to_tensor", "verify",
 ]
 
 RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
@@ -142,3 +144,37 @@ def read_hubvit_config(src):
         )
     return HubViTConfig.from_pretrained(str(src)), raw
 
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a conversion wrote: the hubvit `folder`, and the largest |difference| from the source's own forward over
+    every checked output and size (`max_abs_diff`, None when not verified, `verification` then says why)."""
+
+    folder: Path
+    max_abs_diff: float | None
+    verification: str
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote: the folder or file at `path`, and the largest |difference| between the exported model
+    and the hubvit folder over every checked output (`lines`: one per output and size)."""
+
+    path: Path
+    max_abs_diff: float
+    lines: tuple = ()
+
+
+def load_hubvit(src):
+    """The hubvit folder SRC as a `HubViTForImageClassification` in eval mode, through `from_pretrained` (the way
+    users load it), every weight filled; a headless folder gets an identity head."""
+    from ..modeling import HubViTForImageClassification
+
+    config, _ = read_hubvit_config(src)
+    model, info = HubViTForImageClassification.from_pretrained(
+        str(src), config=config, dtype="float32", output_loading_info=True
+    )
+    problems = {key: sorted(map(str, value)) for key, value in info.items() if value and key != "error_msgs"}
+    if problems or info.get("error_msgs"):
+        raise ConversionError(f"{src}: the weights do not fit its config.json: {problems or info['error_msgs']}")
+    return model.eval()

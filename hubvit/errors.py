@@ -9,6 +9,10 @@ class ConversionError(HubViTError):
     """A checkpoint that cannot be converted faithfully; the message says what did not match."""
 
 
+class OutputExistsError(HubViTError, FileExistsError):
+    """OUT exists and holds something, and `overwrite` was not given (also a `FileExistsError`)."""
+
+
 def listing(items, limit=40):
     """Sorted items one per indented line, the tail counted rather than printed."""
     items = sorted(items)
