@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from ..errors import HubViTError
+
 
 def body(model):
     """The `HubViTModel` inside a classifier, or the model itself."""
@@ -70,7 +72,7 @@ class AttentionDistance:
 
     def update(self, attentions, grid, patch_size):
         if self.grid is not None and tuple(grid) != self.grid:
-            raise ValueError(f"all images must give the same patch grid: got {tuple(grid)} after {self.grid}")
+            raise HubViTError(f"all images must give the same patch grid: got {tuple(grid)} after {self.grid}")
         self.grid, self.patch_size = tuple(grid), tuple(patch_size)
         distances = patch_distances(grid, patch_size).to(attentions[0].device)
         per_layer = [mean_distance(a, distances) for a in attentions]
@@ -87,7 +89,7 @@ class AttentionDistance:
 
     def result(self):
         if not self.images:
-            raise ValueError("no images were analysed")
+            raise HubViTError("no images were analysed")
         mean = self.distance_sum / self.images
         std = (self.distance_square_sum / self.images - mean.square()).clamp_min(0).sqrt()
         return {
@@ -131,7 +133,7 @@ def last_layer_map(attentions, num_prefix, class_token=True, head=None):
     last = attentions[-1]
     if head is not None:
         if not 0 <= head < last.shape[1]:
-            raise ValueError(f"head {head} does not exist; the model has heads 0..{last.shape[1] - 1}")
+            raise HubViTError(f"head {head} does not exist; the model has heads 0..{last.shape[1] - 1}")
         last = last[:, head : head + 1]
     last = last.mean(1)
     rows = last[:, 0] if class_token else last[:, num_prefix:].mean(1)

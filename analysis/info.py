@@ -9,6 +9,8 @@ residual additions cost O(T x d) each and are left out, as in the paper's and ti
 
 from dataclasses import dataclass
 
+from ..errors import HubViTError
+
 # Sizes from the ViT paper (Table 1) and DeiT (Ti): hidden size, depth, heads, MLP size.
 SIZES = {
     "ti": (192, 12, 3, 768),
@@ -26,7 +28,7 @@ def preset_config(name, image_size=224, num_labels=1000):
 
     size, _, patch = name.lower().partition("/")
     if size not in SIZES or not patch.isdigit() or int(patch) <= 0:
-        raise ValueError(f"unknown preset {name!r}; expected SIZE/PATCH with SIZE in {sorted(SIZES)}, e.g. 'b/16'")
+        raise HubViTError(f"unknown preset {name!r}; expected SIZE/PATCH with SIZE in {sorted(SIZES)}, e.g. 'b/16'")
     hidden, depth, heads, mlp = SIZES[size]
     return HubViTConfig(image_size=image_size, patch_size=int(patch), hidden_size=hidden, num_hidden_layers=depth,
                         num_attention_heads=heads, intermediate_size=mlp, num_labels=num_labels)
@@ -36,14 +38,14 @@ def parse_image_size(value):
     """`224` or `224x320` (height x width) as an (h, w) pair."""
     parts = str(value).lower().split("x")
     if len(parts) not in (1, 2) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"image size {value!r} must be a positive int or HEIGHTxWIDTH, e.g. 224 or 224x320")
+        raise HubViTError(f"image size {value!r} must be a positive int or HEIGHTxWIDTH, e.g. 224 or 224x320")
     sizes = [int(p) for p in parts]
     return (sizes[0], sizes[-1])
 
 
 def dtype_bytes(dtype):
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(DTYPE_BYTES)}")
+        raise HubViTError(f"dtype {dtype!r} is not supported; expected one of {sorted(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
 
 
@@ -51,7 +53,7 @@ def grid_of(config, image_size=None):
     (h, w) = tuple(image_size) if image_size is not None else config.image_size_2d
     ph, pw = config.patch_size_2d
     if h % ph or w % pw:
-        raise ValueError(f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}")
+        raise HubViTError(f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}")
     return h // ph, w // pw
 
 
@@ -213,7 +215,7 @@ def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="f
     rows = []
     for patch in patch_sizes:
         if size[0] % patch or size[1] % patch:
-            raise ValueError(f"patch size {patch} does not divide the image size {size[0]}x{size[1]}")
+            raise HubViTError(f"patch size {patch} does not divide the image size {size[0]}x{size[1]}")
         variant = config.__class__.from_dict({**config.to_dict(), "patch_size": patch,
                                               "image_size": list(size) if size[0] != size[1] else size[0]})
         info = summary(variant, size, batch_size, dtype, head)

@@ -8,6 +8,7 @@ Tables are read through the model's own methods (`learned_table`, `learned_2d_ta
 import torch
 import torch.nn.functional as F
 
+from ..errors import HubViTError
 from .attention import body
 
 
@@ -67,9 +68,9 @@ def relative_bias_tables(model, layer=0, grid=None):
     model = body(model)
     layers = model.encoder.layers
     if not -len(layers) <= layer < len(layers):
-        raise ValueError(f"layer {layer} does not exist; the model has layers 0..{len(layers) - 1}")
+        raise HubViTError(f"layer {layer} does not exist; the model has layers 0..{len(layers) - 1}")
     attention = layers[layer].attention
     if attention.relative_position_bias is None:
-        raise ValueError("the model has no relative position bias (position_embedding_type is not 'relative_2d')")
+        raise HubViTError("the model has no relative position bias (position_embedding_type is not 'relative_2d')")
     with torch.no_grad():
         return attention.relative_bias_table(tuple(grid or model.config.grid_size)).float()

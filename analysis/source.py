@@ -4,6 +4,7 @@ import math
 import os
 from pathlib import Path
 
+from ..errors import HubViTError
 from .info import SIZES, preset_config
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -25,10 +26,10 @@ def load_config(src, image_size=None):
     try:
         config = AutoConfig.from_pretrained(src)
     except (OSError, ValueError) as error:
-        raise ValueError(f"cannot read a config from {src!r} (a hubvit folder, Hub repo id or preset such as "
+        raise HubViTError(f"cannot read a config from {src!r} (a hubvit folder, Hub repo id or preset such as "
                          f"'b/16' was expected): {str(error).splitlines()[0]}") from None
     if config.model_type != "hubvit":
-        raise ValueError(f"{src!r} is a {config.model_type!r} checkpoint; convert it first (`hubvit convert ...`)")
+        raise HubViTError(f"{src!r} is a {config.model_type!r} checkpoint; convert it first (`hubvit convert ...`)")
     return config
 
 
@@ -64,10 +65,10 @@ def load_model(src, image_size=None):
 def image_files(folder):
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(f"--images {str(folder)!r} is not a folder of images")
+        raise HubViTError(f"--images {str(folder)!r} is not a folder of images")
     files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
-        raise ValueError(f"--images {str(folder)!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+        raise HubViTError(f"--images {str(folder)!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
     return files
 
 
@@ -80,7 +81,7 @@ def open_image(path):
             image.load()
             return image
     except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"cannot read {str(path)!r} as an image: {error}") from None
+        raise HubViTError(f"cannot read {str(path)!r} as an image: {error}") from None
 
 
 def iter_images(images=None, dataset=None, split=None, image_column="image", max_images=None):
@@ -108,10 +109,10 @@ def open_dataset(name, split, image_column):
     if isinstance(data, datasets.DatasetDict):
         chosen = split or ("validation" if "validation" in data else "test" if "test" in data else next(iter(data)))
         if chosen not in data:
-            raise ValueError(f"--split {chosen!r} is not in {name!r}; it has {list(data)}")
+            raise HubViTError(f"--split {chosen!r} is not in {name!r}; it has {list(data)}")
         data = data[chosen]
     if image_column not in data.column_names:
-        raise ValueError(f"--image-column {image_column!r} is not in {name!r}; columns: {data.column_names}")
+        raise HubViTError(f"--image-column {image_column!r} is not in {name!r}; columns: {data.column_names}")
     return data
 
 

@@ -1,36 +1,34 @@
-"""What every converter shares: the `Conversion` record, safe reading of weight files, one strict key mapper and
-one verification against the source implementation.
+"""What every converter shares: the `Conversion` record a converter returns, the records the API returns, and (re-exported
+from their own modules) safe reading of weight files (`weights`), the strict key mapper (`mapping`), the check against
+the source (`verification`) and the shared flags (`arguments`).
 
 A converter module reads its source and returns a `Conversion` (weights, config fields, preprocessing, labels, a
-reference forward of the source); `folder.write_conversion` then builds the model, runs `verify` and writes the folder.
-The mapper is the single place that decides whether a conversion is complete: every source tensor is mapped or
-dropped with a reason, every target tensor is filled with the right shape, or nothing is converted at all.
+reference forward of the source); `folder.write_conversion` then builds the model, runs `verify`, writes the folder and
+returns a `ConversionResult`.
 """
 
-import argparse
 import json
-import re
-import struct
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-import zlib
 from pathlib import Path
 
-import numpy as np
-import torch
+from ..errors import ConversionError, listing
+from .arguments import TOLERANCE, add_verify_arguments, positive_number
+from .mapping import StrictMapping
+from .verification import Verification, hubvit_outputs, verify
+from .weights import CORRUPT_FILE_ERRORS, WEIGHT_SUFFIXES, check_finite, read_weights, shard_files, to_tensor
 
-from ..errors import HubViTError
+__all__ = [
+    "CORRUPT_FILE_ERRORS", "RESAMPLE_IDS", "RESAMPLE_NAMES", "TOLERANCE", "WEIGHT_SUFFIXES", "Conversion",
+    "ConversionError", "ConversionResult", "ExportResult", "Preprocessing", "Reference", "StrictMapping",
+    "Verification", "add_verify_arguments", "check_finite", "hubvit_outputs", "listing", "load_hubvit",
+    "make_config", "positive_number", "read_hubvit_config", "read_weights", "resample_name", "shard_files",
+    "to_tensor", "verify",
+]
 
-
-TOLERANCE = 1e-5
 RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 """PIL's resample ids (what `ViTImageProcessor.resample` holds) by the names timm and the CLI use."""
 RESAMPLE_IDS = {name: index for index, name in RESAMPLE_NAMES.items()}
-
-
-class ConversionError(HubViTError):
-    """A checkpoint that cannot be converted faithfully; the message says what did not match."""
 
 
 def resample_name(value, where="resample"):
@@ -128,369 +126,6 @@ def make_config(conversion):
     return config
 
 
-def add_verify_arguments(parser):
-    """`--verify/--no-verify` and `--tolerance`, the same for every converter."""
-    parser.add_argument(
-        "--verify", action=argparse.BooleanOptionalAction, default=True,
-        help="run the source implementation and the converted model on the same input and fail above tolerance "
-        "(default: on)",
-    )
-    parser.add_argument(
-        "--tolerance", type=positive_number, default=TOLERANCE,
-        help=f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
-    )
-
-
-@dataclass
-class Verification:
-    """What `verify` measured: the worst max |difference| and one line per output and size."""
-
-    max_abs_diff: float
-    lines: list
-
-    def text(self, reference):
-        return (
-            f"{reference.description} and this model, same weights, seeded random float32 batches of "
-            f"{reference.batch} images: " + "; ".join(self.lines) + f". Tolerance {reference.tolerance:g} relative "
-            "to the output scale."
-        )
-
-
-def hubvit_outputs(model, pixel_values, names):
-    """The outputs `names` of a HubViTForImageClassification, named as `Reference.forward` names them."""
-    outputs = {}
-    if "logits" in names:
-        outputs["logits"] = model(pixel_values=pixel_values).logits
-    if {"pooler_output", "last_hidden_state"} & set(names):
-        body = model.hubvit(pixel_values=pixel_values)
-        outputs["pooler_output"], outputs["last_hidden_state"] = body.pooler_output, body.last_hidden_state
-    return {name: outputs[name] for name in names}
-
-
-@torch.no_grad()
-def verify(reference, model):
-    """Run `reference.forward` and the hubvit `model` on the same inputs; `Verification`, None when there is no
-    forward, or `ConversionError` listing every output beyond `reference.tolerance` x its scale."""
-    if reference.forward is None:
-        return None
-    config = model.config
-    lines, failed, worst = [], [], 0.0
-    for size in reference.sizes:
-        height, width = size or config.image_size_2d
-        pixels = torch.randn(
-            reference.batch, config.num_channels, height, width, generator=torch.Generator().manual_seed(0)
-        )
-        theirs = reference.forward(pixels)
-        ours = hubvit_outputs(model, pixels, list(theirs))
-        for name, expected in theirs.items():
-            expected = torch.as_tensor(np.asarray(expected) if not isinstance(expected, torch.Tensor) else expected)
-            diff = (expected.float() - ours[name]).abs().max().item()
-            scale = expected.abs().max().item()
-            worst = max(worst, diff)
-            lines.append(f"{height}x{width} max |Δ{name}| = {diff:.2e} (max |{name}| = {scale:.3g})")
-            if not diff <= reference.tolerance * scale:
-                failed.append(
-                    f"{name} at {height}x{width}: max |difference| {diff:.3g} > {reference.tolerance:g} x {scale:.3g}"
-                )
-    if failed:
-        raise ConversionError(
-            f"the converted model does not reproduce {reference.description}; nothing was written.\n"
-            + "\n".join(f"    {line}" for line in failed)
-        )
-    return Verification(worst, lines)
-
-
-def listing(items, limit=40):
-    """Sorted items one per indented line, the tail counted rather than printed."""
-    items = sorted(items)
-    more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
-    return "\n".join(f"    {item}" for item in items[:limit]) + more
-
-
-def _list(title, items):
-    return f"  {title} ({len(items)}):\n{listing(items)}"
-
-
-# What torch's and numpy's readers raise on a truncated or bit-flipped file (found by fuzzing, tests/test_reliability.py).
-CORRUPT_FILE_ERRORS = (
-    OSError, EOFError, ValueError, RuntimeError, IndexError, KeyError, TypeError, NotImplementedError,
-    struct.error, zlib.error, zipfile.BadZipFile,
-)
-WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".npz")
-
-
-def read_weights(path):
-    """Tensors of a `.safetensors`, `.pth`/`.bin`/`.pt` or `.npz` file, never running pickled code, all finite.
-
-    Each format has its own reader and its own error: safetensors' header check, `torch.load(weights_only=True)`
-    (which refuses any object other than tensors and plain containers), `np.load(allow_pickle=False)`.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ConversionError(f"{path}: no such file")
-    if not path.is_file():
-        raise ConversionError(f"{path}: not a file")
-    suffix = path.suffix.lower()
-    if suffix not in WEIGHT_SUFFIXES:
-        raise ConversionError(f"{path}: unknown weights format {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
-    if path.stat().st_size == 0:
-        raise ConversionError(f"{path}: the file is empty (0 bytes)")
-    if suffix == ".safetensors":
-        weights = _read_safetensors(path)
-    elif suffix == ".npz":
-        weights = _read_npz(path)
-    else:
-        weights = _read_torch(path)
-    check_finite(weights, path)
-    return weights
-
-
-def _first_line(error):
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _read_safetensors(path):
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-        raise ConversionError(f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(error)}") from None
-
-
-def _read_npz(path):
-    with open(path, "rb") as handle:
-        magic = handle.read(6)
-    if magic == b"\x93NUMPY":
-        raise ConversionError(f"{path}: a single .npy array, not an .npz archive of named arrays")
-    if not magic.startswith(b"PK"):
-        raise ConversionError(f"{path}: not an .npz archive (no zip header; corrupt, or another format renamed)")
-    try:
-        with np.load(str(path), allow_pickle=False) as archive:
-            return {key: archive[key] for key in archive.files}
-    except ValueError as error:
-        if "allow_pickle" in str(error):
-            raise ConversionError(
-                f"{path}: refused to unpickle it: an array holds Python objects (possibly executable code), and "
-                "hubvit only reads numeric arrays"
-            ) from None
-        raise ConversionError(f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}") from None
-    except CORRUPT_FILE_ERRORS as error:
-        raise ConversionError(f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}") from None
-
-
-def _unpickler_detail(error):
-    """(refused an object, the line that says what torch's weights-only unpickler met); its other lines are advice
-    for trusted files. A GLOBAL (or class) it will not import is an object other than tensors; anything else is
-    damage."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if re.search(r"\bGLOBAL\b|[Uu]nsupported class", line):
-            return True, line.split("WeightsUnpickler error:")[-1].strip().split(". Please use")[0]
-    for index, line in enumerate(lines):
-        if "WeightsUnpickler error:" in line:
-            rest = line.split("WeightsUnpickler error:", 1)[1].strip()
-            return False, rest or (lines[index + 1] if index + 1 < len(lines) else "")
-    return False, lines[-1] if lines else type(error).__name__
-
-
-def _read_torch(path):
-    import pickle
-
-    try:
-        loaded = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        refused, detail = _unpickler_detail(error)
-        if refused:
-            raise ConversionError(
-                f"{path}: refused to unpickle it: the file holds objects other than tensors (possibly executable "
-                f"code), and hubvit only reads weights ({detail})"
-            ) from None
-        raise ConversionError(
-            f"{path}: not a torch.save weights file (corrupt, truncated, or a pickle that weights_only=True cannot "
-            f"read): {detail}"
-        ) from None
-    except CORRUPT_FILE_ERRORS as error:
-        raise ConversionError(f"{path}: not a readable torch weights file (truncated or corrupt?): {_first_line(error)}") from None
-    for wrapper in ("state_dict", "model", "module"):
-        if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
-            others = sorted(str(key) for key in loaded if key != wrapper)
-            if others:
-                print(f"{path.name}: weights read from its '{wrapper}' entry; dropped the other top-level "
-                      f"entries {others} (training state beside the weights)")
-            loaded = loaded[wrapper]
-    if not isinstance(loaded, dict):
-        raise ConversionError(f"{path}: expected a dict of tensors, found {type(loaded).__name__}")
-    return loaded
-
-
-def check_finite(weights, path):
-    """Refuse tensors holding NaN or infinity, naming them: they convert to a model whose outputs are NaN."""
-    bad = []
-    for key, value in weights.items():
-        if not isinstance(value, (torch.Tensor, np.ndarray)):
-            continue
-        try:
-            tensor = to_tensor(value)
-        except ConversionError:
-            continue
-        if tensor.is_floating_point() or tensor.is_complex():
-            finite = torch.isfinite(tensor)
-            if not bool(finite.all()):
-                bad.append(f"{key} ({int((~finite).sum())} of {finite.numel()} values)")
-    if bad:
-        raise ConversionError(f"{path}: {len(bad)} tensors hold NaN or infinite values:\n{listing(bad)}")
-
-
-def shard_files(index_path):
-    """The shard files a sharded-weights index names, each inside the index's folder (a path leaving it is refused)."""
-    import json
-
-    index_path = Path(index_path)
-    folder = index_path.parent.resolve()
-    try:
-        weight_map = json.loads(index_path.read_text()).get("weight_map")
-    except (ValueError, AttributeError) as error:
-        raise ConversionError(f"{index_path}: not a valid sharded-weights index ({_first_line(error)})") from None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise ConversionError(f"{index_path}: no 'weight_map' of tensor names to shard files")
-    names = sorted({str(name) for name in weight_map.values()})
-    outside = [name for name in names if Path(name).is_absolute() or folder not in (folder / name).resolve().parents]
-    if outside:
-        raise ConversionError(f"{index_path}: shard paths leave the folder {folder}, refused:\n{listing(outside)}")
-    return [folder / name for name in names]
-
-
-def positive_number(text):
-    """argparse type for --tolerance and --timeout: a positive finite number (NaN, inf, 0 or less would make a check
-    always pass or fail, or a request never end)."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
-
-
-def to_tensor(value):
-    """A float32/float64/bfloat16 numpy array (bfloat16 stored as 2-byte void included) or tensor as a tensor."""
-    if isinstance(value, torch.Tensor):
-        return value
-    array = np.asarray(value)
-    if array.dtype.kind == "V" and array.dtype.itemsize == 2:
-        bits = torch.from_numpy(array.view(np.int16).copy())
-        return bits.view(torch.bfloat16).float()
-    if array.dtype.kind not in "fiub":
-        raise ConversionError(f"cannot read an array of dtype {array.dtype} as weights")
-    return torch.from_numpy(np.ascontiguousarray(array))
-
-
-class StrictMapping:
-    """Source tensors to a hubvit state dict, accounting for every tensor on both sides.
-
-    Converters call `map`/`combine` for what they translate and `drop` for what they knowingly discard (with a
-    reason that is printed); `finish` then refuses the conversion, listing keys, if anything is left over,
-    missing or mis-shaped.
-    """
-
-    def __init__(self, source, description="checkpoint"):
-        self.source = dict(source)
-        self.description = description
-        self.used = set()
-        self.dropped = {}
-        self.missing = set()
-        self.target = {}
-        self.created = {}
-
-    def has(self, key):
-        return key in self.source
-
-    def get(self, key):
-        """Read a source tensor without consuming it (for reading the architecture)."""
-        return to_tensor(self.source[key])
-
-    def create(self, target, tensor, reason):
-        """Fill `target` with a tensor the source does not have (a fresh head, a zero bias), saying why."""
-        self.target[target] = tensor.detach().to(torch.float32).contiguous()
-        self.created[target] = reason
-
-    def map(self, target, key, transform=None):
-        self.combine(target, [key], transform)
-
-    def rename(self, renames):
-        """`map` every source key not dropped by the first (pattern, target) of `renames` it matches in full; keys
-        no pattern matches stay unused, so `finish` lists them."""
-        for key in self.source:
-            if key in self.dropped:
-                continue
-            for pattern, target in renames:
-                if re.fullmatch(pattern, key):
-                    self.map(re.sub(pattern, target, key), key)
-                    break
-
-    def combine(self, target, keys, transform=None):
-        """Fill `target` from several source tensors (e.g. JAX q, k, v into one qkv)."""
-        absent = [key for key in keys if key not in self.source]
-        if absent:
-            self.missing.update(absent)
-            return
-        self.used.update(keys)
-        values = [to_tensor(self.source[key]) for key in keys]
-        value = transform(*values) if transform is not None else values[0]
-        self.target[target] = value.detach().to(torch.float32).contiguous()
-
-    def drop(self, pattern, reason):
-        """Discard every not-yet-used source key fully matching the regex `pattern`, recording why."""
-        regex = re.compile(pattern)
-        for key in self.source:
-            if key not in self.used and regex.fullmatch(key):
-                self.dropped[key] = reason
-
-    def finish(self, expected_shapes):
-        """The converted state dict, or `ConversionError` listing unmatched, missing and mis-shaped keys."""
-        unmatched = set(self.source) - self.used - set(self.dropped)
-        unfilled = set(expected_shapes) - set(self.target)
-        unexpected = set(self.target) - set(expected_shapes)
-        wrong = [
-            f"{key}: got {tuple(self.target[key].shape)}, expected {tuple(expected_shapes[key])}"
-            for key in sorted(set(self.target) & set(expected_shapes))
-            if tuple(self.target[key].shape) != tuple(expected_shapes[key])
-        ]
-        problems = []
-        if unmatched:
-            problems.append(_list("source tensors nothing maps", unmatched))
-        if self.missing:
-            problems.append(_list("source tensors the layout needs but the file lacks", self.missing))
-        if unfilled:
-            problems.append(_list("hubvit tensors left unfilled", unfilled))
-        if unexpected:
-            problems.append(_list("mapped tensors hubvit does not have", unexpected))
-        if wrong:
-            problems.append(_list("shape mismatches", wrong))
-        if problems:
-            raise ConversionError(
-                f"cannot convert this {self.description} faithfully; nothing was written.\n" + "\n".join(problems)
-            )
-        return dict(self.target)
-
-    def report(self):
-        """Lines describing what was dropped and why, for the user and the model card."""
-        by_reason = {}
-        for key, reason in sorted(self.dropped.items()):
-            by_reason.setdefault(reason, []).append(key)
-        lines = [f"mapped {len(self.used)} source tensors onto {len(self.target) - len(self.created)} target tensors"]
-        for reason, keys in by_reason.items():
-            lines.append(f"dropped {len(keys)} tensors ({reason}): " + ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else ""))
-        for key, reason in sorted(self.created.items()):
-            lines.append(f"created {key} ({reason})")
-        return lines
-
-
 def read_hubvit_config(src):
     """(HubViTConfig, raw config.json) of the hubvit folder SRC that an export reads; one clear error otherwise."""
     from ..modeling import HubViTConfig
@@ -508,3 +143,38 @@ def read_hubvit_config(src):
             f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
         )
     return HubViTConfig.from_pretrained(str(src)), raw
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """What a conversion wrote: the hubvit `folder`, and the largest |difference| from the source's own forward over
+    every checked output and size (`max_abs_diff`, None when not verified, `verification` then says why)."""
+
+    folder: Path
+    max_abs_diff: float | None
+    verification: str
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote: the folder or file at `path`, and the largest |difference| between the exported model
+    and the hubvit folder over every checked output (`lines`: one per output and size)."""
+
+    path: Path
+    max_abs_diff: float
+    lines: tuple = ()
+
+
+def load_hubvit(src):
+    """The hubvit folder SRC as a `HubViTForImageClassification` in eval mode, through `from_pretrained` (the way
+    users load it), every weight filled; a headless folder gets an identity head."""
+    from ..modeling import HubViTForImageClassification
+
+    config, _ = read_hubvit_config(src)
+    model, info = HubViTForImageClassification.from_pretrained(
+        str(src), config=config, dtype="float32", output_loading_info=True
+    )
+    problems = {key: sorted(map(str, value)) for key, value in info.items() if value and key != "error_msgs"}
+    if problems or info.get("error_msgs"):
+        raise ConversionError(f"{src}: the weights do not fit its config.json: {problems or info['error_msgs']}")
+    return model.eval()

@@ -11,11 +11,13 @@ so a runtime without transformers can preprocess and label.
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .common import ConversionError, positive_number, read_hubvit_config
+from ..errors import OutputExistsError
+from .common import ConversionError, ExportResult, positive_number, read_hubvit_config
 
 TOLERANCE = 1e-4
 OPSET = 18
@@ -30,6 +32,17 @@ def add_arguments(parser):
         help="max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)",
     )
     parser.set_defaults(out_is_file=True)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The keyword arguments of `export_onnx`, checked."""
+
+    src: str
+    out: str
+    opset: int = OPSET
+    tolerance: float = TOLERANCE
+    overwrite: bool = False
 
 
 class Outputs(torch.nn.Module):
@@ -139,7 +152,9 @@ def verify(model, path, names):
     return rows
 
 
-def main(args):
+def export(args):
+    """Write the hubvit folder `args.src` as the ONNX graph `args.out`, checked in onnxruntime first; `args` is an
+    `Options`."""
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
@@ -148,10 +163,10 @@ def main(args):
         raise ConversionError(f"ONNX export needs {error.name}: pip install 'hubvit[onnx]'") from None
     out = Path(args.out)
     if out.suffix != ".onnx":
-        raise ValueError(f"OUT={str(out)!r} should end in .onnx")
+        raise ConversionError(f"OUT={str(out)!r} should end in .onnx")
     report = out.with_suffix(".verification.json")
-    if out.exists() and not getattr(args, "overwrite", False):
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    if out.exists() and not args.overwrite:
+        raise OutputExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
     model, processor = load(args.src)
     out.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
@@ -192,4 +207,7 @@ def main(args):
     )
     report.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out} and {report.name}")
-    return None
+    worst = max(row["max_abs_difference"] for row in rows)
+    lines = [f"{row['output']} batch {row['batch']} at {row['height']}x{row['width']}: max |Δ| = "
+             f"{row['max_abs_difference']:.2e}" for row in rows]
+    return ExportResult(out, worst, tuple(lines))

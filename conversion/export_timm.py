@@ -7,13 +7,14 @@ model.safetensors). Settings timm cannot express from a config are refused, all 
 """
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from .common import (RESAMPLE_NAMES, TOLERANCE, ConversionError, StrictMapping, positive_number,
-                     read_hubvit_config, verify)
-from .folder import build_model, staged_folder
+from .common import (RESAMPLE_NAMES, TOLERANCE, ConversionError, ExportResult, StrictMapping, load_hubvit,
+                     positive_number, read_hubvit_config, verify)
+from .folder import staged_folder
 from .timm import RENAMES, import_timm, timm_reference
-from .transformers import read_folder_weights, read_json
+from .transformers import read_json
 
 TIMM_INTERPOLATION = ("bicubic", True, False)
 ACTIVATIONS = {
@@ -33,6 +34,16 @@ def add_arguments(parser):
         "--tolerance", type=positive_number, default=TOLERANCE,
         help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
     )
+
+
+@dataclass(frozen=True)
+class Options:
+    """The keyword arguments of `export_timm`, checked."""
+
+    src: str
+    out: str
+    tolerance: float = TOLERANCE
+    overwrite: bool = False
 
 
 def export_problems(config):
@@ -218,31 +229,28 @@ def card_text(args, architecture, config, lines, notes):
     return ModelCard(f"---\n{data}\n---\n\n" + "\n\n".join(body) + "\n")
 
 
-def read_hubvit_folder(src):
-    config, _ = read_hubvit_config(src)
-    weights, weights_path = read_folder_weights(Path(src))
-    return config, weights, weights_path
-
-
-def main(args):
+def export(args):
+    """Write the hubvit folder `args.src` (read with `from_pretrained`) as a timm folder at `args.out`; `args` is an
+    `Options`."""
     timm = import_timm()
     from timm.models import save_for_hf
 
-    config, weights, weights_path = read_hubvit_folder(args.src)
+    config, _ = read_hubvit_config(args.src)
     problems = export_problems(config)
     if problems:
         raise ConversionError(
             "timm's VisionTransformer cannot express this hubvit model; nothing was written. Offending settings:\n"
             + "\n".join(f"    {p}" for p in problems)
         )
+    model = load_hubvit(args.src)
     architecture, model_args = timm_arguments(config)
     # A bare pretrained_cfg: the entry point's own (tag, license, hub id of its default weights) is not ours.
     default = timm.models.get_pretrained_cfg(architecture)
     bare = dict(num_classes=config.num_labels, first_conv=default.first_conv, classifier=default.classifier)
     timm_model = timm.create_model(architecture, pretrained=False, pretrained_cfg=bare, **model_args).eval()
-    hubvit_weights = {key.removeprefix("hubvit."): value for key, value in weights.items()}
+    hubvit_weights = {key.removeprefix("hubvit."): value for key, value in model.state_dict().items()}
     timm_shapes = {key: tuple(value.shape) for key, value in timm_model.state_dict().items()}
-    state_dict, mapping = map_to_timm(hubvit_weights, timm_shapes, f"hubvit folder ({weights_path})")
+    state_dict, mapping = map_to_timm(hubvit_weights, timm_shapes, f"hubvit folder ({args.src})")
     timm_model.load_state_dict(state_dict, strict=True)
 
     notes = export_notes(config)
@@ -250,9 +258,10 @@ def main(args):
         print(line)
     description = f"the exported timm {import_timm().__version__} `{architecture}`"
     exported = timm_reference(timm_model, description, args.tolerance)
-    lines = verify(exported, build_model(config, weights)).lines
+    result = verify(exported, model)
+    lines = result.lines
     print("verify: " + "; ".join(lines))
-    with staged_folder(args.out, getattr(args, "overwrite", False)) as staging:
+    with staged_folder(args.out, args.overwrite) as staging:
         save_for_hf(
             timm_model,
             staging,
@@ -263,4 +272,4 @@ def main(args):
         )
         card_text(args, architecture, config, lines, notes).save(staging / "README.md")
     print(f"wrote {args.out} (timm {architecture} with model_args, timm {timm.__version__})")
-    return Path(args.out)
+    return ExportResult(Path(args.out), result.max_abs_diff, tuple(lines))

@@ -5,14 +5,14 @@ pooler when headless) folder written by transformers' own `save_pretrained`, aft
 anything else is refused with the list of offending settings.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .common import (TOLERANCE, ConversionError, Reference, StrictMapping, positive_number, read_hubvit_config,
-                     verify)
-from .folder import build_model, make_image_processor, staged_folder
-from .transformers import read_folder_weights
+from .common import (TOLERANCE, ConversionError, ExportResult, Reference, StrictMapping, load_hubvit,
+                     positive_number, read_hubvit_config, verify)
+from .folder import make_image_processor, staged_folder
 
 VIT_INTERPOLATION = ("bicubic", False, False)
 VIT_LAYER_NAMES = {
@@ -149,8 +149,19 @@ def add_arguments(parser):
     )
 
 
-def main(args):
-    """Export `args.src` as transformers' ViT at `args.out`, checked against the hubvit model first."""
+@dataclass(frozen=True)
+class Options:
+    """The keyword arguments of `export_transformers`, checked."""
+
+    src: str
+    out: str
+    tolerance: float = TOLERANCE
+    overwrite: bool = False
+
+
+def export(args):
+    """Export `args.src` (read with `from_pretrained`) as transformers' ViT at `args.out`, checked against the hubvit
+    model first; `args` is an `Options`."""
     import transformers
     from transformers import ViTImageProcessor
 
@@ -162,10 +173,8 @@ def main(args):
             "transformers' ViT cannot express this hubvit model; nothing was written. Offending settings:\n"
             + "\n".join(f"    {p}" for p in problems)
         )
-    weights, weights_path = read_folder_weights(src)
-    if not any(key.startswith("hubvit.") for key in weights):
-        weights = {f"hubvit.{key}": value for key, value in weights.items()}
-    model, mapping = build_vit(config, weights, f"hubvit folder ({weights_path})")
+    hubvit_model = load_hubvit(src)
+    model, mapping = build_vit(config, hubvit_model.state_dict(), f"hubvit folder ({src})")
     for line in mapping.report() + export_notes(config):
         print(line)
 
@@ -175,14 +184,14 @@ def main(args):
 
     exported = Reference(f"the exported transformers {transformers.__version__} `{type(model).__name__}`", forward,
                          tolerance=args.tolerance)
-    result = verify(exported, build_model(config, weights))
+    result = verify(exported, hubvit_model)
     print("verify: " + "; ".join(result.lines))
 
-    with staged_folder(out, getattr(args, "overwrite", False)) as staging:
+    with staged_folder(out, args.overwrite) as staging:
         model.save_pretrained(staging)
         if (src / "preprocessor_config.json").is_file():
             ViTImageProcessor.from_pretrained(str(src)).save_pretrained(staging)
         else:
             make_image_processor(config).save_pretrained(staging)
     print(f"wrote {out} ({type(model).__name__})")
-    return out
+    return ExportResult(out, result.max_abs_diff, tuple(result.lines))

@@ -20,7 +20,8 @@ from transformers import ViTImageProcessor
 
 from ..modeling import HubViTConfig, HubViTForImageClassification
 from .card import CardInfo, render_card
-from .common import RESAMPLE_IDS, ConversionError, make_config, resample_name, verify
+from ..errors import OutputExistsError
+from .common import RESAMPLE_IDS, ConversionError, ConversionResult, make_config, resample_name, verify
 from .preprocessing import processor_for
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
@@ -188,7 +189,7 @@ def staged_folder(out_dir, overwrite=False):
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
     if out.exists() and not overwrite and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+        raise OutputExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{STAGING_MARK}-{os.getpid()}-", dir=out.parent))
     try:
         yield staging
@@ -214,7 +215,8 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
 
 
 def write_conversion(conversion, out_dir, overwrite=False):
-    """Build the model of a converter's `Conversion`, verify it against the source, and write the folder.
+    """Build the model of a converter's `Conversion`, verify it against the source, and write the folder; returns the
+    `ConversionResult` (the folder and the measured figure).
 
     The card's Verification section carries the figure measured here, on these weights; where the conversion has
     no reference forward, the card says the file was not verified and why.
@@ -247,4 +249,4 @@ def write_conversion(conversion, out_dir, overwrite=False):
     processor = processor_for(conversion.preprocessing, config)
     out = write_folder(model, out_dir, processor, card, overwrite=overwrite)
     print(f"wrote {out}")
-    return out
+    return ConversionResult(out, result.max_abs_diff if result else None, verification)

@@ -93,7 +93,7 @@ def network_error(error, endpoint):
 
 
 def add_arguments(parser):
-    parser.add_argument("local_dir", metavar="LOCAL_DIR", help="a hubvit folder (written by `hubvit convert` ...)")
+    parser.add_argument("folder", metavar="LOCAL_DIR", help="a hubvit folder (written by `hubvit convert` ...)")
     parser.add_argument("repo_id", metavar="REPO_ID", help="the Hub repo, `namespace/name` (or `name` for yours)")
     parser.add_argument("--private", action="store_true", help="create the repo private (refused if it is public)")
     parser.add_argument("--revision", metavar="BRANCH", help="push to this branch, created from main if new")
@@ -109,20 +109,6 @@ def add_arguments(parser):
         help="skip the load check. By default the folder is loaded with trust_remote_code=True in a child Python, "
         "which RUNS the folder's own modeling_hubvit.py: use this for a folder you did not write yourself",
     )
-
-
-def main(args):
-    push_folder(
-        args.local_dir,
-        args.repo_id,
-        private=args.private,
-        revision=args.revision,
-        create_pr=args.create_pr,
-        commit_message=args.commit_message,
-        timeout=args.timeout,
-        load_check=args.load_check,
-    )
-    return Path(args.local_dir)
 
 
 def outside_links(folder):

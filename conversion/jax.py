@@ -16,9 +16,10 @@ import torch
 
 from ..modeling import HubViTConfig
 from . import sources
+from .arguments import TOLERANCE
 from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
                      listing, read_weights, to_tensor)
-from .folder import build_model, expected_shapes, write_conversion
+from .folder import build_model, expected_shapes
 
 PREFIXES = ("params/img/", "opt/target/", "params/", "")
 BLOCK_NAMES = {
@@ -27,6 +28,8 @@ BLOCK_NAMES = {
 }
 POOL_TYPES = {"tok": "cls", "gap": "mean", "map": "map", "0": "first"}
 DEFAULT_NATIVE_SIZE = 224
+POSITION_EMBEDDINGS = ("sincos_2d", "none")
+GELUS = ("tanh", "erf")
 
 
 def add_arguments(parser):
@@ -41,7 +44,7 @@ def add_arguments(parser):
         "([CLS] row kept, bilinear on corners); with no position table, the native resolution (default 224)",
     )
     parser.add_argument(
-        "--position-embedding", choices=("sincos_2d", "none"),
+        "--position-embedding", choices=POSITION_EMBEDDINGS,
         help="for checkpoints without a position table: big_vision posemb='sincos2d', or none",
     )
     parser.add_argument(
@@ -49,7 +52,7 @@ def add_arguments(parser):
         help="big_vision pool_type; only needed for '0' (first token), which the keys cannot tell from 'gap'",
     )
     parser.add_argument(
-        "--gelu", choices=("tanh", "erf"), default="tanh",
+        "--gelu", choices=GELUS, default="tanh",
         help="tanh (default): Flax nn.gelu, as trained; erf: what timm and transformers use with these weights",
     )
     parser.add_argument(
@@ -62,6 +65,23 @@ def add_arguments(parser):
     )
     add_verify_arguments(parser)
     sources.add_arguments(parser, "url")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `convert` reads besides the file: the keyword arguments of `convert_jax`, checked."""
+
+    src: str
+    out: str
+    image_size: int | None = None
+    position_embedding: str | None = None
+    pool_type: str | None = None
+    gelu: str = "tanh"
+    drop_pre_logits: bool = False
+    num_labels: int | None = None
+    verify: bool = True
+    tolerance: float = TOLERANCE
+    sha256: str | None = None
 
 
 @dataclass
@@ -400,8 +420,8 @@ def flax_reference(source, layout, config, args):
 
 
 def convert(args):
-    """The `Conversion` of a vision_transformer or big_vision `.npz`."""
-    origin = sources.resolve(args, "url")
+    """The `Conversion` of a vision_transformer or big_vision `.npz`; `args` is an `Options`."""
+    origin = sources.resolve(args.src, "url", sha256=args.sha256)
     path = origin.path
     if args.num_labels is not None and args.num_labels < 0:
         raise ConversionError(f"--num-labels must be >= 0, got {args.num_labels}")
@@ -438,8 +458,3 @@ def convert(args):
         dropped=report,
         source=origin.record(),
     )
-
-
-def main(args):
-    """Convert `args.src` into a hubvit folder at `args.out`; returns the folder."""
-    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

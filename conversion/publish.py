@@ -1,7 +1,8 @@
 """`hubvit publish MANIFEST`: convert and push a zoo of checkpoints, one manifest entry at a time.
 
 A manifest (YAML or CSV) lists entries with `source` (path, Hub repo id or address), `converter` (`timm`,
-`transformers`, `jax`), `options` (the converter's own flags), `repo_id` (the target) and `private`. Every entry is
+`transformers`, `jax`), `options` (the converter's keyword arguments, as flags or a mapping), `repo_id` (the target)
+and `private`. Each entry calls the converter's Python function (`convert_timm`, ...) directly. Every entry is
 tried even when an earlier one failed; a table of results ends the run and the exit status is non-zero if any failed.
 An entry is skipped when its target repo's card already records the same source revision (Hub commit, or address
 and sha256) and the same hubvit version, so a rerun after a failure only redoes what is missing (`--force` redoes
@@ -10,12 +11,15 @@ all). `--dry-run` converts and runs the same load check as a push, and uploads n
 
 import contextlib
 import csv
+import inspect
 import io
 import shlex
 import tempfile
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import HubViTError
 from . import sources
 from .common import ConversionError
 
@@ -50,17 +54,12 @@ def add_arguments(parser):
     parser.add_argument("--work-dir", metavar="DIR", help="keep the converted folders here (default: a temporary one)")
 
 
-def main(args):
-    entries = read_manifest(args.manifest)
+def publish_all(manifest, dry_run=False, force=False, work_dir=None):
+    """The `Outcome` of every entry of the manifest, each tried even when an earlier one failed."""
+    entries = read_manifest(manifest)
     with tempfile.TemporaryDirectory(prefix="hubvit-publish-") as scratch:
-        work = Path(args.work_dir or scratch).resolve()
-        outcomes = [publish_entry(entry, work, dry_run=args.dry_run, force=args.force) for entry in entries]
-    print(summary(outcomes))
-    failed = [o for o in outcomes if o.result == "failed"]
-    if failed:
-        names = ", ".join(o.entry.repo_id for o in failed)
-        raise ConversionError(f"{len(failed)} of {len(outcomes)} entries failed: {names}")
-    return None
+        work = Path(work_dir or scratch).resolve()
+        return [publish_entry(entry, work, dry_run=dry_run, force=force) for entry in entries]
 
 
 # ---------------------------------------------------------------------------------------------------- manifest
@@ -159,17 +158,18 @@ def publish_entry(entry, work, dry_run=False, force=False):
     print(f"== {entry.repo_id}: {entry.converter} {entry.source}")
     try:
         name = entry.repo_id.replace("/", "--")
-        args = converter_args(entry, name)
-        source = current_source(entry, args)
+        convert = converter(entry.converter)
+        options = keyword_arguments(entry.options, convert, f"{entry.repo_id} options")
+        source = current_source(entry, options)
         if not force and source:
             published = published_record(entry.repo_id)
             if published == {"version": hubvit_version(), "source": source}:
                 return Outcome(entry, "skipped", detail="the card records this source revision and hubvit version")
         work.mkdir(parents=True, exist_ok=True)
         with contextlib.chdir(work):  # the card's command names OUT as given: the same card on every run
-            folder = work / args.run(args)
-        parity = card_record(folder).get("max_abs_diff")
-        parity = f"{parity:.2e}" if isinstance(parity, (int, float)) else "n/a"
+            result = convert(entry.source, name, overwrite=True, **options)
+        folder = work / result.folder
+        parity = "n/a" if result.max_abs_diff is None else f"{result.max_abs_diff:.2e}"
         from .hub import check_files, check_loads, push_folder
 
         if dry_run:
@@ -183,8 +183,6 @@ def publish_entry(entry, work, dry_run=False, force=False):
             commit_message=f"hubvit {hubvit_version()}: {entry.converter} {entry.source}",
         )
         return Outcome(entry, "pushed", parity, info.oid or "-")
-    except SystemExit as error:  # argparse refused the options; it printed why
-        return failed(entry, f"invalid options {shlex.join(entry.options)!r} (exit {error.code})")
     except Exception as error:  # noqa: BLE001  (one entry's failure must not stop the others)
         return failed(entry, str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
 
@@ -194,27 +192,70 @@ def failed(entry, detail):
     return Outcome(entry, "failed", detail=detail)
 
 
-def converter_args(entry, out):
-    from ..scripts.cli import build_parser
+def converter(name):
+    """The Python function of a manifest's `converter`."""
+    from . import api
 
-    words = ["convert", entry.converter, entry.source, str(out), "--overwrite", *entry.options]
-    return build_parser().parse_args(words)
+    return {"timm": api.convert_timm, "transformers": api.convert_transformers, "jax": api.convert_jax}[name]
 
 
-def current_source(entry, args):
+def keyword_arguments(words, function, where):
+    """The keyword arguments of `function` that converter flags name (`--tolerance 1e-5`, `--model-args=TEXT`,
+    `--no-verify`), each typed by the function's annotations; `HubViTError` naming an unknown flag or a bad value."""
+    hints = typing.get_type_hints(function)
+    names = [name for name, parameter in inspect.signature(function).parameters.items()
+             if parameter.kind is parameter.KEYWORD_ONLY and name != "overwrite"]
+    flags = ", ".join("--" + name.replace("_", "-") for name in names)
+    words, kwargs = list(words), {}
+    while words:
+        word = words.pop(0)
+        text, has_value, value = word.removeprefix("--").partition("=")
+        name = text.replace("-", "_")
+        negated = name.startswith("no_") and hints.get(name[3:]) is bool and not has_value
+        name = name[3:] if negated else name
+        if not word.startswith("--") or name not in names:
+            raise HubViTError(f"{where}: {word!r} is not an option of {function.__name__}; expected {flags}")
+        if hints[name] is bool and not has_value:
+            kwargs[name] = not negated
+            continue
+        if not has_value:
+            if not words:
+                raise HubViTError(f"{where}: --{text} needs a value")
+            value = words.pop(0)
+        kwargs[name] = typed(value, hints[name], f"{where}: --{text}")
+    return kwargs
+
+
+def typed(text, hint, where):
+    """`text` as the int, float or bool `hint` asks for (text otherwise)."""
+    kinds = set(typing.get_args(hint) or (hint,)) - {type(None)}
+    try:
+        if bool in kinds:
+            return {"true": True, "false": False}[text.lower()]
+        if int in kinds:
+            return int(text)
+        if float in kinds:
+            return float(text)
+    except (KeyError, ValueError):
+        expected = " or ".join(sorted(kind.__name__ for kind in kinds))
+        raise HubViTError(f"{where} {text!r}; expected {expected}") from None
+    return text
+
+
+def current_source(entry, options):
     """What the card of this entry's conversion will record as its source, found without converting ({} if local)."""
     kind = KINDS[entry.converter]
     if Path(entry.source).exists():
         return {}
     if kind == "url":
-        return sources.resolve(args, "url").record()
+        return sources.resolve(entry.source, "url", sha256=options.get("sha256")).record()
     from huggingface_hub import HfApi
 
     repo_id = sources.REPO_ID.fullmatch(entry.source)
     if not repo_id:
         return {}
     try:
-        commit = HfApi().model_info(repo_id[1], revision=getattr(args, "revision", None)).sha
+        commit = HfApi().model_info(repo_id[1], revision=options.get("revision")).sha
     except Exception:  # noqa: BLE001  (the conversion reports the real error)
         return {}
     return {"repo_id": repo_id[1], "revision": commit}
@@ -231,13 +272,6 @@ def published_record(repo_id):
         return {}
     record = ModelCard.load(path).data.to_dict().get("hubvit") or {}
     return {"version": record.get("version"), "source": record.get("source")}
-
-
-def card_record(folder):
-    from huggingface_hub import ModelCard
-
-    readme = Path(folder) / "README.md"
-    return (ModelCard.load(readme).data.to_dict().get("hubvit") or {}) if readme.is_file() else {}
 
 
 def hubvit_version():

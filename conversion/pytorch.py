@@ -9,11 +9,13 @@ options. The check runs PyTorch's own `nn.TransformerEncoder` on the same weight
 
 import re
 import shlex
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
+from .arguments import TOLERANCE
 from .common import (
     Conversion,
     ConversionError,
@@ -23,7 +25,7 @@ from .common import (
     add_verify_arguments,
     read_weights,
 )
-from .folder import expected_shapes, write_conversion
+from .folder import expected_shapes
 from .timm import clean_state_dict
 
 ACTIVATIONS = ("gelu", "relu")
@@ -52,6 +54,20 @@ def add_arguments(parser):
     )
     parser.add_argument("--final-layer-norm-eps", type=float, default=1e-6, help="eps of the final norm (1e-6)")
     add_verify_arguments(parser)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `convert` reads besides the file: the keyword arguments of `convert_pytorch`, checked."""
+
+    src: str
+    out: str
+    num_heads: int
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-5
+    final_layer_norm_eps: float = 1e-6
+    verify: bool = True
+    tolerance: float = TOLERANCE
 
 
 def shape(weights, key, what):
@@ -137,7 +153,7 @@ def reference(args, weights, config):
 
 
 def convert(args):
-    """The `Conversion` of a plain PyTorch ViT state dict."""
+    """The `Conversion` of a plain PyTorch ViT state dict; `args` is an `Options`."""
     weights = clean_state_dict(read_weights(args.src))
     sizes = read_sizes(weights)
     num_labels = sizes.pop("num_labels")
@@ -189,7 +205,3 @@ def convert(args):
         family="pytorch",
         dropped=mapping.report(),
     )
-
-
-def main(args):
-    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

@@ -54,12 +54,12 @@ def add_arguments(parser, kind="hub"):
         parser.add_argument("--sha256", help="expected sha256 of the file at an http(s) SRC; refused if it differs")
 
 
-def resolve(args, kind="hub"):
-    """The `Source` of `args.src`: an existing local path, a Hub repo id (`kind="hub"`) or an address ("url")."""
-    src = str(args.src)
-    revision = getattr(args, "revision", None)
+def resolve(src, kind="hub", *, revision=None, sha256=None):
+    """The `Source` of SRC: an existing local path, a Hub repo id at `revision` (`kind="hub"`) or an address whose
+    file must have `sha256` ("url")."""
+    src = str(src)
     if kind == "url" and src.startswith(("https://", "http://")):
-        return fetch(src, getattr(args, "sha256", None))
+        return fetch(src, sha256)
     if Path(src).exists():
         if revision:
             raise ConversionError(f"--revision {revision} is for a Hub repo id, but {src} is a local path")

@@ -8,6 +8,7 @@ result is checked against timm's own forward on the same weights before anything
 import json
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,9 +17,10 @@ from torch import nn
 from ..modeling import HubViTConfig
 from .card import CITATIONS
 from . import sources
+from .arguments import TOLERANCE
 from .common import (ConversionError, Conversion, Reference, StrictMapping, add_verify_arguments, listing,
                      read_weights)
-from .folder import expected_shapes, write_conversion
+from .folder import expected_shapes
 from .preprocessing import timm_preprocessing
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -58,6 +60,19 @@ def add_arguments(parser):
     parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
     add_verify_arguments(parser)
     sources.add_arguments(parser)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `convert` reads besides the files: the keyword arguments of `convert_timm`, checked."""
+
+    src: str
+    out: str
+    architecture: str | None = None
+    model_args: str | None = None
+    verify: bool = True
+    tolerance: float = TOLERANCE
+    revision: str | None = None
 
 
 def import_timm():
@@ -362,10 +377,10 @@ def refuse(architecture, problems, weights):
 
 
 def convert(args):
-    """The `Conversion` of a timm folder or weights file."""
+    """The `Conversion` of a timm folder or weights file; `args` is an `Options`."""
     timm = import_timm()
     model_args = parse_model_args(args.model_args)
-    source = sources.resolve(args)
+    source = sources.resolve(args.src, revision=args.revision)
     architecture, model_args, hub_config, weights_path = read_source(source.path, args.architecture, model_args)
     weights = clean_state_dict(read_weights(weights_path))
     if hub_config is None and "num_classes" not in model_args:
@@ -408,7 +423,3 @@ def convert(args):
         title=f"hubvit {name}",
         source=source.record(),
     )
-
-
-def main(args):
-    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

@@ -10,10 +10,12 @@ The result is checked against torchvision's own forward on the same weights befo
 
 import re
 import shlex
+from dataclasses import dataclass
 
 import torch
 
 from ..modeling import HubViTConfig
+from .arguments import TOLERANCE
 from .common import (
     Conversion,
     ConversionError,
@@ -24,7 +26,7 @@ from .common import (
     read_weights,
     resample_name,
 )
-from .folder import expected_shapes, write_conversion
+from .folder import expected_shapes
 from .timm import clean_state_dict
 
 ARCHITECTURES = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
@@ -66,6 +68,20 @@ def add_arguments(parser):
         "become the preprocessing; default: the first of --architecture's weights whose crop is the image size",
     )
     add_verify_arguments(parser)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `convert` reads besides the file: the keyword arguments of `convert_torchvision`, checked."""
+
+    src: str
+    out: str
+    architecture: str | None = None
+    num_heads: int | None = None
+    image_size: int | None = None
+    weights: str | None = None
+    verify: bool = True
+    tolerance: float = TOLERANCE
 
 
 def import_torchvision():
@@ -216,7 +232,7 @@ def map_weights(weights, description):
 
 
 def convert(args):
-    """The `Conversion` of a torchvision VisionTransformer state dict."""
+    """The `Conversion` of a torchvision VisionTransformer state dict; `args` is an `Options`."""
     torchvision = import_torchvision()
     from torchvision.models.vision_transformer import interpolate_embeddings
 
@@ -261,7 +277,3 @@ def convert(args):
         dropped=mapping.report(),
         title=f"hubvit torchvision {name}",
     )
-
-
-def main(args):
-    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

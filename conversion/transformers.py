@@ -9,6 +9,7 @@ The way back (a hubvit folder as transformers' ViT) is `export_transformers`.
 import json
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,9 +17,10 @@ import torch
 from ..modeling import HubViTConfig
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from . import sources
+from .arguments import TOLERANCE
 from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
                      read_weights, resample_name, shard_files)
-from .folder import expected_shapes, write_conversion
+from .folder import expected_shapes
 from .preprocessing import from_transformers
 
 # architecture -> (family, head); the family names transformers' config class and interpolation.
@@ -87,6 +89,18 @@ def add_arguments(parser):
     )
     add_verify_arguments(parser)
     sources.add_arguments(parser)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `convert` reads besides the files: the keyword arguments of `convert_transformers`, checked."""
+
+    src: str
+    out: str
+    drop_head: bool = False
+    verify: bool = True
+    tolerance: float = TOLERANCE
+    revision: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
@@ -326,10 +340,10 @@ def reference(args, src, architecture, family, head, config):
 
 
 def convert(args):
-    """The `Conversion` of a folder saved by transformers."""
+    """The `Conversion` of a folder saved by transformers; `args` is an `Options`."""
     import transformers
 
-    source = sources.resolve(args)
+    source = sources.resolve(args.src, revision=args.revision)
     src = source.path
     architecture, family, head, cfg = read_source_config(src)
     if args.drop_head:
@@ -362,7 +376,3 @@ def convert(args):
         title=f"hubvit {name}" + ("" if name == architecture else f" ({architecture})"),
         source=source.record(),
     )
-
-
-def main(args):
-    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))

@@ -202,18 +202,17 @@ def test_single_settings_are_refused_or_exported(tmp_path, capsys, fields, setti
 
 
 def test_verify_fails_above_tolerance(tmp_path, capsys, monkeypatch):
-    """An exporter bug (hubvit's final norm bias off by 1e-3 of its scale) is caught; nothing is written."""
+    """An exporter bug (timm's final norm bias off by 1e-3 of its scale) is caught; nothing is written."""
     import hubvit.conversion.export_timm as exporter
 
-    build = exporter.build_model
+    map_to_timm = exporter.map_to_timm
 
-    def off_by_a_little(config, state_dict):
-        model = build(config, state_dict)
-        with torch.no_grad():
-            model.hubvit.norm.bias.add_(1e-3 * model.hubvit.norm.bias.abs().max())
-        return model
+    def off_by_a_little(weights, timm_shapes, description):
+        state_dict, mapping = map_to_timm(weights, timm_shapes, description)
+        state_dict["norm.bias"] = state_dict["norm.bias"] + 1e-3 * state_dict["norm.bias"].abs().max()
+        return state_dict, mapping
 
-    monkeypatch.setattr(exporter, "build_model", off_by_a_little)
+    monkeypatch.setattr(exporter, "map_to_timm", off_by_a_little)
     hubvit_folder(tmp_path / "hubvit", num_labels=3)
     assert cli(["export", "timm", str(tmp_path / "hubvit"), str(tmp_path / "out")]) == 2
     assert "does not reproduce the exported timm" in capsys.readouterr().err

@@ -1,0 +1,186 @@
+"""Every `hubvit` command is a Python function: keyword options, a result record, `HubViTError` for bad input.
+
+Tolerance: 1e-5 relative to the output scale for float32 parity with timm (the same operations in both libraries).
+"""
+
+import dataclasses
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hubvit
+from hubvit.conversion.publish import keyword_arguments
+from hubvit.scripts.cli import CLI_ONLY, build_parser
+
+TINY_TIMM = dict(depth=2, embed_dim=48, num_heads=4, img_size=32, patch_size=8, num_classes=5)
+
+# function -> the arguments it takes by position; every other argument is keyword-only
+POSITIONAL = {
+    "convert_timm": ("src", "out"),
+    "convert_jax": ("src", "out"),
+    "convert_transformers": ("src", "out"),
+    "convert_torchvision": ("src", "out"),
+    "convert_pytorch": ("src", "out"),
+    "export_onnx": ("src", "out"),
+    "export_timm": ("src", "out"),
+    "export_transformers": ("src", "out"),
+    "push": ("folder", "repo_id"),
+    "publish": ("manifest",),
+    "info": ("src",),
+    "analyze_attention_distance": ("src",),
+    "analyze_position_similarity": ("src",),
+    "analyze_attention_map": ("src", "image"),
+}
+
+
+def relative_error(ours, reference):
+    return ((ours - reference).abs().max() / reference.abs().max()).item()
+
+
+@pytest.fixture
+def timm_folder(tmp_path):
+    timm = pytest.importorskip("timm")
+    from timm.models import save_for_hf
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_base_patch16_224.augreg_in1k", pretrained=False, **TINY_TIMM).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # timm starts biases at 0 and norms at 1, which would hide a swap
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    save_for_hf(model, tmp_path / "timm")
+    return tmp_path / "timm", model
+
+
+@pytest.mark.parametrize("name", list(POSITIONAL))
+def test_each_command_is_a_function_with_keyword_only_options(name):
+    function = getattr(hubvit, name)
+    parameters = inspect.signature(function).parameters.values()
+    positional = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
+    assert positional == POSITIONAL[name]
+    assert all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
+    assert dataclasses.is_dataclass(inspect.signature(function).return_annotation)
+
+
+def test_every_flag_of_the_command_line_is_a_keyword_argument_of_its_function():
+    """The CLI passes its parsed flags to the function by name, so a flag without a parameter would break it."""
+
+    def subcommands(parser):
+        for action in parser._actions:
+            if isinstance(action, type(parser._subparsers._group_actions[0])):
+                for sub in action.choices.values():
+                    yield from subcommands(sub) if sub._subparsers else [sub]
+
+    checked = 0
+    for sub in subcommands(build_parser()):
+        function = sub.get_default("run")
+        if function is None:  # a subcommand with a parser of its own
+            continue
+        names = set(inspect.signature(function).parameters)
+        flags = {action.dest for action in sub._actions if action.dest != "help"} - CLI_ONLY
+        assert flags <= names, (sub.prog, sorted(flags - names))
+        checked += 1
+    assert checked == len(POSITIONAL)
+
+
+def test_convert_timm_converts_a_folder_and_returns_the_record(timm_folder, tmp_path):
+    folder, source = timm_folder
+    result = hubvit.convert_timm(folder, tmp_path / "out")
+
+    assert isinstance(result, hubvit.ConversionResult) and result.folder == tmp_path / "out"
+    assert "max |Δlogits|" in result.verification
+    model = hubvit.HubViTForImageClassification.from_pretrained(result.folder).eval()
+    pixels = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = source(pixels)
+        assert relative_error(model(pixel_values=pixels).logits, expected) <= 1e-5
+    assert 0 <= result.max_abs_diff < 1e-4  # logits of order 1; the check refuses more than 1e-5 of their scale
+    card = (result.folder / "README.md").read_text()
+    assert f"{result.max_abs_diff:.2e}" in card
+
+
+def test_a_missing_source_raises_a_value_error_naming_it(tmp_path):
+    missing = tmp_path / "no-such-checkpoint"
+    with pytest.raises(hubvit.HubViTError, match="no-such-checkpoint") as error:
+        hubvit.convert_timm(missing, tmp_path / "out")
+    assert isinstance(error.value, ValueError) and str(missing) in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda src, out: hubvit.convert_timm(src, out, tolerance=0), "tolerance=0; expected a positive"),
+        (lambda src, out: hubvit.convert_jax(src, out, gelu="fast"), "gelu='fast'; expected one of tanh, erf"),
+        (lambda src, out: hubvit.convert_jax(src, out, num_labels="ten"), "num_labels='ten'; expected an integer"),
+        (lambda src, out: hubvit.convert_torchvision(src, out), "give exactly one"),
+        (lambda src, out: hubvit.convert_pytorch(src, out, num_heads=4, activation="tanh"), "activation='tanh'"),
+        (lambda src, out: hubvit.convert_transformers(src, out, verify="yes"), "verify='yes'; expected True or False"),
+        (lambda src, out: hubvit.export_onnx(src, out, tolerance=float("nan")), "tolerance=nan"),
+        (lambda src, out: hubvit.info("b/16", image_size="big"), "image size 'big'"),
+        (lambda src, out: hubvit.analyze_attention_map("b/16", src, method="gradcam"), "method='gradcam'"),
+    ],
+)
+def test_bad_keyword_values_raise_hubvit_errors_naming_them(tmp_path, call, message):
+    with pytest.raises(hubvit.HubViTError, match=message.replace("(", r"\(").replace("|", r"\|")):
+        call(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_output_is_refused_as_a_hubvit_error(timm_folder, tmp_path):
+    folder, _ = timm_folder
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(hubvit.OutputExistsError, match="overwrite=True") as error:
+        hubvit.convert_timm(folder, tmp_path / "out")
+    assert isinstance(error.value, hubvit.HubViTError) and isinstance(error.value, FileExistsError)
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_export_transformers_reads_the_folder_with_from_pretrained(tmp_path):
+    """A folder saved in bfloat16 with sharded weights: what `from_pretrained` reads is what is exported."""
+    from transformers import ViTForImageClassification
+
+    from utils import randomize_, tiny_config
+
+    model = randomize_(hubvit.HubViTForImageClassification(tiny_config(num_labels=3))).eval()
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "hubvit", max_shard_size="20KB")
+    assert (tmp_path / "hubvit" / "model.safetensors.index.json").is_file()
+
+    result = hubvit.export_transformers(tmp_path / "hubvit", tmp_path / "vit")
+    assert isinstance(result, hubvit.ExportResult) and result.path == tmp_path / "vit"
+    vit = ViTForImageClassification.from_pretrained(tmp_path / "vit").eval()
+    loaded = hubvit.HubViTForImageClassification.from_pretrained(tmp_path / "hubvit", dtype=torch.float32).eval()
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert relative_error(vit(pixel_values=pixels).logits, loaded(pixel_values=pixels).logits) <= 1e-5
+
+
+def test_manifest_flags_become_the_converters_keyword_arguments():
+    words = ["--tolerance", "1e-4", "--no-verify", "--model-args={\"img_size\": 48}", "--revision", "v1"]
+    assert keyword_arguments(words, hubvit.convert_timm, "entry") == {
+        "tolerance": 1e-4, "verify": False, "model_args": '{"img_size": 48}', "revision": "v1"
+    }
+    assert keyword_arguments(["--num-labels", "10", "--drop-pre-logits"], hubvit.convert_jax, "entry") == {
+        "num_labels": 10, "drop_pre_logits": True
+    }
+    with pytest.raises(hubvit.HubViTError, match="'--archtecture' is not an option of convert_timm; expected"):
+        keyword_arguments(["--archtecture", "vit"], hubvit.convert_timm, "entry")
+    with pytest.raises(hubvit.HubViTError, match="--num-labels 'ten'; expected int"):
+        keyword_arguments(["--num-labels", "ten"], hubvit.convert_jax, "entry")
+
+
+def test_importing_hubvit_and_its_functions_stays_light():
+    """`import hubvit` and touching every function imports none of timm, ONNX, JAX, datasets, nor the CLI."""
+    code = (
+        "import sys, json, hubvit\n"
+        "functions = [getattr(hubvit, name) for name in " + json.dumps(list(POSITIONAL)) + "]\n"
+        "heavy = ('timm', 'onnx', 'onnxruntime', 'jax', 'flax', 'datasets', 'hubvit.scripts')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(heavy))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
