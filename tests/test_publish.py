@@ -13,7 +13,6 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from hub_server import hub_server  # noqa: F401  (fixture)
 from hubvit.conversion.publish import Entry, read_manifest
 from hubvit.scripts.cli import main as cli
 

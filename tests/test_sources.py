@@ -20,7 +20,6 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from hub_server import hub_server  # noqa: F401  (fixture)
 from hubvit.conversion import sources
 from hubvit.scripts.cli import main as cli
 

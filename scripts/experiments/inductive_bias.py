@@ -15,7 +15,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 from torch import nn
 from transformers.modeling_outputs import ImageClassifierOutput
 
