@@ -1,22 +1,29 @@
-"""Installs the `hubvit` namespace onto the repository's top-level folders (modeling/, conversion/, training/, scripts/)."""
+"""Installs the `hubvit` namespace onto the repository's top-level folders (modeling/, conversion/, training/, scripts/).
+
+`pip install hubvit` is enough to load and convert checkpoints; fine-tuning, publishing and plotting are extras
+(`.[train]`, `.[publish]`, `.[plot]`), and `.[test]` pulls everything the test suite and the linter run.
+"""
 
 from setuptools import setup
 
 ONNX = ["onnx", "onnxscript", "onnxruntime"]
+PLOT = ["matplotlib"]
+PUBLISH = ["pyyaml"]
+TRAIN = ["accelerate", "datasets", "evaluate", "mlxtend>=0.23", "tensorboard", *PLOT]
+JAX = ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"]
 TEST = [
     "pytest>=8",
+    "ruff>=0.6",
     "timm>=1.0.20",
-    "jax>=0.4.30",
-    "jaxlib>=0.4.30",
-    "flax>=0.10",
-    "scipy",
+    *JAX,
     "scikit-learn",
     "scikit-image",
-    "tensorboard",
     "grad-cam",
     "peft",
     "parameterized",
     *ONNX,
+    *TRAIN,
+    *PUBLISH,
 ]
 
 setup(
@@ -50,22 +57,19 @@ setup(
         "transformers>=5",
         "torch",
         "torchvision",
-        "accelerate",
-        "datasets",
-        "evaluate",
         "huggingface_hub",
         "safetensors",
-        "mlxtend>=0.23",
         "pillow",
         "numpy",
-        "matplotlib",
-        "pyyaml",
     ],
     extras_require={
-        "test": TEST,
+        "train": TRAIN,
+        "publish": PUBLISH,
+        "plot": PLOT,
         "timm": ["timm>=1.0.20"],
         "onnx": ONNX,
-        "jax": ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"],
+        "jax": JAX,
+        "test": TEST,
     },
     entry_points={"console_scripts": ["hubvit=hubvit.scripts.cli:main"]},
 )

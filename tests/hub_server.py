@@ -4,31 +4,27 @@
 enough of the Hub's HTTP API for the *real* ``huggingface_hub`` client (2.4) and ``transformers`` (5.x)
 ``push_to_hub`` / ``from_pretrained`` to run end to end against it. Nothing reaches the network.
 
-Routes served (``{t}`` is ``models`` / ``datasets`` / ``spaces``, ``{p}`` the matching URL prefix ``""`` /
-``datasets/`` / ``spaces/``)::
+Routes served: the calls hubvit makes (push, publish, download of sources) and the client makes for them::
 
     GET    /api/whoami-v2                              token check (401 without a valid Bearer token)
     POST   /api/repos/create                           409 (+ "url") when the repo exists (exist_ok semantics)
-    DELETE /api/repos/delete
     POST   /api/validate-yaml                          YAML front matter of README.md (400 on invalid YAML)
-    GET    /api/{t}/{ns}/{name}[/revision/{rev}]       sha, siblings (+ size/blobId/lfs with ?blobs=1), private...
-    GET    /api/{t}/{ns}/{name}/tree/{rev}[/{path}]    list_repo_tree / list_repo_files (recursive, expand)
-    POST   /api/{t}/{ns}/{name}/paths-info/{rev}       get_paths_info
-    GET    /api/{t}/{ns}/{name}/refs                   list_repo_refs (branches, tags, pullRequests)
-    GET    /api/{t}/{ns}/{name}/commits/{rev}          list_repo_commits
-    POST   /api/{t}/{ns}/{name}/preupload/{rev}        uploadMode "lfs" (size >= lfs_threshold or LFS suffix) / "regular"
-    POST   /api/{t}/{ns}/{name}/commit/{rev}           NDJSON: header, file (base64), lfsFile, deletedFile, deletedFolder;
+    GET    /api/models/{ns}/{name}[/revision/{rev}]    sha, siblings (+ size/blobId/lfs with ?blobs=1), private...
+    GET    /api/models/{ns}/{name}/tree/{rev}[/{path}] list_repo_files / list_repo_tree (recursive)
+    POST   /api/models/{ns}/{name}/preupload/{rev}     uploadMode "lfs" (size >= lfs_threshold or LFS suffix) / "regular"
+    POST   /api/models/{ns}/{name}/commit/{rev}        NDJSON: header, file (base64), lfsFile, deletedFile, deletedFolder;
                                                        ?create_pr=1 creates refs/pr/N and returns pullRequestUrl
-    POST   /api/{t}/{ns}/{name}/branch/{branch}        create_branch (startingPoint), 409 if it exists; DELETE too
-    POST   /api/{t}/{ns}/{name}/tag/{rev}              create_tag; DELETE /tag/{tag}
-    PUT    /api/{t}/{ns}/{name}/settings               {"private": bool}
-    POST   /{p}{ns}/{name}.git/info/lfs/objects/batch  LFS batch API, "basic" transfer, with a verify action
+    POST   /api/models/{ns}/{name}/branch/{branch}     create_branch (startingPoint), 409 if it exists; DELETE too
+    POST   /{ns}/{name}.git/info/lfs/objects/batch     LFS batch API, "basic" transfer, with a verify action
     PUT    /_lfs/upload/{sha256}?sig=...               the LFS "basic" upload target (no auth, like a signed URL)
-    POST   /{p}{ns}/{name}.git/info/lfs/objects/verify
-    HEAD/GET /{p}{ns}/{name}/resolve/{rev}/{path}      X-Repo-Commit, ETag, Content-Length, Range; LFS files answer
+    POST   /{ns}/{name}.git/info/lfs/objects/verify
+    HEAD/GET /{ns}/{name}/resolve/{rev}/{path}         X-Repo-Commit, ETag, Content-Length, Range; LFS files answer
                                                        302 to a "CDN" URL (see below) with X-Linked-Etag/X-Linked-Size
     HEAD/GET /_cdn/{sha256}                            LFS object bytes (the "CDN")
     GET    /api/agent-harnesses, /api/telemetry/*      harmless answers so the client's side calls stay local
+
+Dataset and Space repos, tags, refs, commit listings, paths-info, settings and deletion are not served (hubvit
+calls none of them); such a request answers 404 and is recorded in ``server.unhandled``.
 
 Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``) and
 ``X-Error-Message``, which is how ``huggingface_hub`` maps them to its exception classes. Private repos answer
@@ -48,8 +44,8 @@ the Authorization header. ``HubServer(lfs_redirect=False)`` serves LFS files dir
 
 In-memory store (inspect it in tests)::
 
-    server.repos["user/name"]              -> Repo  (datasets: "datasets/user/name", spaces: "spaces/user/name")
-    repo.branches / repo.tags / repo.pulls -> name -> commit oid  (pulls: N -> oid, ref "refs/pr/N")
+    server.repos["user/name"]              -> Repo
+    repo.branches / repo.pulls             -> name -> commit oid  (pulls: N -> oid, ref "refs/pr/N")
     repo.commits[oid]                      -> Commit(oid, parent, title, message, author, date, files, lfs)
     commit.files                           -> {path: bytes}, a full snapshot;  commit.lfs -> {path: sha256}
     server.commits(repo_id, rev="main")    -> [Commit, ...] newest first (first-parent chain, initial commit last)
@@ -130,8 +126,9 @@ LFS_PATTERNS = (
 )
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS).encode()
 
-_TYPE_FROM_PLURAL = {"models": "model", "datasets": "dataset", "spaces": "space"}
-_URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
+# hubvit pushes and pulls models only: dataset and Space repos are not served.
+_TYPE_FROM_PLURAL = {"models": "model"}
+_URL_PREFIX = {"model": ""}
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 
@@ -184,7 +181,6 @@ class Repo:
     created_at: datetime
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)  # name -> oid
-    tags: dict[str, str] = field(default_factory=dict)  # name -> oid
     pulls: dict[int, str] = field(default_factory=dict)  # N -> oid  (ref "refs/pr/N")
     pull_targets: dict[int, str] = field(default_factory=dict)  # N -> target branch
 
@@ -193,16 +189,12 @@ class Repo:
         return _URL_PREFIX[self.repo_type] + self.repo_id
 
     def resolve(self, rev: str | None) -> str | None:
-        """Branch, tag, refs/heads/x, refs/tags/x, refs/pr/N, full or >=7-char short commit oid -> commit oid."""
+        """Branch, refs/heads/x, refs/pr/N, full or >=7-char short commit oid -> commit oid."""
         rev = rev or "main"
         if rev in self.branches:
             return self.branches[rev]
         if rev.startswith("refs/heads/") and rev[len("refs/heads/") :] in self.branches:
             return self.branches[rev[len("refs/heads/") :]]
-        if rev in self.tags:
-            return self.tags[rev]
-        if rev.startswith("refs/tags/") and rev[len("refs/tags/") :] in self.tags:
-            return self.tags[rev[len("refs/tags/") :]]
         m = re.fullmatch(r"refs/pr/(\d+)", rev)
         if m and int(m[1]) in self.pulls:
             return self.pulls[int(m[1])]
@@ -226,25 +218,6 @@ class Repo:
             out.append(commit)
             commit = self.commits.get(commit.parent) if commit.parent else None
         return out
-
-    def last_commit_touching(self, oid: str, path: str, is_dir: bool) -> Commit:
-        """Most recent commit (first-parent chain) that changed `path` (a file, or anything under a folder)."""
-
-        def snap(c: Commit | None) -> Any:
-            if c is None:
-                return None
-            if is_dir:
-                pre = path.rstrip("/") + "/"
-                return {p: c.files[p] for p in c.files if p.startswith(pre)}
-            return c.files.get(path)
-
-        commit = self.commits[oid]
-        while True:
-            parent = self.commits.get(commit.parent) if commit.parent else None
-            if parent is None or snap(parent) != snap(commit):
-                return commit
-            commit = parent
-
 
 class HTTPError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None):
@@ -579,8 +552,6 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._cdn(s[1])
             # /{prefix}{ns}/{name}/resolve/{rev}/{path...}  and  /{prefix}{ns}/{name}.git/info/lfs/objects/...
             repo_type, rest = "model", s
-            if rest and rest[0] in ("datasets", "spaces"):
-                repo_type, rest = _TYPE_FROM_PLURAL[rest[0]], rest[1:]
             if len(rest) >= 5 and rest[1].endswith(".git") and rest[2:5] == ["info", "lfs", "objects"]:
                 repo_id = f"{rest[0]}/{rest[1][:-4]}"
                 if rest[5:] == ["batch"] and method == "POST":
@@ -603,8 +574,6 @@ class _Handler(BaseHTTPRequestHandler):
             return self._whoami()
         if s == ["repos", "create"] and method == "POST":
             return self._create_repo()
-        if s == ["repos", "delete"] and method == "DELETE":
-            return self._delete_repo()
         if s == ["validate-yaml"] and method == "POST":
             return self._validate_yaml()
         if s == ["agent-harnesses"]:
@@ -621,22 +590,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._info(repo_type, repo_id, "/".join(rest[1:]))
             if op == "tree" and method == "GET" and len(rest) >= 2:
                 return self._tree(repo_type, repo_id, rest[1], unquote("/".join(raw_rest[2:])))
-            if op == "paths-info" and method == "POST" and len(rest) >= 2:
-                return self._paths_info(repo_type, repo_id, "/".join(rest[1:]))
-            if op == "refs" and method == "GET":
-                return self._refs(repo_type, repo_id)
-            if op == "commits" and method == "GET" and len(rest) >= 2:
-                return self._list_commits(repo_type, repo_id, "/".join(rest[1:]))
             if op == "preupload" and method == "POST" and len(rest) >= 2:
                 return self._preupload(repo_type, repo_id, "/".join(rest[1:]))
             if op == "commit" and method == "POST" and len(rest) >= 2:
                 return self._commit(repo_type, repo_id, "/".join(rest[1:]))
             if op == "branch" and len(rest) >= 2 and method in ("POST", "DELETE"):
                 return self._branch(method, repo_type, repo_id, "/".join(rest[1:]))
-            if op == "tag" and len(rest) >= 2 and method in ("POST", "DELETE"):
-                return self._tag(method, repo_type, repo_id, "/".join(rest[1:]))
-            if op == "settings" and method == "PUT":
-                return self._settings(repo_type, repo_id)
             if op and op.startswith("xet-"):
                 raise HTTPError(501, "fake hub has no Xet storage: set HF_HUB_DISABLE_XET=1 (patch constants too)")
         return self._unhandled(method)
@@ -686,25 +645,6 @@ class _Handler(BaseHTTPRequestHandler):
         private = payload.get("visibility") == "private" or bool(payload.get("private"))
         self.hub.create_repo(repo_id, private=private, repo_type=repo_type, owner=user)
         self._json({"url": url, "name": repo_id, "id": hashlib.md5(key.encode()).hexdigest()[:24]})
-
-    def _delete_repo(self):
-        payload = self._body_json()
-        user = self._require_write(payload.get("organization"))
-        repo_type = payload.get("type") or "model"
-        key = _URL_PREFIX[repo_type] + f"{payload.get('organization') or user}/{payload.get('name')}"
-        if key not in self.hub.repos:
-            raise HTTPError(404, "Repository not found", "RepoNotFound")
-        del self.hub.repos[key]
-        self._json({})
-
-    def _settings(self, repo_type, repo_id):
-        repo = self._get_repo(repo_type, repo_id, write=True)
-        payload = self._body_json()
-        if "private" in payload:
-            repo.private = bool(payload["private"])
-        if "visibility" in payload:
-            repo.private = payload["visibility"] == "private"
-        self._json({"private": repo.private})
 
     def _validate_yaml(self):
         content = self._body_json().get("content", "")
@@ -764,7 +704,7 @@ class _Handler(BaseHTTPRequestHandler):
             info["sdk"] = "static"
         self._json(info)
 
-    def _entry(self, repo: Repo, commit: Commit, path: str, expand: bool) -> dict:
+    def _entry(self, commit: Commit, path: str) -> dict:
         if path in commit.files:
             data = commit.files[path]
             e: dict[str, Any] = {"type": "file", "oid": commit.blob_oid(path), "size": len(data), "path": path}
@@ -776,9 +716,6 @@ class _Handler(BaseHTTPRequestHandler):
             children = sorted(p for p in commit.files if p.startswith(pre))
             oid = hashlib.sha1("\0".join(f"{p}:{commit.blob_oid(p)}" for p in children).encode()).hexdigest()
             e = {"type": "directory", "oid": oid, "size": 0, "path": path}
-        if expand:
-            lc = repo.last_commit_touching(commit.oid, path, e["type"] == "directory")
-            e["lastCommit"] = {"id": lc.oid, "title": lc.title, "date": _iso(lc.date)}
         return e
 
     @staticmethod
@@ -795,7 +732,6 @@ class _Handler(BaseHTTPRequestHandler):
         commit = self._resolve(repo, rev)
         path = path.strip("/")
         recursive = self.query.get("recursive", "").lower() in ("1", "true")
-        expand = self.query.get("expand", "").lower() in ("1", "true")
         dirs = self._dirs(commit)
         if path and path not in dirs:
             headers = {"X-Repo-Commit": commit.oid}
@@ -805,57 +741,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not recursive:
             names = [p for p in names if "/" not in p[len(pre) :]]
         names = sorted(set(names), key=lambda p: (p not in dirs, p))  # folders first, like the Hub
-        self._json([self._entry(repo, commit, p, expand) for p in names])
-
-    def _paths_info(self, repo_type, repo_id, rev):
-        repo = self._get_repo(repo_type, repo_id)
-        commit = self._resolve(repo, rev)
-        ctype = self.headers.get("Content-Type", "")
-        if "json" in ctype:
-            form = self._body_json()
-            paths, expand = form.get("paths", []), bool(form.get("expand"))
-        else:
-            form = parse_qs(self.body.decode(), keep_blank_values=True)
-            paths = form.get("paths", [])
-            expand = (form.get("expand") or ["false"])[-1].lower() in ("1", "true")
-        dirs = self._dirs(commit)
-        out = [
-            self._entry(repo, commit, p.strip("/"), expand)
-            for p in paths
-            if p.strip("/") in commit.files or p.strip("/") in dirs
-        ]
-        self._json(out)
-
-    def _refs(self, repo_type, repo_id):
-        repo = self._get_repo(repo_type, repo_id)
-
-        def ref(name, full, oid):
-            return {"name": name, "ref": full, "targetCommit": oid}
-
-        out = {
-            "branches": [ref(n, f"refs/heads/{n}", o) for n, o in repo.branches.items()],
-            "tags": [ref(n, f"refs/tags/{n}", o) for n, o in repo.tags.items()],
-            "converts": [],
-        }
-        if self.query.get("include_prs"):
-            out["pullRequests"] = [ref(f"refs/pr/{n}", f"refs/pr/{n}", o) for n, o in repo.pulls.items()]
-        self._json(out)
-
-    def _list_commits(self, repo_type, repo_id, rev):
-        repo = self._get_repo(repo_type, repo_id)
-        head = self._resolve(repo, rev)
-        items = [
-            {
-                "id": c.oid,
-                "title": c.title,
-                "message": c.message,
-                "authors": [{"user": c.author, "avatar": ""}],
-                "date": _iso(c.date),
-                "formatted": {"title": c.title, "message": c.message},
-            }
-            for c in repo.history(head.oid)
-        ]
-        self._json(items)
+        self._json([self._entry(commit, p) for p in names])
 
     def _serve_file(self, repo_type, repo_id, rev, path):
         repo = self._get_repo(repo_type, repo_id)
@@ -1055,22 +941,6 @@ class _Handler(BaseHTTPRequestHandler):
         oid = self._resolve(repo, start).oid if start else repo.branches["main"]
         repo.branches[branch] = oid
         self._json({})
-
-    def _tag(self, method, repo_type, repo_id, name):
-        repo = self._get_repo(repo_type, repo_id, write=True)
-        if method == "DELETE":
-            if name not in repo.tags:
-                raise HTTPError(404, f"Tag {name} not found", "RevisionNotFound")
-            del repo.tags[name]
-            return self._json({})
-        tag = self._body_json().get("tag")
-        if not tag:
-            raise HTTPError(400, "tag is required")
-        if tag in repo.tags:
-            raise HTTPError(409, f"Tag {tag} already exists")
-        repo.tags[tag] = self._resolve(repo, name).oid
-        self._json({})
-
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Client configuration + pytest fixture

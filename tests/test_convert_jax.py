@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 from transformers import AutoModelForImageClassification  # noqa: E402
 
 from hubvit.scripts import cli  # noqa: E402
+from utils import relative_error  # noqa: E402
 
 try:
     from flax_reference import (VisionTransformerBV, VisionTransformerOrig, flatten_params,  # noqa: E402
@@ -43,10 +44,6 @@ TOL = 1e-5
 def images(size=IMG, seed=0):
     """A fixed NHWC batch in [-1, 1], what mean = std = 0.5 preprocessing gives."""
     return np.random.default_rng(seed).uniform(-1, 1, (2, size, size, 3)).astype(np.float32)
-
-
-def rel_err(got, want):
-    return float(np.abs(np.asarray(got) - np.asarray(want)).max() / np.abs(np.asarray(want)).max())
 
 
 class Reference:
@@ -122,7 +119,7 @@ def test_vision_transformer(reference, tmp_path, classifier, rep):
     assert config.class_token == (classifier == "token") and config.position_embedding_includes_prefix
     assert config.representation_size == rep and config.num_labels == NC
     assert (config.hidden_act, config.layer_norm_eps) == ("gelu_pytorch_tanh", 1e-6)
-    assert rel_err(run(model, images()), ref.logits) <= TOL
+    assert relative_error(run(model, images()), ref.logits) <= TOL
 
 
 BIG_VISION_CASES = [  # every pooling looped and scanned, every prefix at least once
@@ -148,7 +145,7 @@ def test_big_vision(reference, tmp_path, pool, scan, prefix):
     assert config.pooling == {"tok": "cls", "gap": "mean", "map": "map"}[pool]
     assert config.class_token == (pool == "tok") and not config.position_embedding_includes_prefix
     assert config.num_hidden_layers == DEPTH and config.num_attention_heads == H
-    assert rel_err(run(model, images()), ref.logits) <= TOL
+    assert relative_error(run(model, images()), ref.logits) <= TOL
     if prefix == "params/img/":
         card = (out / "README.md").read_text()
         assert "outside the image tower" in card and "params/txt/Embed_0/embedding" in card
@@ -160,7 +157,7 @@ def test_big_vision_first_token(reference, tmp_path):
     src = ref.save(tmp_path / "w.npz", prefix="params/")
     model = load(convert(src, tmp_path / "out", "--pool-type", "0"))
     assert model.config.pooling == "first" and not model.config.class_token
-    assert rel_err(run(model, images()), ref.logits) <= TOL
+    assert relative_error(run(model, images()), ref.logits) <= TOL
 
 
 def test_sincos_2d_needs_the_flag(reference, tmp_path, capsys):
@@ -172,7 +169,7 @@ def test_sincos_2d_needs_the_flag(reference, tmp_path, capsys):
     assert not (tmp_path / "refused").exists()
     model = load(convert(src, tmp_path / "out", "--position-embedding", "sincos_2d", "--image-size", IMG))
     assert model.config.position_embedding_type == "sincos_2d" and model.config.image_size == IMG
-    assert rel_err(run(model, images()), ref.logits) <= TOL
+    assert relative_error(run(model, images()), ref.logits) <= TOL
 
 
 def test_bfloat16_stored_as_void(tmp_path):
@@ -183,7 +180,7 @@ def test_bfloat16_stored_as_void(tmp_path):
     assert {v.dtype for v in flat.values()} == {np.dtype("V2")}
     ref = Reference(model, seed=3, params=params)
     out = convert(tmp_path / "w.npz", tmp_path / "out")
-    assert rel_err(run(load(out), images()), ref.logits) <= TOL
+    assert relative_error(run(load(out), images()), ref.logits) <= TOL
     assert "bfloat16" in (out / "README.md").read_text()
 
 
@@ -197,8 +194,8 @@ def test_gelu_erf_is_a_real_choice(reference, tmp_path):
     model = load(convert(tanh.save(tmp_path / "w.npz"), tmp_path / "out", "--gelu", "erf"))
     assert model.config.hidden_act == "gelu"
     logits = run(model, images())
-    assert rel_err(logits, erf.logits) <= TOL
-    assert rel_err(logits, tanh.logits) > 10 * TOL
+    assert relative_error(logits, erf.logits) <= TOL
+    assert relative_error(logits, tanh.logits) > 10 * TOL
 
 
 @pytest.mark.parametrize("layout", ["vision_transformer", "big_vision"])
@@ -223,9 +220,9 @@ def test_image_size_matches_the_original_resize(reference, tmp_path, layout):
     assert (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners) == (
         "bilinear", False, True
     )
-    assert rel_err(run(model, images(size)), big.logits) <= TOL
+    assert relative_error(run(model, images(size)), big.logits) <= TOL
     on_the_fly = load(convert(src, tmp_path / "native"))
-    assert rel_err(run(on_the_fly, images(size)), big.logits) <= TOL
+    assert relative_error(run(on_the_fly, images(size)), big.logits) <= TOL
 
 
 def test_drop_pre_logits_and_new_head(reference, tmp_path):
@@ -233,7 +230,7 @@ def test_drop_pre_logits_and_new_head(reference, tmp_path):
     src = ref.save(tmp_path / "w.npz")
     headless = load(convert(src, tmp_path / "headless", "--drop-pre-logits"))
     assert headless.config.representation_size is None and headless.config.num_labels == 0
-    assert rel_err(run(headless, images()), ref.pooled) <= TOL
+    assert relative_error(run(headless, images()), ref.pooled) <= TOL
     fresh = load(convert(src, tmp_path / "fresh", "--drop-pre-logits", "--num-labels", 5))
     assert fresh.classifier.weight.shape == (5, D) and not fresh.classifier.weight.any()
     assert run(fresh, images()).shape == (2, 5)

@@ -12,8 +12,9 @@ from torch import nn
 from transformers import AutoModel, AutoModelForImageClassification
 
 from hubvit.scripts.cli import main as cli
+from utils import TINY_PYTORCH, relative_error
 
-TINY = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96)
+TINY = TINY_PYTORCH
 
 
 class VisionTransformer(nn.Module):
@@ -72,10 +73,6 @@ def source_model(seed=0, **overrides):
 
 def convert(*argv):
     return cli(["convert", "pytorch", *map(str, argv)])
-
-
-def relative_error(ours, reference):
-    return ((ours - reference).abs().max() / reference.abs().max()).item()
 
 
 @torch.no_grad()

@@ -7,7 +7,6 @@ attention runs over a different number of tokens.
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,9 @@ from timm.models import save_for_hf  # noqa: E402
 from transformers import AutoModel, AutoModelForImageClassification  # noqa: E402
 
 from hubvit.scripts.cli import main as cli  # noqa: E402
+from utils import TINY_TIMM, randomize_, relative_error  # noqa: E402
 
-TINY = dict(depth=2, embed_dim=48, num_heads=4, img_size=32, patch_size=8)
+TINY = TINY_TIMM
 
 # name: (timm model name with pretrained tag, model_args on top of TINY, config fields the family must produce)
 FAMILIES = {
@@ -75,32 +75,12 @@ def offline(monkeypatch):
 
 
 @torch.no_grad()
-def randomize_timm_(model, seed=0):
-    """Every tensor random and far from 0 and 1 (timm initialises biases to 0 and norms to 1, which hides swaps)."""
-    generator = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
-        noise = torch.randn(param.shape, generator=generator)
-        if ("norm" in name and name.endswith("weight")) or name.endswith("gamma"):
-            param.copy_(1.0 + 0.2 * noise)
-        elif param.ndim >= 2 and not name.endswith(("token", "pos_embed", "latent")):
-            param.copy_(noise / param[0].numel() ** 0.5)
-        else:
-            param.copy_(0.5 * noise)
-    for name, tensor in model.state_dict().items():
-        assert tensor.std() > 0 and not torch.isin(tensor.unique(), torch.tensor([0.0, 1.0])).all(), name
-    return model.eval()
-
-
 def timm_model(name, args, **extra):
     return timm.create_model(name, pretrained=False, **{**TINY, **args, **extra}).eval()
 
 
 def convert(*argv):
     return cli(["convert", "timm", *map(str, argv)])
-
-
-def relative_error(ours, reference):
-    return ((ours - reference).abs().max() / reference.abs().max()).item()
 
 
 def second_size(config):
@@ -136,7 +116,7 @@ def assert_matches_timm(folder, source, state_dict, name, args, headless):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_matches_timm(family, tmp_path, capsys):
     name, args, expected = FAMILIES[family]
-    source = randomize_timm_(timm_model(name, args), seed=len(family))
+    source = randomize_(timm_model(name, args), seed=len(family))
     model_config = {}
     if family in LABELS:
         model_config = dict(label_names=LABELS[family][0], label_descriptions=LABELS[family][1])
@@ -188,7 +168,7 @@ def test_family_matches_timm(family, tmp_path, capsys):
 def test_single_file_with_architecture_and_training_state(tmp_path, capsys):
     """A bare .pth beside optimizer state and an epoch counter: the extras are dropped with a printed reason."""
     name, args = "deit3_base_patch16_224", dict(num_classes=10)
-    source = randomize_timm_(timm_model(name, args))
+    source = randomize_(timm_model(name, args))
     checkpoint = {**source.state_dict(), "optimizer": {"lr": torch.tensor(0.1)}, "epoch": 7}
     torch.save(checkpoint, tmp_path / "deit3.pth")
     model_args = json.dumps({**TINY, "img_size": [32, 32]})
@@ -210,7 +190,7 @@ def refused(tmp_path, capsys, *argv):
 
 
 def test_truncated_file_is_refused(tmp_path, capsys):
-    save_for_hf(randomize_timm_(timm_model("vit_base_patch16_224", {})), tmp_path / "timm", safe_serialization=True)
+    save_for_hf(randomize_(timm_model("vit_base_patch16_224", {})), tmp_path / "timm", safe_serialization=True)
     for file in ("model.safetensors",):
         data = (tmp_path / "timm" / file).read_bytes()
         (tmp_path / "timm" / file).write_bytes(data[: len(data) // 2])
@@ -277,7 +257,7 @@ def test_pickle_with_code_is_refused(tmp_path, capsys):
 
 def test_verify_fails_above_tolerance(tmp_path, capsys, converter_bug):
     """A converter bug (one weight off by 1e-3 of its scale) is caught by --verify and nothing is written."""
-    save_for_hf(randomize_timm_(timm_model("vit_base_patch16_224", {})), tmp_path / "timm")
+    save_for_hf(randomize_(timm_model("vit_base_patch16_224", {})), tmp_path / "timm")
     error = refused(tmp_path, capsys, tmp_path / "timm")
     assert "does not reproduce timm" in error and "logits" in error
     assert convert(tmp_path / "timm", tmp_path / "out", "--no-verify") == 0

@@ -17,8 +17,9 @@ from torchvision.models.vision_transformer import VisionTransformer, interpolate
 from transformers import AutoModelForImageClassification  # noqa: E402
 
 from hubvit.scripts.cli import main as cli  # noqa: E402
+from utils import TINY_TORCHVISION, randomize_, relative_error  # noqa: E402
 
-TINY = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=48, mlp_dim=96)
+TINY = TINY_TORCHVISION
 
 
 @pytest.fixture(autouse=True)
@@ -27,26 +28,8 @@ def offline(monkeypatch):
 
 
 @torch.no_grad()
-def randomize_(model, seed=0):
-    """Every tensor random and away from 0 and 1 (torchvision zeroes biases and the head), so a swap shows."""
-    generator = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
-        noise = torch.randn(param.shape, generator=generator)
-        if "ln" in name and name.endswith("weight"):
-            param.copy_(1.0 + 0.2 * noise)
-        elif param.ndim >= 2 and name not in ("class_token", "encoder.pos_embedding"):
-            param.copy_(noise / param[0].numel() ** 0.5)
-        else:
-            param.copy_(0.5 * noise)
-    return model.eval()
-
-
 def torchvision_vit(seed=0, **overrides):
-    return randomize_(VisionTransformer(**{**TINY, **overrides}), seed)
-
-
-def relative_error(ours, reference):
-    return ((ours - reference).abs().max() / reference.abs().max()).item()
+    return randomize_(VisionTransformer(**{**TINY, **overrides}), seed).eval()
 
 
 @torch.no_grad()
@@ -154,7 +137,7 @@ def test_other_state_dicts_are_refused(tmp_path, capsys):
 @pytest.mark.heavy
 def test_vit_b_32_by_architecture_name(tmp_path, capsys):
     """The real builder: torchvision.models.vit_b_32 (88M parameters) at 64 px, converted by name, checked at 96 px."""
-    source = randomize_(torchvision.models.vit_b_32(image_size=64))
+    source = randomize_(torchvision.models.vit_b_32(image_size=64)).eval()
     torch.save(source.state_dict(), tmp_path / "vit_b_32.pth")
     argv = ("--architecture", "vit_b_32", "--weights", "IMAGENET1K_V1")
     assert convert(tmp_path / "vit_b_32.pth", tmp_path / "out", *argv) == 0

@@ -16,18 +16,9 @@ from transformers import AutoModelForImageClassification
 import hubvit
 from hubvit import HubViTForImageClassification, HubViTModel, optimize_for_cpu
 from hubvit.cpu import OneDNNLinear
-from utils import randomize_, tiny_config
-
-RTOL = 1e-5
+from utils import assert_close, randomize_, tiny_config
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-
-
-def assert_close(actual, expected, rtol=RTOL):
-    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    scale = expected.abs().max().clamp_min(1e-6)
-    diff = (actual - expected).abs().max()
-    assert diff <= rtol * scale, f"max diff {diff:.3g} > {rtol:g} x output scale {scale:.3g}"
 
 
 def make(cls=HubViTForImageClassification, **overrides):

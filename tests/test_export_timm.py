@@ -16,7 +16,7 @@ timm = pytest.importorskip("timm")
 from hubvit import HubViTForImageClassification  # noqa: E402
 from hubvit.conversion.folder import make_image_processor, write_folder  # noqa: E402
 from hubvit.scripts.cli import main as cli  # noqa: E402
-from utils import randomize_, run_without_hubvit, tiny_config  # noqa: E402
+from utils import randomize_, relative_error, run_without_hubvit, tiny_config  # noqa: E402
 
 # name: (hubvit config fields, timm model_args the export must choose)
 FAMILIES = {
@@ -93,10 +93,6 @@ def hubvit_folder(path, seed=0, **fields):
     model = randomize_(HubViTForImageClassification(tiny_config(**fields, **labels)), seed=seed).eval()
     write_folder(model, path, make_image_processor(model.config, **PREPROCESSING))
     return model
-
-
-def relative_error(ours, reference):
-    return ((ours - reference).abs().max() / reference.abs().max()).item()
 
 
 def second_size(config):

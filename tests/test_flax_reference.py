@@ -18,6 +18,7 @@ torch = pytest.importorskip('torch')
 timm = pytest.importorskip('timm')
 from flax import traverse_util  # noqa: E402
 from timm.models.vision_transformer import _load_weights  # noqa: E402
+from utils import relative_error  # noqa: E402
 
 try:
     from flax_reference import (VisionTransformerBV, VisionTransformerOrig, flatten_params,
@@ -45,10 +46,6 @@ def shapes(model):
     x = jax.ShapeDtypeStruct((1, IMG, IMG, 3), np.float32)
     tree = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)['params']
     return {k: v.shape for k, v in traverse_util.flatten_dict(tree, sep='/').items()}
-
-
-def rel_err(a, b):
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
 def mha(prefix, stack=()):
@@ -161,9 +158,9 @@ def test_orig_matches_timm(classifier, tmp_path):
     flatten_to_npz(params, tmp_path / 'w.npz')
     x = images()
     ref = run(model, params, x)
-    assert rel_err(timm_logits(timm_vit(**ORIG_TIMM[classifier]), tmp_path / 'w.npz', x), ref) < 1e-5
+    assert relative_error(timm_logits(timm_vit(**ORIG_TIMM[classifier]), tmp_path / 'w.npz', x), ref) < 1e-5
     if classifier == 'token':  # tanh GELU (the original) differs measurably: the check has teeth
-        assert rel_err(run(VisionTransformerOrig(**ORIG), params, x), ref) > 1e-5
+        assert relative_error(run(VisionTransformerOrig(**ORIG), params, x), ref) > 1e-5
 
 
 # pool_type '0' is not covered: timm refuses token pooling without a class
@@ -187,7 +184,7 @@ def test_bv_matches_timm(pool, scan, prefix, tmp_path):
     flatten_to_npz(params, tmp_path / 'w.npz', prefix=prefix)
     x = images()
     got = timm_logits(timm_vit(**BV_TIMM[pool]), tmp_path / 'w.npz', x)
-    assert rel_err(got, run(model, params, x)) < 1e-5
+    assert relative_error(got, run(model, params, x)) < 1e-5
 
 
 def test_bv_bfloat16_void_matches_timm(tmp_path):
@@ -199,7 +196,7 @@ def test_bv_bfloat16_void_matches_timm(tmp_path):
         assert f['params/embedding/kernel'].dtype == np.dtype('V2')
     x = images()
     got = timm_logits(timm_vit(**BV_TIMM['tok']), tmp_path / 'w.npz', x, load_bfloat16=True)
-    assert rel_err(got, run(model, params, x)) < 1e-5
+    assert relative_error(got, run(model, params, x)) < 1e-5
 
 
 def test_bv_sincos_matches_timm(tmp_path):
@@ -214,7 +211,7 @@ def test_bv_sincos_matches_timm(tmp_path):
                    tmp_path / 'w.npz', prefix='params/')
     x = images()
     got = timm_logits(timm_vit(**BV_TIMM['map']), tmp_path / 'w.npz', x)
-    assert rel_err(got, run(model, params, x)) < 1e-5
+    assert relative_error(got, run(model, params, x)) < 1e-5
 
 
 def test_sincos_table():

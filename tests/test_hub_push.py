@@ -19,7 +19,7 @@ import torch
 from huggingface_hub import ModelCard, list_repo_files
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-from hub_server import READ_TOKEN, hub_server  # noqa: F401  (fixture)
+from hub_server import READ_TOKEN
 from hubvit import HubViTForImageClassification
 from hubvit.conversion.card import CardInfo
 from hubvit.conversion.folder import make_image_processor, write_folder

@@ -13,19 +13,7 @@ from transformers import AutoModel, AutoModelForImageClassification
 
 from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
 from hubvit.modeling.modeling_hubvit import resize_position_grid, sincos_2d_position_table
-from utils import randomize_, tiny_config
-
-RTOL = 1e-5
-
-
-def assert_close(actual, expected, rtol=RTOL):
-    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    if expected.numel() == 0:
-        return
-    scale = expected.abs().max().clamp_min(1e-6)
-    diff = (actual - expected).abs().max()
-    assert diff <= rtol * scale, f"max diff {diff:.3g} > {rtol:g} x output scale {scale:.3g}"
-
+from utils import assert_close, randomize_, tiny_config
 
 def make(config, seed=0, cls=HubViTForImageClassification):
     torch.manual_seed(seed)

@@ -13,14 +13,14 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from hub_server import hub_server  # noqa: F401  (fixture)
 from hubvit.conversion.publish import Entry, read_manifest
 from hubvit.scripts.cli import main as cli
+import utils
 
 timm = pytest.importorskip("timm")
 from timm.models import save_for_hf  # noqa: E402
 
-TINY_TIMM = dict(depth=2, embed_dim=48, num_heads=4, img_size=32, patch_size=8, num_classes=5)
+TINY_TIMM = dict(utils.TINY_TIMM, num_classes=5)
 
 MANIFEST = """\
 entries:

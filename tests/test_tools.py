@@ -12,38 +12,20 @@ import pytest
 import torch
 from torch import nn
 
+import utils
 from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
+from utils import randomize_, relative_error
 
-TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=64, num_labels=3)
+TINY = dict(utils.TINY, num_labels=3)
 GRID = (4, 4)  # 32 / 8
 
 
-@torch.no_grad()
-def randomize_(model, seed=0):
-    """Every parameter random: norms near 1, matrices scaled by fan-in, biases, tokens and tables O(0.5)."""
-    generator = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
-        noise = torch.randn(param.shape, generator=generator)
-        if "norm" in name and name.endswith("weight"):
-            param.copy_(1.0 + 0.2 * noise)
-        elif param.ndim >= 2 and "position" not in name and "token" not in name:
-            param.copy_(noise / param[0].numel() ** 0.5)
-        else:
-            param.copy_(0.5 * noise)
-    return model.eval()
-
-
 def classifier(**overrides):
-    return randomize_(HubViTForImageClassification(HubViTConfig(**{**TINY, **overrides})))
+    return randomize_(HubViTForImageClassification(HubViTConfig(**{**TINY, **overrides}))).eval()
 
 
 def pixels(*shape, seed=1):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def relative_error(ours, reference):
-    return ((ours - reference).abs().max() / reference.abs().max()).item()
 
 
 class Logits(nn.Module):
@@ -109,7 +91,7 @@ def timm_pair(tmp_path_factory):
 
     source = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
                                depth=2, num_heads=4, mlp_ratio=2.0, num_classes=3)
-    randomize_(source)
+    randomize_(source).eval()
     folder = tmp_path_factory.mktemp("timm")
     save_for_hf(source, folder / "timm", safe_serialization=True)
     assert cli(["convert", "timm", str(folder / "timm"), str(folder / "hubvit")]) == 0
@@ -194,7 +176,7 @@ def test_output_hidden_states_selects_layers():
     """transformers 5 records hidden states through `_can_record_outputs`; a list of indices keeps those entries of
     the full tuple (0: the encoder input, i: block i's output) and leaves None in the others, as transformers'
     ViTModel does (5.24)."""
-    model = randomize_(HubViTModel(HubViTConfig(**{**TINY, "num_hidden_layers": 3})))
+    model = randomize_(HubViTModel(HubViTConfig(**{**TINY, "num_hidden_layers": 3}))).eval()
     x = pixels(2, 3, 32, 32)
     with torch.no_grad():
         every = model(pixel_values=x, output_hidden_states=True).hidden_states
@@ -208,6 +190,8 @@ def test_output_hidden_states_selects_layers():
 # --- tracing ----------------------------------------------------------------------------------------------------------
 
 
+# The tracer warns that the input checks' Python booleans become constants: expected, they hold at every size.
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_jit_trace_at_one_size_runs_at_another():
     """Traced at 32x32, the graph runs at 48x64 and gives eager's logits (1e-5 of the logit scale, float32)."""
     model = classifier()

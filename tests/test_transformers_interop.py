@@ -17,9 +17,8 @@ from safetensors.torch import load_file, save_file
 from hubvit.conversion.folder import make_image_processor, write_folder
 from hubvit.modeling import HubViTForImageClassification
 from hubvit.scripts.cli import main as cli
-from utils import randomize_, run_without_hubvit, tiny_config
+from utils import assert_close, randomize_, run_without_hubvit, tiny_config
 
-TOLERANCE = 1e-5
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
 LABELS = {0: "cat", 1: "dog", 2: "bird"}
 
@@ -42,11 +41,6 @@ def transformers_model(architecture, seed=0, **overrides):
 
 def pixels(size=32, seed=1):
     return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(seed))
-
-
-def assert_close(ours, reference, what):
-    diff, scale = (ours - reference).abs().max().item(), reference.abs().max().item()
-    assert diff <= TOLERANCE * scale, f"{what}: max |difference| {diff:.3g} > {TOLERANCE} x {scale:.3g}"
 
 
 def convert(src, out, *options):

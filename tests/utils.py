@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: tiny configs, fully random weights, and a Python with hubvit hidden."""
+"""Helpers shared by the tests: tiny configs, fully random weights, tolerances, and a Python with hubvit hidden."""
 
 import json
 import os
@@ -6,8 +6,14 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import torch
 
+# float32 parity: the same operations in another order differ by a few ulps of the output scale.
+RTOL = 1e-5
+
+# The tiny sizes every test builds at: 2 blocks of width 32-48 on 32 x 32 images with 8 x 8 patches (a 4 x 4 grid),
+# in each library's own keyword names.
 TINY = dict(
     image_size=32,
     patch_size=8,
@@ -16,6 +22,9 @@ TINY = dict(
     num_attention_heads=4,
     intermediate_size=64,
 )
+TINY_TIMM = dict(depth=2, embed_dim=48, num_heads=4, img_size=32, patch_size=8)
+TINY_TORCHVISION = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=48, mlp_dim=96)
+TINY_PYTORCH = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96)
 
 
 def tiny_config(**overrides):
@@ -24,20 +33,55 @@ def tiny_config(**overrides):
     return HubViTConfig(**{**TINY, **overrides})
 
 
+def _is_norm_or_scale(name):
+    """LayerNorm weights and layer-scale factors in hubvit's, timm's and torchvision's names (1 at initialisation)."""
+    module, _, leaf = name.rpartition(".")
+    last = module.rpartition(".")[2]
+    return (leaf == "weight" and ("norm" in last or last.startswith("ln"))) or leaf == "gamma" or "scale" in leaf
+
+
+def _is_table(name):
+    """Tokens, position tables and attention-pooling probes: not matrices with a fan-in."""
+    return any(key in name for key in ("token", "position", "pos_embed", "pos_embedding", "probe", "latent"))
+
+
 @torch.no_grad()
 def randomize_(model, seed=0, scale=0.5):
-    """Give every parameter random values far from 0 and 1, so a swapped or skipped tensor changes the output."""
+    """Give every parameter random values far from 0 and 1, so a swapped or skipped tensor changes the output.
+
+    Libraries initialise biases to 0 and norms to 1, which hides a swap: norms and layer scales get 1 + 0.2 N(0, 1),
+    matrices N(0, 1) / sqrt(fan-in) (outputs stay O(1) through the depth), everything else `scale` N(0, 1).
+    Works on hubvit, timm and torchvision models.
+    """
     generator = torch.Generator().manual_seed(seed)
     for name, param in model.named_parameters():
         noise = torch.randn(param.shape, generator=generator)
-        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight")) or "scale" in name:
+        if _is_norm_or_scale(name):
             param.copy_(1.0 + 0.2 * noise)
-        elif param.ndim >= 2 and "token" not in name and "position" not in name and "probe" not in name:
-            fan_in = param[0].numel()
-            param.copy_(noise / fan_in**0.5)
+        elif param.ndim >= 2 and not _is_table(name):
+            param.copy_(noise / param[0].numel() ** 0.5)
         else:
             param.copy_(scale * noise)
     return model
+
+
+def relative_error(ours, reference):
+    """max |ours - reference| over max |reference|: the float32 parity measure of the tests (tensors or arrays)."""
+    if isinstance(ours, torch.Tensor) or isinstance(reference, torch.Tensor):
+        ours, reference = torch.as_tensor(ours).double(), torch.as_tensor(reference).double()
+        return ((ours - reference).abs().max() / reference.abs().max()).item()
+    ours, reference = np.asarray(ours, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    return float(np.abs(ours - reference).max() / np.abs(reference).max())
+
+
+def assert_close(actual, expected, what="output", *, rtol=RTOL):
+    """Same shape, and max |actual - expected| within `rtol` of the largest |expected| (floored at 1e-6)."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if expected.numel() == 0:
+        return
+    scale = expected.abs().max().clamp_min(1e-6)
+    diff = (actual - expected).abs().max()
+    assert diff <= rtol * scale, f"{what}: max diff {diff:.3g} > {rtol:g} x output scale {scale:.3g}"
 
 
 def run_without_hubvit(code, cwd):
