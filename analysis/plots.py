@@ -1,7 +1,15 @@
 """PNG figures with matplotlib's Agg backend (`Figure` objects, no pyplot state, no display needed)."""
 
 import numpy as np
-from matplotlib.figure import Figure
+
+
+def new_figure(figsize):
+    """A matplotlib `Figure`; matplotlib is imported here so the CLI starts without the `plot` extra."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError("hubvit's figures need matplotlib: pip install 'hubvit[plot]'") from error
+    return Figure(figsize=figsize)
 
 
 def save(figure, path):
@@ -13,7 +21,7 @@ def plot_attention_distance(result, path, title="Mean attention distance"):
     """The paper's Figure 7 (right): one dot per head, network depth on x, distance in pixels on y."""
     distance = np.asarray(result["mean_distance"])
     layers, heads = distance.shape
-    figure = Figure(figsize=(5.5, 4))
+    figure = new_figure(figsize=(5.5, 4))
     axes = figure.subplots()
     for head in range(heads):
         axes.scatter(np.arange(1, layers + 1), distance[:, head], s=14, label=f"head {head}" if heads <= 16 else None)
@@ -34,7 +42,7 @@ def plot_position_similarity(similarity, path, title="Position embedding similar
     """G x G tiles; tile (i, j) is the cosine similarity of patch (i, j)'s position vector with every patch."""
     similarity = np.asarray(similarity)
     gh, gw = similarity.shape[:2]
-    figure = Figure(figsize=(1.0 + 0.42 * gw, 0.6 + 0.42 * gh))
+    figure = new_figure(figsize=(1.0 + 0.42 * gw, 0.6 + 0.42 * gh))
     grid = figure.subplots(gh, gw, squeeze=False, gridspec_kw={"wspace": 0.06, "hspace": 0.06})
     for i in range(gh):
         for j in range(gw):
@@ -57,7 +65,7 @@ def plot_relative_bias(tables, path, title="Relative position bias"):
     heads, h, w = tables.shape
     columns = min(heads, 4)
     rows = -(-heads // columns)
-    figure = Figure(figsize=(2.2 * columns, 2.2 * rows))
+    figure = new_figure(figsize=(2.2 * columns, 2.2 * rows))
     panels = figure.subplots(rows, columns, squeeze=False)
     gh, gw = (h + 1) // 2, (w + 1) // 2
     for index, axes in enumerate(panels.flat):
@@ -78,7 +86,7 @@ def plot_attention_map(image, attention, path, title="Attention"):
     image = np.asarray(image)
     attention = np.asarray(attention, dtype=np.float64)
     attention = attention / max(attention.max(), 1e-12)
-    figure = Figure(figsize=(7, 3.6))
+    figure = new_figure(figsize=(7, 3.6))
     left, right = figure.subplots(1, 2)
     height, width = image.shape[:2]
     for axes in (left, right):
