@@ -9,6 +9,10 @@ Tolerance: 1e-5 relative to each output's largest magnitude (float32 rounding). 
 PyTorch kernels on the same weights, so the outputs are expected to be identical; the margin covers a release whose
 attention wrapper reorders one operation.
 
+The other direction: tests/fixtures/earlier-2026-12-03 holds folders written by the hubvit of that day
+(tests/fixtures/make_earlier_folders.py, run once) with their inputs and outputs; today's hubvit loads them and gives
+the same numbers, so a config field added since must default to the behaviour those folders were written with.
+
 With HUBVIT_COMPATIBILITY_RECORD=path.json the rows (release, Python, torch, what passed) are written there, which is
 what docs/compatibility.md's table is rendered from (tests/compatibility_table.py).
 """
@@ -31,8 +35,6 @@ from hubvit import HubViTForImageClassification, HubViTModel
 from hubvit.conversion.folder import write_folder
 from transformers_releases import RELEASES, ensure_release
 from utils import randomize_, tiny_config
-
-pytestmark = pytest.mark.heavy
 
 TOLERANCE = 1e-5
 CONFIGS = {
@@ -115,6 +117,7 @@ def assert_same(actual, expected, what):
     return float(difference / scale)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("release", [*RELEASES, INSTALLED])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_folder_written_today_gives_the_same_outputs_under_the_release(folders, runs, release, name):
@@ -142,3 +145,21 @@ def test_folder_written_today_gives_the_same_outputs_under_the_release(folders, 
         torch=seen["torch"], outputs=len(expected), worst_relative_difference=worst,
         pipeline_needs_image_processor=seen["pipeline_needs_image_processor"], warnings=seen["warnings"],
     ))
+
+
+EARLIER = Path(__file__).parent / "fixtures" / "earlier-2026-12-03"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_folder_written_by_an_earlier_hubvit_loads_and_gives_its_recorded_outputs(name):
+    folder = EARLIER / name
+    written = json.loads((folder / "written_by.json").read_text())
+    _, info = HubViTForImageClassification.from_pretrained(str(folder), output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    x = load_file(folder / "inputs.safetensors")["pixel_values"]
+    actual, absent = outputs(HubViTForImageClassification, HubViTModel, str(folder), x)
+    expected = load_file(folder / "expected.safetensors")
+    assert sorted(actual) == sorted(expected)
+    for key in expected:
+        assert_same(actual[key], expected[key], f"{name} {key} (written by hubvit {written['hubvit']})")
+    assert absent == written["absent"]
