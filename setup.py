@@ -2,7 +2,7 @@
 
 from setuptools import setup
 
-ONNX = ["onnx", "onnxscript", "onnxruntime"]
+ONNX = ["onnx", "onnxscript", "onnxruntime", "openvino"]
 TEST = [
     "pytest>=8",
     "timm>=1.0.20",
@@ -25,7 +25,7 @@ setup(
     description="A Vision Transformer for transformers, exact to the original weights, that lives on the Hub",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     packages=[
         "hubvit",
         "hubvit.modeling",
@@ -45,7 +45,7 @@ setup(
     },
     package_data={"hubvit.model_cards": ["*.md"], "hubvit.scripts": ["metrics/*/*.py"]},
     install_requires=[
-        "transformers>=5",
+        "transformers>=5.24",
         "torch",
         "torchvision",
         "accelerate",
