@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from compatibility_child import SELECTION, outputs
 from hubvit import HubViTForImageClassification, HubViTModel
 from hubvit.conversion.folder import write_folder
-from transformers_releases import RELEASES, ensure_release
+from transformers_releases import RELEASES, ensure_optimum, ensure_release
 from utils import randomize_, tiny_config
 
 TOLERANCE = 1e-5
@@ -138,12 +138,12 @@ def test_folder_written_today_gives_the_same_outputs_under_the_release(folders, 
     for theirs, ours in zip(seen["pipeline"], entry["pipeline"]):
         assert abs(theirs["score"] - ours["score"]) <= TOLERANCE
     assert seen["pipeline_needs_image_processor"] == (release == "4.46.3")
-    expected_warnings = 1 if release == "4.46.3" else 0
-    assert len(seen["warnings"]) == expected_warnings, seen["warnings"]
+    expected_warnings = 1 if release == "4.46.3" else 0  # one message, once per folder's module
+    assert len(set(seen["warnings"])) == expected_warnings, seen["warnings"]
     RECORD.append(dict(
         release=seen["transformers"], installed=release == INSTALLED, config=name, python=seen["python"],
         torch=seen["torch"], outputs=len(expected), worst_relative_difference=worst,
-        pipeline_needs_image_processor=seen["pipeline_needs_image_processor"], warnings=seen["warnings"],
+        pipeline_needs_image_processor=seen["pipeline_needs_image_processor"], warnings=sorted(set(seen["warnings"])),
     ))
 
 
@@ -163,3 +163,36 @@ def test_a_folder_written_by_an_earlier_hubvit_loads_and_gives_its_recorded_outp
     for key in expected:
         assert_same(actual[key], expected[key], f"{name} {key} (written by hubvit {written['hubvit']})")
     assert absent == written["absent"]
+
+
+OPTIMUM_EXPORT = """
+import sys
+sys.modules["hubvit"] = None
+sys.path.insert(0, sys.argv[1])
+from optimum.commands.optimum_cli import main
+sys.argv = ["optimum-cli", "export", "onnx", "--model", sys.argv[2], "--trust-remote-code",
+            "--task", "image-classification", sys.argv[3]]
+main()
+"""
+
+
+@pytest.mark.heavy
+def test_optimum_cli_exports_a_folder_that_runs_in_onnxruntime_at_any_size(folders):
+    """optimum pins transformers 4.57 and exports with TorchScript's tracer; the folder's code tells optimum's task
+    manager to treat hubvit as its ViT. The graph is held to the installed hubvit at 1e-4 (the exporter's contract)."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    root, made = folders
+    folder, out = made["relative-registers-layerscale-mean"]["folder"], root / "optimum"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    result = subprocess.run([sys.executable, "-c", OPTIMUM_EXPORT, str(ensure_optimum()), str(folder), str(out)],
+                            cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    model = HubViTForImageClassification.from_pretrained(str(folder)).eval()
+    for height, width in ((32, 32), (40, 24), (48, 56)):
+        x = torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(height * width))
+        with torch.no_grad():
+            expected = model(x).logits
+        actual = torch.from_numpy(session.run(["logits"], {"pixel_values": x.numpy()})[0])
+        assert actual.shape == expected.shape
+        assert (actual - expected).abs().max() <= 1e-4 * expected.abs().max(), (height, width)

@@ -1,7 +1,7 @@
 """The exported graph computes the same numbers in onnxruntime and OpenVINO at sizes other than the export size.
 
 The position tables are resized inside the graph by two matrix products whose weights the graph computes from the
-input size (`export_onnx.interpolation_matrix`), instead of an ONNX `Resize` that OpenVINO computes differently for
+input size (`interpolation_matrix` in the model file), instead of an ONNX `Resize` that OpenVINO computes differently for
 cubic + antialias. First the matrices are held to `F.interpolate` itself (float32 rounding: 1e-5 relative), then a
 digits-sized model (28 px, patch 7) goes through `hubvit export onnx` and both runtimes at three sizes (the
 exporter's contract: 1e-4 relative to the output scale).
@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from hubvit import HubViTForImageClassification
-from hubvit.conversion.export_onnx import resize_position_grid_by_matrices
 from hubvit.conversion.folder import write_folder
-from hubvit.modeling.modeling_hubvit import resize_position_grid
+from hubvit.modeling.modeling_hubvit import resize_position_grid, resize_position_grid_by_matrices
 from hubvit.scripts.cli import main as cli
 from utils import randomize_, tiny_config
 

@@ -32,32 +32,38 @@ RELEASES = {
 }
 
 
+# optimum's ONNX exporter pins transformers < 4.58: `optimum-cli export onnx` runs from this folder
+OPTIMUM = ("optimum==2.1.0", "optimum-onnx==0.1.0", "transformers==4.57.6", *RELEASES["4.57.6"])
+
+
 class ReleaseInstallError(RuntimeError):
     pass
 
 
-def release_folder(version):
-    return cache_root() / f"transformers-{version}"
-
-
 def ensure_release(version):
     """Folder holding transformers==`version` and its hub/tokenizers pins, installed once and then reused."""
-    target = release_folder(version)
-    if (target / "transformers" / "__init__.py").is_file():
-        return target
     if version not in RELEASES:
         raise ReleaseInstallError(f"no huggingface_hub/tokenizers pins for transformers {version}; add them to RELEASES")
+    return ensure_folder(f"transformers-{version}", (f"transformers=={version}", *RELEASES[version]))
+
+
+def ensure_optimum():
+    return ensure_folder("optimum-onnx-0.1.0", OPTIMUM)
+
+
+def ensure_folder(name, requirements):
+    target = cache_root() / name
+    if (target / "transformers" / "__init__.py").is_file():
+        return target
     staging = target.with_name(target.name + f".partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target", str(staging),
-               f"transformers=={version}", *RELEASES[version]]
+               *requirements]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ReleaseInstallError(
-            f"cannot install transformers {version} into {target} ({' '.join(command[3:])}):\n{result.stderr[-2000:]}"
-        )
+        raise ReleaseInstallError(f"cannot install {' '.join(requirements)} into {target}:\n{result.stderr[-2000:]}")
     shutil.rmtree(staging / "bin", ignore_errors=True)
     try:
         staging.rename(target)
