@@ -6,7 +6,7 @@
 
 from setuptools import setup
 
-ONNX = ["onnx", "onnxscript", "onnxruntime"]
+ONNX = ["onnx", "onnxscript", "onnxruntime", "openvino"]
 PLOT = ["matplotlib"]
 PUBLISH = ["pyyaml"]
 TRAIN = ["accelerate", "datasets", "evaluate", "mlxtend>=0.23", "tensorboard", *PLOT]
@@ -32,7 +32,7 @@ setup(
     description="A Vision Transformer for transformers, exact to the original weights, that lives on the Hub",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     packages=[
         "hubvit",
         "hubvit.modeling",
@@ -54,7 +54,7 @@ setup(
     },
     package_data={"hubvit.model_cards": ["*.md"], "hubvit.training": ["metrics/*/*.py"]},
     install_requires=[
-        "transformers>=5",
+        "transformers>=5.24",
         "torch",
         "torchvision",
         "huggingface_hub",

@@ -8,6 +8,8 @@ processor's settings (mean, std, size, resample, rescaling) and the label names 
 so a runtime without transformers can preprocess and label.
 """
 
+import contextlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -104,6 +106,21 @@ def metadata(model, processor):
     return props
 
 
+@contextlib.contextmanager
+def resize_by_matrices():
+    """While exporting, the position tables are resized by the model file's `resize_position_grid_by_matrices`: the
+    interpolation weights computed in the graph from the input size, applied as two 2D matrix products, where
+    `F.interpolate` would become an ONNX `Resize` whose cubic + antialias variant OpenVINO computes differently."""
+    from ..modeling import modeling_hubvit
+
+    original = modeling_hubvit.resize_position_grid
+    modeling_hubvit.resize_position_grid = modeling_hubvit.resize_position_grid_by_matrices
+    try:
+        yield
+    finally:
+        modeling_hubvit.resize_position_grid = original
+
+
 def export_graph(model, path, opset=OPSET):
     """Write `model` (a hubvit model in eval mode) as ONNX with dynamic batch, height and width."""
     config = model.config
@@ -112,7 +129,7 @@ def export_graph(model, path, opset=OPSET):
     example = torch.randn(2, config.num_channels, height, width, generator=torch.Generator().manual_seed(0))
     rows, columns = torch.export.Dim("grid_height", min=1), torch.export.Dim("grid_width", min=1)
     dynamic = {"pixel_values": {0: torch.export.Dim("batch", min=1), 2: ph * rows, 3: pw * columns}}
-    with torch.no_grad():
+    with torch.no_grad(), resize_by_matrices():
         program = torch.onnx.export(
             wrapper,
             (example,),
@@ -127,28 +144,50 @@ def export_graph(model, path, opset=OPSET):
     return wrapper.names
 
 
-def verify(model, path, names):
-    """max |onnxruntime - PyTorch| / max |PyTorch| per output at the export size and the two check sizes."""
-    import numpy as np
+def runtimes(path):
+    """{name: run(names, pixels) -> arrays} for onnxruntime and, where it is installed, OpenVINO (pinned to float32:
+    its default on CPUs with bf16 support is bf16, which is no check of the graph)."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    generator = torch.Generator().manual_seed(1)
+    found = {"onnxruntime": lambda names, pixels: session.run(names, {"pixel_values": pixels})}
+    if importlib.util.find_spec("openvino") is not None:
+        import openvino
+
+        compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+        def run_openvino(names, pixels):
+            results = compiled(pixels)
+            return [results[compiled.output(name)] for name in names]
+
+        found["openvino"] = run_openvino
+    return found
+
+
+def verify(model, path, names):
+    """max |runtime - PyTorch| / max |PyTorch| per runtime and output at the export size and the two check sizes."""
+    import numpy as np
+
     rows = []
-    for batch, (height, width) in zip((2, 1, 3), check_sizes(model.config)):
-        pixels = torch.randn(batch, model.config.num_channels, height, width, generator=generator)
-        with torch.no_grad():
-            expected = Outputs(model)(pixels)
-        actual = session.run(names, {"pixel_values": pixels.numpy()})
-        for name, ours, theirs in zip(names, actual, expected):
-            theirs = theirs.numpy()
-            if ours.shape != theirs.shape:
-                raise ConversionError(f"onnxruntime gave {name} of shape {ours.shape} at {height}x{width}, PyTorch {theirs.shape}")
-            scale = float(np.abs(theirs).max())
-            rows.append(
-                dict(output=name, batch=batch, height=height, width=width,
-                     max_abs_difference=float(np.abs(ours - theirs).max()), max_abs_output=scale)
-            )
+    for runtime, run in runtimes(path).items():
+        generator = torch.Generator().manual_seed(1)
+        for index, (height, width) in enumerate(check_sizes(model.config)):
+            batch = (2, 1, 3)[index % 3]
+            pixels = torch.randn(batch, model.config.num_channels, height, width, generator=generator)
+            with torch.no_grad():
+                expected = Outputs(model)(pixels)
+            actual = run(names, pixels.numpy())
+            for name, ours, theirs in zip(names, actual, expected):
+                theirs = theirs.numpy()
+                if ours.shape != theirs.shape:
+                    raise ConversionError(
+                        f"{runtime} gave {name} of shape {ours.shape} at {height}x{width}, PyTorch {theirs.shape}"
+                    )
+                scale = float(np.abs(theirs).max())
+                rows.append(
+                    dict(runtime=runtime, output=name, batch=batch, height=height, width=width,
+                         max_abs_difference=float(np.abs(ours - theirs).max()), max_abs_output=scale)
+                )
     return rows
 
 
@@ -179,13 +218,13 @@ def export(args):
             relative = row["max_abs_difference"] / max(row["max_abs_output"], 1e-12)
             print(
                 f"verify {row['output']} batch {row['batch']} at {row['height']}x{row['width']}: "
-                f"max |onnxruntime - torch| = {row['max_abs_difference']:.2e} (max |{row['output']}| = "
+                f"max |{row['runtime']} - torch| = {row['max_abs_difference']:.2e} (max |{row['output']}| = "
                 f"{row['max_abs_output']:.3g}, relative {relative:.1e})"
             )
         worst = max(rows, key=lambda r: r["max_abs_difference"] / max(r["max_abs_output"], 1e-12))
         if worst["max_abs_difference"] > args.tolerance * worst["max_abs_output"]:
             raise ConversionError(
-                f"onnxruntime does not reproduce PyTorch at {worst['height']}x{worst['width']}: max |Δ{worst['output']}| "
+                f"{worst['runtime']} does not reproduce PyTorch at {worst['height']}x{worst['width']}: max |Δ{worst['output']}| "
                 f"{worst['max_abs_difference']:.3g} > {args.tolerance:g} x {worst['max_abs_output']:.3g}; nothing was written"
             )
         import onnx

@@ -9,23 +9,120 @@ This file travels to the Hub next to every checkpoint: flat, relative imports
 only, no I/O.
 """
 
+import functools
+import math
+import warnings
 from dataclasses import dataclass
-from typing import Unpack
+from typing import Optional, TypedDict
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import TransformersKwargs
-from transformers.utils.generic import can_return_tuple
-from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_hubvit import HubViTConfig, to_2tuple
+
+# --- what the installed transformers offers ------------------------------------------------------------------------
+# A checkpoint freezes this file, and its users run whatever transformers they have: every name below is looked up
+# and, where a release lacks it, replaced by a local equivalent that computes the same numbers (4.46 to newest).
+
+try:
+    from typing import Unpack
+except ImportError:  # Python 3.10; typing_extensions comes with torch
+    from typing_extensions import Unpack
+
+try:
+    from transformers import initialization as init  # 5.0: initialisers that skip weights loaded from a checkpoint
+except ImportError:  # 4.x initialises only the weights a checkpoint lacks, so torch's own functions do the same job
+    init = nn.init
+
+try:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # 4.48
+except ImportError:
+    ALL_ATTENTION_FUNCTIONS = None
+
+try:
+    from transformers.modeling_layers import GradientCheckpointingLayer  # 4.52
+except ImportError:
+
+    class GradientCheckpointingLayer(nn.Module):
+        """What transformers' layer does: `gradient_checkpointing_enable()` sets the flag and the function."""
+
+        gradient_checkpointing = False
+
+        def __call__(self, *args, **kwargs):
+            if self.gradient_checkpointing and self.training:
+                return self._gradient_checkpointing_func(functools.partial(super().__call__, **kwargs), *args)
+            return super().__call__(*args, **kwargs)
+
+
+try:
+    from transformers.utils import TransformersKwargs  # 4.54
+except ImportError:
+
+    class TransformersKwargs(TypedDict, total=False):
+        output_hidden_states: Optional[bool]
+        output_attentions: Optional[bool]
+        num_items_in_batch: Optional[torch.Tensor]
+
+
+def wants_tuple(model, kwargs):
+    """Pops `return_dict`; True when the caller (or the config) asked for a plain tuple."""
+    return_dict = kwargs.pop("return_dict", None)
+    if return_dict is None:
+        return_dict = getattr(model.config, "return_dict", True)
+    return not return_dict
+
+
+try:
+    from transformers.utils.generic import can_return_tuple  # 4.50
+except ImportError:
+
+    def can_return_tuple(forward):
+        @functools.wraps(forward)
+        def wrapper(self, *args, **kwargs):
+            as_tuple = wants_tuple(self, kwargs)
+            outputs = forward(self, *args, **kwargs)
+            return outputs.to_tuple() if as_tuple else outputs
+
+        return wrapper
+
+
+try:
+    from transformers.utils.output_capturing import capture_outputs  # 5.2
+except ImportError:
+    capture_outputs = None
+try:
+    from transformers.utils.output_capturing import selected_hidden_states as _selection_support  # noqa: F401
+    SELECTS_HIDDEN_STATES = capture_outputs is not None
+except ImportError:
+    SELECTS_HIDDEN_STATES = False
+
+MISSING = [
+    feature
+    for feature, present in (
+        ("the attention-function registry (only eager and sdpa attention run; no flash, flex or paged attention)",
+         ALL_ATTENTION_FUNCTIONS is not None),
+    )
+    if not present
+]
+if MISSING:
+    warnings.warn(
+        f"HubViT on transformers {transformers.__version__} lacks {'; '.join(MISSING)}: outputs are the same, "
+        "upgrade transformers for the rest",
+        stacklevel=2,
+    )
+
+
+def lecun_normal_(tensor):
+    """LeCun normal (truncated at 2 std, as JAX's): `initialization.lecun_normal_` where the release has it."""
+    if hasattr(init, "lecun_normal_"):
+        return init.lecun_normal_(tensor)
+    fan_in = nn.init._calculate_fan_in_and_fan_out(tensor)[0]
+    return init.trunc_normal_(tensor, std=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
 
 
 def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corners):
@@ -34,6 +131,8 @@ def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corne
     Interpolates in float32 (as timm does). Every size takes the same path, so traced and exported graphs run at
     any grid; at the native grid each supported mode is the identity (tests check it bit for bit).
     """
+    if torch.jit.is_tracing():
+        return resize_position_grid_by_matrices(table, old_grid, new_grid, mode, antialias, align_corners)
     channels = table.shape[-1]
     grid = table.reshape(1, old_grid[0], old_grid[1], channels).permute(0, 3, 1, 2).float()
     if mode == "nearest":
@@ -41,6 +140,79 @@ def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corne
     else:
         grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, antialias=antialias, align_corners=align_corners)
     return grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], channels).to(table.dtype)
+
+
+def interpolation_matrix(old, new, mode, antialias, align_corners):
+    """(new, old) float32 matrix `M` with `resize(v) = M @ v` along one axis, as `F.interpolate` computes it on the CPU.
+
+    `new` may be a traced or symbolic size: the weights are computed from it with elementwise operations, which every
+    exporter and ONNX runtime implements alike, where `F.interpolate` becomes a `Resize` node whose cubic + antialias
+    variant OpenVINO computes differently, and which TorchScript's ONNX exporter (optimum's) cannot export at all.
+    """
+    columns = torch.arange(old, dtype=torch.float32)
+    rows = torch.arange(new, dtype=torch.float32)[:, None]
+    if mode == "nearest":  # aten's nearest_idx: min(floor(i * old / new), old - 1) in float32
+        scale = torch.tensor(float(old), dtype=torch.float32) / new
+        index = torch.clamp(torch.floor(rows * scale), max=old - 1)
+        return (index == columns).float()
+    if align_corners:
+        scale = torch.tensor(float(old - 1), dtype=torch.float32) / torch.clamp(torch.tensor(new - 1), min=1)
+        scale = scale * (new > 1)
+    else:
+        scale = torch.tensor(float(old), dtype=torch.float32) / new
+    cubic = mode == "bicubic"
+    if antialias:  # PIL-style filter over a support widened by the scale when shrinking, weights normalised per row
+        width = 2.0 if cubic else 1.0
+        support = torch.where(scale >= 1.0, width * scale, torch.full_like(scale, width))
+        inverse = torch.where(scale >= 1.0, 1.0 / scale, torch.ones_like(scale))
+        center = scale * (rows + 0.5)
+        first = torch.clamp(torch.floor(center - support + 0.5), min=0.0)  # = trunc once clamped at 0
+        last = torch.clamp(torch.floor(center + support + 0.5), max=float(old))  # positive: = trunc
+        x = ((columns - center + 0.5) * inverse).abs()
+        if cubic:
+            a = -0.5
+            weight = torch.where(
+                x < 1.0, ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0,
+                torch.where(x < 2.0, (((x - 5.0) * x + 8.0) * x - 4.0) * a, torch.zeros_like(x)),
+            )
+        else:
+            weight = torch.clamp(1.0 - x, min=0.0)
+        weight = weight * ((columns >= first) & (columns < last)).float()
+        total = weight.sum(dim=1, keepdim=True)
+        return weight / torch.where(total == 0, torch.ones_like(total), total)
+    source = scale * rows if align_corners else scale * (rows + 0.5) - 0.5
+    if cubic:  # cubic convolution, A = -0.75, border indices clamped
+        a = -0.75
+        start = torch.floor(source)
+        t = source - start
+        taps = [(t + 1.0, 2), (t, 1), (1.0 - t, 1), (2.0 - t, 2)]
+        matrix = 0.0
+        for offset, (distance, piece) in zip((-1, 0, 1, 2), taps):
+            if piece == 1:
+                weight = ((a + 2.0) * distance - (a + 3.0)) * distance * distance + 1.0
+            else:
+                weight = ((a * distance - 5.0 * a) * distance + 8.0 * a) * distance - 4.0 * a
+            index = torch.clamp(start + offset, 0, old - 1)
+            matrix = matrix + weight * (index == columns).float()
+        return matrix
+    source = torch.clamp(source, min=0.0)
+    low = torch.floor(source)
+    fraction = torch.clamp(source - low, 0.0, 1.0)
+    high = torch.clamp(low + 1, max=old - 1)
+    return (1.0 - fraction) * (low == columns).float() + fraction * (high == columns).float()
+
+
+def resize_position_grid_by_matrices(table, old_grid, new_grid, mode, antialias, align_corners):
+    """The model's `resize_position_grid` as two matrix products (rows, then columns): the same numbers to float32
+    rounding, computed by operations that onnxruntime and OpenVINO both implement as PyTorch does."""
+    channels = table.shape[-1]
+    rows = interpolation_matrix(old_grid[0], new_grid[0], mode, antialias, align_corners)
+    columns = interpolation_matrix(old_grid[1], new_grid[1], mode, antialias, align_corners)
+    grid = table.reshape(old_grid[0], old_grid[1] * channels).float()
+    grid = torch.matmul(rows, grid).reshape(new_grid[0], old_grid[1], channels)  # only 2D products: OpenVINO's
+    grid = grid.permute(1, 0, 2).reshape(old_grid[1], new_grid[0] * channels)  # CPU MatMul wants equal ranks
+    grid = torch.matmul(columns, grid).reshape(new_grid[1], new_grid[0], channels).permute(1, 0, 2)
+    return grid.reshape(1, new_grid[0] * new_grid[1], channels).to(table.dtype)
 
 
 def resize_as_configured(config, table, old_grid, new_grid):
@@ -162,12 +334,24 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
     return output, weights
 
 
+def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """PyTorch's fused attention, for releases without the attention-function registry (as transformers calls it)."""
+    output = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
 def attention_function(config, output_attentions):
     """The configured attention backend; eager whenever weights are asked for, as no fused kernel returns them."""
     implementation = "eager" if output_attentions else (config._attn_implementation or "sdpa")
     if implementation == "eager":
         return eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    if ALL_ATTENTION_FUNCTIONS is None:
+        return sdpa_attention_forward
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # 5.0
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    return ALL_ATTENTION_FUNCTIONS.get(implementation, eager_attention_forward)
 
 
 class HubViTAttention(nn.Module):
@@ -386,7 +570,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Conv2d):
-            init.lecun_normal_(module.weight)
+            lecun_normal_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
@@ -442,6 +626,63 @@ def check_pixel_values(pixel_values, config):
     return pixel_values
 
 
+def record_outputs(forward):
+    """Output capturing for every release: transformers' `capture_outputs` where it exists, else forward hooks on the
+    blocks and attentions, with the same results. `output_hidden_states` may select entries by index (negative ones
+    count from the end); the others are None, as transformers 5's selection gives them."""
+    captured = capture_outputs(tie_last_hidden_states=False)(forward) if capture_outputs is not None else None
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        hidden = kwargs.get("output_hidden_states", getattr(self.config, "output_hidden_states", False))
+        selection = None if isinstance(hidden, bool) or hidden is None else hidden
+        if captured is not None and (SELECTS_HIDDEN_STATES or selection is None):
+            return captured(self, *args, **kwargs)
+        if selection is not None:
+            kwargs["output_hidden_states"] = True
+        if captured is not None:
+            as_tuple = wants_tuple(self, kwargs)
+            outputs = captured(self, *args, **kwargs, return_dict=True)
+        else:
+            outputs, as_tuple = record_with_hooks(self, forward, args, kwargs)
+        if selection is not None:
+            count = len(outputs.hidden_states)
+            chosen = [selection] if isinstance(selection, int) else list(selection)
+            keep = {i % count for i in chosen if -count <= i < count}
+            outputs["hidden_states"] = tuple(h if i in keep else None for i, h in enumerate(outputs.hidden_states))
+        return outputs.to_tuple() if as_tuple else outputs
+
+    return wrapper
+
+
+def record_with_hooks(model, forward, args, kwargs):
+    """The encoder input and every block's output (`hidden_states`), every attention's weights (`attentions`)."""
+    as_tuple = wants_tuple(model, kwargs)
+    config = model.config
+    want_hidden = bool(kwargs.get("output_hidden_states", getattr(config, "output_hidden_states", False)))
+    want_attentions = bool(kwargs.get("output_attentions", getattr(config, "output_attentions", False)))
+    hidden, attentions, handles = [], [], []
+    layers = [module for module in model.modules() if isinstance(module, HubViTLayer)]
+    if want_hidden:
+        handles.append(layers[0].register_forward_pre_hook(lambda module, inputs: hidden.append(inputs[0])))
+        handles += [layer.register_forward_hook(lambda module, inputs, out: hidden.append(out)) for layer in layers]
+    if want_attentions:
+        handles += [
+            layer.attention.register_forward_hook(lambda module, inputs, out: attentions.append(out[1]))
+            for layer in layers
+        ]
+    try:
+        outputs = forward(model, *args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if want_hidden:
+        outputs["hidden_states"] = tuple(hidden)
+    if want_attentions:
+        outputs["attentions"] = tuple(attentions)
+    return outputs, as_tuple
+
+
 def check_kwargs(kwargs, model):
     """A misspelt keyword is an error, as it is for any Python function; transformers' own keywords pass through."""
     unknown = sorted(set(kwargs) - set(TransformersKwargs.__annotations__))
@@ -469,7 +710,7 @@ class HubViTModel(HubViTPreTrainedModel):
     def get_input_embeddings(self):
         return self.embeddings.patch_embedding
 
-    @capture_outputs(tie_last_hidden_states=False)
+    @record_outputs
     def forward(
         self, pixel_values=None, interpolate_pos_encoding=None, num_output_tokens=None,
         **kwargs: Unpack[TransformersKwargs],
@@ -590,6 +831,25 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         return self
 
 
+def register_with_optimum():
+    """Under `optimum-cli export onnx --trust-remote-code` (optimum's exporter already imported, nothing imported
+    here otherwise), tell optimum's task manager how to export hubvit: as its ViT, inputs and outputs alike."""
+    import sys
+
+    if "optimum.exporters.tasks" not in sys.modules:
+        return
+    try:
+        from optimum.exporters.onnx.model_configs import ViTOnnxConfig
+        from optimum.exporters.tasks import TasksManager
+    except ImportError:
+        return
+
+    @TasksManager.create_register("onnx", overwrite_existing=True)("hubvit", "feature-extraction", "image-classification")
+    class HubViTOnnxConfig(ViTOnnxConfig):
+        DEFAULT_ONNX_OPSET = 18
+
+
+register_with_optimum()
 HubViTConfig.register_for_auto_class()
 HubViTModel.register_for_auto_class("AutoModel")
 HubViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")

@@ -1,0 +1,159 @@
+"""The figures behind docs/compatibility.md, and its table rendered from them.
+
+    python tests/compatibility_report.py releases   # runs tests/test_compatibility.py, records docs/compatibility/releases.json
+    python tests/compatibility_report.py exports    # ViT-S/16 and digits exports in onnxruntime and OpenVINO -> exports.json
+    python tests/compatibility_report.py render     # rewrites the table in docs/compatibility.md from both files
+
+The exports are random-weight models (the resize does not care what the weights are): ViT-S/16 at 224 and a
+digits-sized model (28 px, patch 7, one channel), each exported with `export_onnx.export_graph` and checked by
+`export_onnx.verify` at the export size, two patches larger and a non-square size, plus the sizes of issue 21
+(21x21 and 42x21 for the digits model). `--resize interpolate` exports the way hubvit did before (an ONNX `Resize`),
+for the comparison the page shows.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "docs" / "compatibility"
+PAGE = REPO / "docs" / "compatibility.md"
+START, END = "<!-- table: rendered by tests/compatibility_report.py -->", "<!-- end of table -->"
+
+
+def cpu_isa():
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0] if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return f"{model}, {'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'no AVX2'}"
+
+
+def releases():
+    DATA.mkdir(parents=True, exist_ok=True)
+    record = DATA / "releases.json"
+    env = {**os.environ, "HUBVIT_COMPATIBILITY_RECORD": str(record)}
+    started, cpu = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_compatibility.py")]
+    subprocess.run(command, cwd=REPO, env=env, check=True)
+    rows = json.loads(record.read_text())
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
+    record.write_text(json.dumps(dict(seconds=round(time.time() - started), cpu_seconds=round(cpu_seconds), cpu=cpu_isa(),
+                                      rows=rows), indent=2) + "\n")
+
+
+def exports(resize):
+    import torch
+
+    sys.path.insert(0, str(REPO / "tests"))
+    import onnxruntime
+    from utils import randomize_
+
+    from hubvit import HubViTConfig, HubViTForImageClassification
+    from hubvit.conversion import export_onnx
+
+    models = {
+        "ViT-S/16": dict(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
+                         intermediate_size=1536, num_labels=1000),
+        "digits (28 px, patch 7)": dict(image_size=28, patch_size=7, num_channels=1, hidden_size=64,
+                                        num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
+                                        num_labels=10),
+    }
+    extra = {"digits (28 px, patch 7)": [(21, 21), (42, 21)]}
+    results, default_sizes = [], export_onnx.check_sizes
+    for name, fields in models.items():
+        model = randomize_(HubViTForImageClassification(HubViTConfig(**fields)), seed=0).eval()
+        path = Path("/tmp") / f"hubvit-compatibility-{os.getpid()}.onnx"
+        if resize == "interpolate":
+            export_onnx.resize_by_matrices = lambda: __import__("contextlib").nullcontext()
+        names = export_onnx.export_graph(model, path)
+        sizes = default_sizes(model.config) + extra.get(name, [])
+        export_onnx.check_sizes = lambda config, sizes=sizes: sizes
+        rows = export_onnx.verify(model, path, names)
+        path.unlink()
+        for row in rows:
+            results.append(dict(model=name, resize=resize, runtime=row["runtime"], height=row["height"],
+                                width=row["width"], relative=row["max_abs_difference"] / row["max_abs_output"]))
+    import openvino
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    out = DATA / f"exports-{resize}.json"
+    out.write_text(json.dumps(dict(
+        torch=torch.__version__, onnxruntime=onnxruntime.__version__, openvino=openvino.__version__.split("-")[0],
+        cpu=cpu_isa(), rows=results), indent=2) + "\n")
+    for row in results:
+        print(f"{row['model']:24s} {row['runtime']:12s} {row['height']}x{row['width']}: {row['relative']:.1e}")
+
+
+def render():
+    lines = [START, ""]
+    record = DATA / "releases.json"
+    if record.exists():
+        data = json.loads(record.read_text())
+        lines += [
+            "| transformers | Python | torch | folders | outputs compared | worst relative difference | notes |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        by_release = {}
+        for row in data["rows"]:
+            by_release.setdefault(row["release"], []).append(row)
+        for release, rows in sorted(by_release.items(), key=lambda item: tuple(map(int, item[0].split(".")))):
+            notes = []
+            if any(row["pipeline_needs_image_processor"] for row in rows):
+                notes.append("`pipeline` needs `image_processor=` the folder")
+            notes += sorted({warning.split(":")[0] for row in rows for warning in row["warnings"]})
+            notes += ["the installed release"] if rows[0]["installed"] else []
+            lines.append(
+                f"| {release} | {rows[0]['python']} | {rows[0]['torch']} | {len(rows)} "
+                f"| {sum(row['outputs'] for row in rows)} | {max(row['worst_relative_difference'] for row in rows):.1e} "
+                f"| {'; '.join(notes)} |"
+            )
+        lines += ["", f"Recorded by `python tests/compatibility_report.py releases` ({data['seconds']} s wall clock, "
+                      f"{data['cpu_seconds']} s of CPU, on {data['cpu']}).", ""]
+    for resize in ("matrices", "interpolate"):
+        path = DATA / f"exports-{resize}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        title = "today's export (resize as matrix products)" if resize == "matrices" else \
+            "for comparison, the export before (ONNX `Resize`)"
+        lines += [
+            f"ONNX, {title}: max |runtime - PyTorch| / max |PyTorch| on the logits, torch {data['torch']}, "
+            f"onnxruntime {data['onnxruntime']}, OpenVINO {data['openvino']} (f32), {data['cpu']}:",
+            "",
+            "| model | size | onnxruntime | OpenVINO |",
+            "| --- | --- | --- | --- |",
+        ]
+        cells = {}
+        for row in data["rows"]:
+            cells.setdefault((row["model"], row["height"], row["width"]), {})[row["runtime"]] = row["relative"]
+        for (model, height, width), found in cells.items():
+            lines.append(f"| {model} | {height}x{width} | {found.get('onnxruntime', float('nan')):.1e} "
+                         f"| {found.get('openvino', float('nan')):.1e} |")
+        lines += ["", f"Recorded by `python tests/compatibility_report.py exports --resize {resize}`.", ""]
+    lines.append(END)
+    text = PAGE.read_text()
+    head, rest = text.split(START, 1)
+    PAGE.write_text(head + "\n".join(lines) + rest.split(END, 1)[1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["releases", "exports", "render"])
+    parser.add_argument("--resize", choices=["matrices", "interpolate"], default="matrices")
+    args = parser.parse_args()
+    if args.what == "releases":
+        releases()
+    elif args.what == "exports":
+        exports(args.resize)
+    render()
+
+
+if __name__ == "__main__":
+    main()
