@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from transformers_sources import cache_root
 
