@@ -129,6 +129,80 @@ def attention_distance_mnist(root: Path) -> str:
     return markdown_table(["layer", "heads (px)", "mean (px)"], rows) + "\n\n" + note + " " + source_line(relative)
 
 
+COMPATIBILITY = "docs/compatibility"
+
+
+def compatibility_releases(root: Path) -> tuple[list[tuple], dict]:
+    """One row per transformers release from `releases.json` (tests/compatibility_report.py releases)."""
+    data = read_json(root, f"{COMPATIBILITY}/releases.json")
+    by_release: dict[str, list[dict]] = {}
+    for row in data["rows"]:
+        by_release.setdefault(row["release"], []).append(row)
+    rows = []
+    for release, found in sorted(by_release.items(), key=lambda item: tuple(map(int, item[0].split(".")))):
+        notes = []
+        if any(row["pipeline_needs_image_processor"] for row in found):
+            notes.append("`pipeline` needs `image_processor=` the folder")
+        notes += sorted({warning.split(":")[0] for row in found for warning in row["warnings"]})
+        notes += ["the installed release"] if found[0]["installed"] else []
+        rows.append((release, found[0]["python"], found[0]["torch"], len(found), sum(row["outputs"] for row in found),
+                     f"{max(row['worst_relative_difference'] for row in found):.1e}", "; ".join(notes)))
+    return rows, data
+
+
+def compatibility_exports(root: Path) -> list[str]:
+    """The ONNX tables, one per `exports-<resize>.json` that exists (tests/compatibility_report.py exports)."""
+    parts = []
+    for resize in ("matrices", "interpolate"):
+        relative = f"{COMPATIBILITY}/exports-{resize}.json"
+        if not (root / relative).is_file():
+            continue
+        data = read_json(root, relative)
+        title = "today's export (resize as matrix products)" if resize == "matrices" else \
+            "for comparison, the export before (ONNX `Resize`)"
+        cells: dict[tuple, dict] = {}
+        for row in data["rows"]:
+            cells.setdefault((row["model"], row["height"], row["width"]), {})[row["runtime"]] = row["relative"]
+        rows = [(model, f"{h}x{w}", f"{found.get('onnxruntime', float('nan')):.1e}",
+                 f"{found.get('openvino', float('nan')):.1e}") for (model, h, w), found in cells.items()]
+        parts.append(f"ONNX, {title}: max |runtime - PyTorch| / max |PyTorch| on the logits, torch {data['torch']}, "
+                     f"onnxruntime {data['onnxruntime']}, OpenVINO {data['openvino']} (f32), {data['cpu']}:\n\n"
+                     + markdown_table(["model", "size", "onnxruntime", "OpenVINO"], rows)
+                     + f"\n\nRecorded by `python tests/compatibility_report.py exports --resize {resize}`.")
+    return parts
+
+
+@table("compatibility")
+def compatibility(root: Path) -> str:
+    """The full compatibility page's tables: every release, then the ONNX runtimes."""
+    rows, data = compatibility_releases(root)
+    releases = markdown_table(["transformers", "Python", "torch", "folders", "outputs compared",
+                               "worst relative difference", "notes"], rows)
+    recorded = (f"Recorded by `python tests/compatibility_report.py releases` ({data['seconds']} s wall clock, "
+                f"{data['cpu_seconds']} s of CPU, on {data['cpu']}).")
+    return "\n\n".join([releases, recorded, *compatibility_exports(root)])
+
+
+@table("compatibility-summary")
+def compatibility_summary(root: Path) -> str:
+    """The README's short table: what a published folder was run on, and the worst difference seen."""
+    rows, _ = compatibility_releases(root)
+    summary = [(f"transformers {release}", f"Python {python}, torch {torch_version}", worst)
+               for release, python, torch_version, _, _, worst, _ in rows]
+    for part in ("matrices",):
+        relative = f"{COMPATIBILITY}/exports-{part}.json"
+        if (root / relative).is_file():
+            data = read_json(root, relative)
+            for runtime, version in (("onnxruntime", data["onnxruntime"]), ("openvino", data["openvino"])):
+                worst = max(row["relative"] for row in data["rows"] if row["runtime"] == runtime)
+                sizes = len({(row["model"], row["height"], row["width"]) for row in data["rows"]
+                             if row["runtime"] == runtime})
+                summary.append((f"{'OpenVINO' if runtime == 'openvino' else runtime} {version} (ONNX export)",
+                                f"{sizes} model sizes, non-square included", f"{worst:.1e}"))
+    return (markdown_table(["runs on", "tested with", "worst relative difference to installed hubvit (PyTorch)"], summary) + "\n\n"
+            + source_line(f"{COMPATIBILITY}/releases.json", f"{COMPATIBILITY}/exports-matrices.json"))
+
+
 # ---------------------------------------------------------------------------------------------- rendering
 
 

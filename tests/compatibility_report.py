@@ -24,7 +24,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "compatibility"
 PAGE = REPO / "docs" / "compatibility.md"
-START, END = "<!-- table: rendered by tests/compatibility_report.py -->", "<!-- end of table -->"
 
 
 def cpu_isa():
@@ -92,55 +91,8 @@ def exports(resize):
 
 
 def render():
-    lines = [START, ""]
-    record = DATA / "releases.json"
-    if record.exists():
-        data = json.loads(record.read_text())
-        lines += [
-            "| transformers | Python | torch | folders | outputs compared | worst relative difference | notes |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        by_release = {}
-        for row in data["rows"]:
-            by_release.setdefault(row["release"], []).append(row)
-        for release, rows in sorted(by_release.items(), key=lambda item: tuple(map(int, item[0].split(".")))):
-            notes = []
-            if any(row["pipeline_needs_image_processor"] for row in rows):
-                notes.append("`pipeline` needs `image_processor=` the folder")
-            notes += sorted({warning.split(":")[0] for row in rows for warning in row["warnings"]})
-            notes += ["the installed release"] if rows[0]["installed"] else []
-            lines.append(
-                f"| {release} | {rows[0]['python']} | {rows[0]['torch']} | {len(rows)} "
-                f"| {sum(row['outputs'] for row in rows)} | {max(row['worst_relative_difference'] for row in rows):.1e} "
-                f"| {'; '.join(notes)} |"
-            )
-        lines += ["", f"Recorded by `python tests/compatibility_report.py releases` ({data['seconds']} s wall clock, "
-                      f"{data['cpu_seconds']} s of CPU, on {data['cpu']}).", ""]
-    for resize in ("matrices", "interpolate"):
-        path = DATA / f"exports-{resize}.json"
-        if not path.exists():
-            continue
-        data = json.loads(path.read_text())
-        title = "today's export (resize as matrix products)" if resize == "matrices" else \
-            "for comparison, the export before (ONNX `Resize`)"
-        lines += [
-            f"ONNX, {title}: max |runtime - PyTorch| / max |PyTorch| on the logits, torch {data['torch']}, "
-            f"onnxruntime {data['onnxruntime']}, OpenVINO {data['openvino']} (f32), {data['cpu']}:",
-            "",
-            "| model | size | onnxruntime | OpenVINO |",
-            "| --- | --- | --- | --- |",
-        ]
-        cells = {}
-        for row in data["rows"]:
-            cells.setdefault((row["model"], row["height"], row["width"]), {})[row["runtime"]] = row["relative"]
-        for (model, height, width), found in cells.items():
-            lines.append(f"| {model} | {height}x{width} | {found.get('onnxruntime', float('nan')):.1e} "
-                         f"| {found.get('openvino', float('nan')):.1e} |")
-        lines += ["", f"Recorded by `python tests/compatibility_report.py exports --resize {resize}`.", ""]
-    lines.append(END)
-    text = PAGE.read_text()
-    head, rest = text.split(START, 1)
-    PAGE.write_text(head + "\n".join(lines) + rest.split(END, 1)[1])
+    """The tables live in docs/compatibility.md and README.md: scripts/render_docs.py renders every table."""
+    subprocess.run([sys.executable, str(REPO / "scripts" / "render_docs.py")], check=True)
 
 
 def main():
