@@ -1,0 +1,147 @@
+"""training/streaming.py: each example read once per epoch by exactly one process, buffer shuffling, exact resume.
+
+The images carry their id as their pixel value, so what a process read is visible in the batches themselves.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "training"))
+
+import shards  # noqa: E402
+import streaming  # noqa: E402
+
+TO_TENSOR = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+
+
+def id_images(n):
+    """n images whose pixels all equal their id (ids < 256), three classes."""
+    features = datasets.Features({"id": datasets.Value("int64"), "image": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    images = [Image.fromarray(np.full((4, 4, 3), i, np.uint8)) for i in range(n)]
+    return datasets.Dataset.from_dict({"id": list(range(n)), "image": images, "label": [i % 3 for i in range(n)]},
+                                      features=features)
+
+
+def ids_of(pixels):
+    return pixels[:, 0, 0, 0].mul(255).round().int().tolist()
+
+
+@pytest.fixture(scope="module")
+def parquet_shards(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shards")
+    shards.write_shards(id_images(48), folder, num_shards=4, shuffle_seed=None)
+    return folder
+
+
+def read_epoch(loader, epoch=0, stop=None):
+    loader.set_epoch(epoch)
+    seen = []
+    for step, (pixels, _) in enumerate(loader):
+        seen.append(ids_of(pixels))
+        if stop is not None and step + 1 == stop:
+            return seen, loader.state_dict()
+    return seen, None
+
+
+def count_on_two_processes(folder, out):
+    """Run under accelerate.debug_launcher (a gloo process group over a file store; Accelerate 1.16's PartialState
+    does not see it there, so ranks come from torch.distributed): each process records its ids and batch count."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loader = streaming.streaming_loader(str(folder), TO_TENSOR, batch_size=5, rank=rank, world_size=world,
+                                        buffer_size=8, seed=3)
+    seen, _ = read_epoch(loader)
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps({"world": world, "backend": dist.get_backend(), "ids": seen, "len": len(loader)}))
+
+
+def test_two_processes_read_every_example_exactly_once(parquet_shards, tmp_path):
+    from accelerate import debug_launcher
+
+    debug_launcher(lambda: count_on_two_processes(parquet_shards, tmp_path), num_processes=2)
+    runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world"] for r in runs] == [2, 2] and runs[0]["backend"] == "gloo"
+    read = [[i for batch in r["ids"] for i in batch] for r in runs]
+    assert sorted(read[0] + read[1]) == list(range(48))
+    assert not set(read[0]) & set(read[1])
+    assert [len(r["ids"]) for r in runs] == [r["len"] for r in runs] == [5, 5]
+
+
+def test_buffer_shuffles_within_the_epoch_and_differs_between_epochs(parquet_shards):
+    loader = streaming.streaming_loader(str(parquet_shards), TO_TENSOR, batch_size=6, buffer_size=16, seed=0)
+    first = [i for b in read_epoch(loader, 0)[0] for i in b]
+    second = [i for b in read_epoch(loader, 1)[0] for i in b]
+    assert sorted(first) == sorted(second) == list(range(48))
+    assert first != list(range(48)) and first != second
+    assert all(sorted(first[k:k + 16]) == list(range(k, k + 16)) for k in range(0, 48, 16)), "blocks of 16"
+
+
+def test_buffer_zero_keeps_the_shard_order(parquet_shards):
+    loader = streaming.streaming_loader(str(parquet_shards), TO_TENSOR, batch_size=7, buffer_size=0)
+    assert [i for b in read_epoch(loader)[0] for i in b] == list(range(48))
+
+
+@pytest.mark.parametrize("stop", [1, 3, 5])
+def test_resumed_mid_epoch_sees_the_same_examples_as_uninterrupted(parquet_shards, stop):
+    def loader():
+        return streaming.streaming_loader(str(parquet_shards), TO_TENSOR, batch_size=5, buffer_size=16, seed=7)
+
+    whole = [read_epoch(loader(), epoch)[0] for epoch in (0, 1)]
+    first, state = read_epoch(loader(), 0, stop=stop)
+    state = json.loads(json.dumps(state))
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest, _ = read_epoch(resumed, 0)
+    assert first + rest == whole[0]
+    assert read_epoch(resumed, 1)[0] == whole[1], "the epoch after the resumed one starts afresh"
+
+
+def test_augmentations_replay_after_resume(parquet_shards):
+    noisy = v2.Compose([TO_TENSOR, v2.RandomErasing(p=0.5, value=0.5)])
+
+    def loader():
+        return streaming.streaming_loader(str(parquet_shards), noisy, batch_size=4, buffer_size=8, seed=1)
+
+    whole = list(loader().loader)
+    uninterrupted = loader()
+    iterator = iter(uninterrupted)
+    head = [next(iterator) for _ in range(2)]
+    resumed = loader()
+    resumed.load_state_dict(uninterrupted.state_dict())
+    tail = list(resumed)
+    assert len(head) + len(tail) == len(whole)
+    for (a, _), (b, _) in zip(head + tail, whole):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_shard_count_the_world_size_does_not_divide_is_refused(parquet_shards):
+    stream = streaming.open_stream(str(parquet_shards))
+    with pytest.raises(streaming.StreamingError, match="4 shards cannot be split over 3 processes.*multiple of 3"):
+        streaming.shard_for_process(stream, 0, 3)
+
+
+def test_unequal_batch_counts_are_refused(tmp_path):
+    shards.write_shards(id_images(21), tmp_path, num_shards=2, shuffle_seed=None)
+    with pytest.raises(streaming.StreamingError, match=r"\[11, 10\] examples, i.e. \[3, 2\] batches"):
+        streaming.streaming_loader(str(tmp_path), TO_TENSOR, batch_size=5, rank=0, world_size=2)
+
+
+def test_webdataset_shards_stream_with_their_class_names(tmp_path):
+    shards.write_shards(id_images(12), tmp_path, num_shards=2, format="webdataset", shuffle_seed=None)
+    stream = streaming.open_stream(str(tmp_path), label_column="cls")
+    assert stream.features["cls"].names == ["a", "b", "c"]
+    loader = streaming.streaming_loader(str(tmp_path), TO_TENSOR, batch_size=4, image_column="png",
+                                        label_column="cls", buffer_size=0, num_examples=[12])
+    batches = list(loader)
+    assert [i for p, _ in batches for i in ids_of(p)] == list(range(12))
+    assert [y for _, labels in batches for y in labels.tolist()] == [i % 3 for i in range(12)]
