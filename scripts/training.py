@@ -77,6 +77,18 @@ class UsageError(HubViTError):
     """A bad argument or input, reported before any training starts."""
 
 
+def component(name):
+    """training/<name>.py (streaming, ema, recipes), loaded by path until the training package is installed."""
+    import importlib.util
+
+    key = f"hubvit_training_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent.parent / "training" / f"{name}.py")
+        sys.modules[key] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[key])
+    return sys.modules[key]
+
+
 def recipe_help(key, text=""):
     """`--help` text naming the default of `key` in both recipes."""
 
@@ -156,6 +168,13 @@ def parse_args(argv=None):
                        "single process unless --num_cpu_threads_per_process says otherwise)")
     train.add_argument("--dataloader_num_workers", type=int, default=0)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--streaming", action="store_true", help="stream --dataset_name (e.g. a folder of parquet shards)")
+    train.add_argument("--shuffle_buffer", type=int, default=1000, help="streaming shuffle block (0: shard order)")
+    train.add_argument("--ema_decay", type=float, help="model EMA decay; the EMA is evaluated and saved to model_ema/")
+    train.add_argument("--random_erasing", type=float, default=0.0, help="probability of torchvision RandomErasing")
+    train.add_argument("--drop_path_rate", type=float, help="stochastic depth of the last block (linear in depth)")
+    train.add_argument("--torch_compile", nargs="?", const="inductor", help="compile the model (torch.compile backend)")
+    train.add_argument("--recipe", choices=["deit", "augreg", "mae"], help="defaults from a published recipe")
 
     ckpt = parser.add_argument_group("checkpoints and feedback")
     ckpt.add_argument("--checkpointing_steps", help="N (every N updates) or 'epoch'")
@@ -169,7 +188,9 @@ def parse_args(argv=None):
                      help="gets model/ (a hubvit folder), all_results.json, checkpoints/ and logs/")
     out.add_argument("--overwrite_output_dir", action="store_true")
     out.add_argument("--push_to_hub", metavar="REPO_ID", help="publish OUTPUT_DIR/model to this Hub repo")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args._explicit = {a[2:].split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
+    return args
 
 
 def is_embedded(args):
@@ -764,6 +785,7 @@ def make_accelerator(args):
         log_with=None if args.report_to == "none" else args.report_to,
         project_dir=str(Path(args.output_dir) / "logs"),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+        dynamo_backend=getattr(args, "torch_compile", None),
     )
     check_fsdp(accelerator)
     return accelerator
@@ -773,6 +795,8 @@ def train(args):
     from accelerate.utils import set_seed
 
     started = time.time()
+    component("recipes").apply_recipe(args, args.recipe, args._explicit, (args.per_device_train_batch_size or 32) * int(
+        os.environ.get("WORLD_SIZE", 1)) * args.gradient_accumulation_steps)
     resolve_defaults(args)
     check_args(args)
     accelerator = make_accelerator(args)
@@ -785,9 +809,12 @@ def train(args):
     set_seed(args.seed)
 
     with accelerator.main_process_first():
-        train_split, eval_split, source, eval_name = load_splits(args)
+        train_split, eval_split, source, eval_name = (component("streaming").streaming_splits if args.streaming
+                                                      else load_splits)(args)
     label_names = train_split.features[args.label_column_name].names
     model, preprocessing = load_model(args, label_names)
+    if args.drop_path_rate is not None:
+        component("recipes").set_drop_path_rate(model, args.drop_path_rate)
     model, results = fit(args, accelerator, train_split, eval_split, model, preprocessing)
     results["total_runtime_s"] = round(time.time() - started, 2)
     export(accelerator, args, model, results, (source, eval_name), preprocessing)
@@ -817,13 +844,18 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     size = tuple(model.config.image_size_2d)
     train_tf, eval_tf = make_transforms(size, mean, std, resample, args.augment, args.randaugment,
                                         args.randaugment_magnitude)
-    train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
-    # Loaders with their own generators: starting an iterator then never draws from the global RNG, which
-    # `load_state` restores, so a resumed run (which starts one more iterator) stays on the same random stream.
-    train_loader = torch.utils.data.DataLoader(
-        train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
-        num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
-    )
+    train_tf = component("recipes").with_random_erasing(train_tf, getattr(args, "random_erasing", 0.0))
+    streamed = getattr(args, "streaming", False)
+    if streamed:
+        train_set = train_loader = component("streaming").loader_for_run(args, accelerator, train_tf)
+    else:
+        train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
+        # Loaders with their own generators: starting an iterator then never draws from the global RNG, which
+        # `load_state` restores, so a resumed run (which starts one more iterator) stays on the same random stream.
+        train_loader = torch.utils.data.DataLoader(
+            train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
+            num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
+        )
     eval_loader = None
     if eval_split is not None:
         eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)
@@ -834,7 +866,9 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, len(label_names))
     resume_path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir) if args.resume_from_checkpoint else None
 
-    train_loader = accelerator.prepare(train_loader)
+    num_train = train_loader.num_examples if streamed else len(train_split)
+    if not streamed:
+        train_loader = accelerator.prepare(train_loader)
     if eval_loader is not None:
         eval_loader = accelerator.prepare(eval_loader)
     updates_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
@@ -846,6 +880,10 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup * accelerator.num_processes,
                               num_training_steps=max_steps * accelerator.num_processes)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    ema = args._ema = None
+    if getattr(args, "ema_decay", None):
+        ema = args._ema = component("ema").model_ema(accelerator.unwrap_model(model), args.ema_decay)
+        accelerator.register_for_checkpointing(ema)
 
     if args.report_to != "none":
         hparams = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
@@ -859,7 +897,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
         logger.info(f"resumed from {resume_path} at update {global_step} (epoch {start_epoch}, batch {skip_batches})")
 
     batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
-    logger.info(f"{len(train_split)} training / {len(eval_split or ())} eval images, {len(label_names)} classes; "
+    logger.info(f"{num_train} training / {len(eval_split or ())} eval images, {len(label_names)} classes; "
                 f"{accelerator.num_processes} process(es), batch {batch_size}, {max_steps} updates over "
                 f"{num_epochs} epochs, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     from tqdm.auto import tqdm
@@ -876,7 +914,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
         loader = train_loader
         batches_in_epoch = 0
         if epoch == start_epoch and skip_batches:
-            loader = accelerator.skip_first_batches(train_loader, skip_batches)
+            loader = train_loader if streamed else accelerator.skip_first_batches(train_loader, skip_batches)
             batches_in_epoch = skip_batches
         for pixels, labels in loader:
             with accelerator.accumulate(model):
@@ -898,6 +936,8 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
             if not accelerator.sync_gradients:
                 continue
             global_step += 1
+            if ema is not None:
+                component("ema").update_ema(ema, accelerator.unwrap_model(model))
             progress.update(1)
             if global_step % args.logging_steps == 0 or global_step == max_steps:
                 rate = window_images / max(time.time() - window_start, 1e-9)
@@ -912,6 +952,8 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
                 break
         if eval_loader is not None:
             metrics = evaluate_model(accelerator, model, eval_loader)
+            if ema is not None:
+                metrics.update({f"ema_{k}": v for k, v in evaluate_model(accelerator, ema.module, eval_loader).items()})
             logger.info(f"epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=global_step)
         if args.checkpointing_steps == "epoch":
@@ -928,10 +970,10 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
         "train_runtime_s": round(train_runtime, 2),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
-        "train_samples": len(train_split),
+        "train_samples": num_train,
         "global_step": global_step,
         "epochs": num_epochs,
-        "train_images_per_second": round(len(train_split) * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
+        "train_images_per_second": round(num_train * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
     }
     return model, results
 
@@ -974,6 +1016,9 @@ def export(accelerator, args, model, results, data, preprocessing):
     )
     out = Path(args.output_dir)
     folder = write_folder(final, out / "model", processor, card, overwrite=True)
+    if getattr(args, "_ema", None) is not None:
+        write_folder(build_model(config, {k: v.detach().cpu() for k, v in args._ema.module.state_dict().items()}),
+                     out / "model_ema", processor, card, overwrite=True)
     (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:

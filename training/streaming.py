@@ -136,6 +136,8 @@ class StreamingImages(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         resume, self._resume = self._resume, None
+        if resume and resume["epoch"] != self.epoch:
+            resume = None
         epoch = resume["epoch"] if resume else self.epoch
         block = resume["block"] if resume else 0
         skip = resume["position"] if resume else 0
@@ -222,3 +224,36 @@ def streaming_loader(source: str, transform: Callable, batch_size: int, rank: in
                              "evenly, or change the batch size)")
     images = StreamingImages(stream, transform, image_column, label_column, seed, buffer_size, rank)
     return StreamingLoader(images, batch_size, batches[rank], sum(counts), num_workers)
+
+
+def streaming_splits(args: Any):
+    """(train stream, eval `Dataset`, provenance, eval split name) for `--streaming --dataset_name SOURCE`: training
+    examples are streamed; the validation split (`validation-*` shards) is loaded as a map-style dataset, which
+    evaluation on every process needs."""
+    source = args.dataset_name
+    if not source:
+        raise StreamingError("--streaming needs --dataset_name (a folder of shards or a datasets source)")
+    train = open_stream(source, "train", args.dataset_config_name, args.label_column_name)
+    folder = Path(source)
+    try:
+        if folder.is_dir():
+            builder, files = shard_files(folder, "validation")
+            evaluation = datasets.load_dataset(builder, data_files={"validation": [str(f) for f in files]},
+                                               split="validation")
+        else:
+            evaluation = datasets.load_dataset(source, args.dataset_config_name, split="validation")
+    except (StreamingError, ValueError) as error:
+        raise StreamingError(f"--streaming needs a validation split in {source!r} ({error})") from None
+    if args.max_eval_samples:
+        evaluation = evaluation.shuffle(seed=args.seed).select(range(min(args.max_eval_samples, len(evaluation))))
+    return train, evaluation, f"streamed shards {source}", "validation"
+
+
+def loader_for_run(args: Any, accelerator: Any, train_transform: Callable) -> StreamingLoader:
+    """The streaming loader of one process of a run, registered with Accelerate so checkpoints hold its position."""
+    loader = streaming_loader(args.dataset_name, train_transform, args.per_device_train_batch_size,
+                              accelerator.process_index, accelerator.num_processes, "train",
+                              args.dataset_config_name, args.image_column_name, args.label_column_name, args.seed,
+                              args.shuffle_buffer, args.dataloader_num_workers)
+    accelerator.register_for_checkpointing(loader)
+    return loader
