@@ -112,7 +112,7 @@ def test_augmentations_replay_after_resume(parquet_shards):
     def loader():
         return streaming.streaming_loader(str(parquet_shards), noisy, batch_size=4, buffer_size=8, seed=1)
 
-    whole = list(loader().loader)
+    whole = list(loader())
     uninterrupted = loader()
     iterator = iter(uninterrupted)
     head = [next(iterator) for _ in range(2)]
@@ -141,7 +141,21 @@ def test_webdataset_shards_stream_with_their_class_names(tmp_path):
     stream = streaming.open_stream(str(tmp_path), label_column="cls")
     assert stream.features["cls"].names == ["a", "b", "c"]
     loader = streaming.streaming_loader(str(tmp_path), TO_TENSOR, batch_size=4, image_column="png",
-                                        label_column="cls", buffer_size=0, num_examples=[12])
+                                        label_column="cls", buffer_size=0)
+    assert len(loader) == 3 and loader.num_examples == 12, "counted by reading the labels"
     batches = list(loader)
     assert [i for p, _ in batches for i in ids_of(p)] == list(range(12))
     assert [y for _, labels in batches for y in labels.tolist()] == [i % 3 for i in range(12)]
+
+
+def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_resume(parquet_shards):
+    def loader():
+        return streaming.streaming_loader(str(parquet_shards), TO_TENSOR, batch_size=5, buffer_size=8, seed=2,
+                                          num_workers=2)
+
+    whole, _ = read_epoch(loader())
+    assert sorted(i for b in whole for i in b) == list(range(48)) and len(whole) == len(loader()) == 10
+    first, state = read_epoch(loader(), stop=4)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert first + read_epoch(resumed)[0] == whole

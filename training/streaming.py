@@ -171,14 +171,18 @@ def collate(batch):
 
 class StreamingLoader:
     """A `StatefulDataLoader` with a known number of batches per epoch (equal on every process, else refused) and a
-    state that holds every process's position (gathered, so Accelerate's main-process checkpoint file has all)."""
+    state that holds every process's position (gathered, so Accelerate's main-process checkpoint file has all).
+
+    Workers yield single examples and batches are formed here, so the batch count is ceil(examples / batch size)
+    whatever the number of workers (worker-made batches would each end with a partial one)."""
 
     def __init__(self, images: StreamingImages, batch_size: int, batches_per_epoch: int, num_examples: int,
                  num_workers: int = 0):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         self.images, self.batches_per_epoch, self.num_examples = images, batches_per_epoch, num_examples
-        self.loader = StatefulDataLoader(images, batch_size=batch_size, collate_fn=collate, num_workers=num_workers)
+        self.batch_size = batch_size
+        self.loader = StatefulDataLoader(images, batch_size=None, num_workers=num_workers)
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -187,7 +191,14 @@ class StreamingLoader:
         self.images.set_epoch(epoch)
 
     def __iter__(self):
-        yield from self.loader
+        batch = []
+        for example in self.loader:
+            batch.append(example)
+            if len(batch) == self.batch_size:
+                yield collate(batch)
+                batch = []
+        if batch:
+            yield collate(batch)
 
     def state_dict(self) -> dict[str, Any]:
         state = self.loader.state_dict()
@@ -206,6 +217,17 @@ class StreamingLoader:
         self.loader.load_state_dict(every[rank])
 
 
+def count_by_reading(stream: datasets.IterableDataset, label_column: str) -> list[int]:
+    """Examples of every process, counted by reading this process's label column once (sources without parquet
+    footers: webdataset, the Hub); gathered so every process sees all counts."""
+    mine = sum(1 for _ in stream.select_columns([label_column]))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        every = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every, mine)
+        return every
+    return [mine]
+
+
 def streaming_loader(source: str, transform: Callable, batch_size: int, rank: int = 0, world_size: int = 1,
                      split: str = "train", config_name: str | None = None, image_column: str = "image",
                      label_column: str = "label", seed: int = 0, buffer_size: int = 1000,
@@ -213,10 +235,7 @@ def streaming_loader(source: str, transform: Callable, batch_size: int, rank: in
     """This process's loader over `source`. Batches per epoch come from parquet footers or `num_examples` (examples
     per process); a layout that gives processes different batch counts is refused, as DDP would hang on it."""
     stream = shard_for_process(open_stream(source, split, config_name, label_column), rank, world_size)
-    counts = num_examples or rows_per_process(source, split, world_size)
-    if counts is None:
-        raise StreamingError(f"the number of examples in {source!r} is unknown without reading it all; expected a "
-                             "folder of parquet shards, or --max_train_steps")
+    counts = num_examples or rows_per_process(source, split, world_size) or count_by_reading(stream, label_column)
     batches = [math.ceil(n / batch_size) for n in counts]
     if len(set(batches)) > 1:
         raise StreamingError(f"the shards give the {world_size} processes {counts} examples, i.e. {batches} batches "
