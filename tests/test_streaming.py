@@ -159,3 +159,31 @@ def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_res
     resumed = loader()
     resumed.load_state_dict(state)
     assert first + read_epoch(resumed)[0] == whole
+
+
+@pytest.mark.heavy
+def test_finetune_resumed_from_a_mid_epoch_checkpoint_ends_with_the_uninterrupted_weights(tmp_path):
+    """finetune.py --streaming: checkpoint at update 2 of 6 (epoch of 6 batches), resume in a new run, same weights:
+    the checkpoint carries the loader's position, so the resumed run reads the same remaining batches."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from test_finetune import TINY_MODEL, run_in_process
+
+    data = tmp_path / "shards"
+    shards.write_shards(id_images(24), data, num_shards=2, shuffle_seed=0)
+    shards.write_shards(id_images(6), data, num_shards=1, split="validation", shuffle_seed=None)
+
+    def run(out, *extra):
+        return run_in_process(["--streaming", "--dataset_name", str(data), *TINY_MODEL, "--per_device_train_batch_size",
+                               "4", "--max_train_steps", "6", "--shuffle_buffer", "8", "--random_erasing", "0.5",
+                               "--checkpointing_steps", "2", "--seed", "4", "--output_dir", str(out), *extra])
+
+    assert run(tmp_path / "whole") == 0
+    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step_2", tmp_path / "step_2")
+    assert run(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "step_2")) == 0
+    whole = load_file(tmp_path / "whole" / "model" / "model.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    for key in whole:
+        torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=0, msg=key)
