@@ -256,6 +256,9 @@ FINITE_RANGES = {
     "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
     "mixup_alpha": (lambda v: v >= 0, ">= 0"),
     "cutmix_alpha": (lambda v: v >= 0, ">= 0"),
+    "random_erasing": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "ema_decay": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "drop_path_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
 }
 
 
@@ -263,7 +266,7 @@ def check_values(args):
     """Numbers the run would otherwise ignore, or train on silently (a NaN learning rate gives NaN weights)."""
     at_least = {"max_train_samples": 1, "max_eval_samples": 1, "max_train_steps": 1, "num_train_epochs": 1,
                 "num_warmup_steps": 0, "logging_steps": 1, "randaugment": 0, "randaugment_magnitude": 0,
-                "dataloader_num_workers": 0, "cpu_threads": 1, "image_size": 1}
+                "dataloader_num_workers": 0, "cpu_threads": 1, "image_size": 1, "shuffle_buffer": 0}
     for name, low in at_least.items():
         value = getattr(args, name, None)
         if value is not None and value < low:
@@ -765,7 +768,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         return train(args)
-    except UsageError as error:
+    except HubViTError as error:
         print(f"finetune.py: error: {error}", file=sys.stderr)
         raise SystemExit(2)
     except OSError as error:

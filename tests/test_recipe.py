@@ -161,3 +161,27 @@ def test_a_run_with_ema_evaluates_and_saves_the_average_beside_the_model(tmp_pat
     model, averaged = load_file(out / "model" / "model.safetensors"), load_file(out / "model_ema" / "model.safetensors")
     assert model.keys() == averaged.keys()
     assert any(not torch.equal(model[k], averaged[k]) for k in model)
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--random_erasing", "1.5", "--random_erasing must be a finite number in [0, 1], got 1.5"),
+    ("--ema_decay", "1", "--ema_decay must be a finite number in (0, 1), got 1.0"),
+    ("--drop_path_rate", "nan", "--drop_path_rate must be a finite number in [0, 1), got nan"),
+    ("--shuffle_buffer", "-1", "--shuffle_buffer must be >= 0, got -1"),
+])
+def test_bad_recipe_values_fail_before_training_with_the_value(tmp_path, capsys, flag, value, expected):
+    from hubvit.scripts.training import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--output_dir", str(tmp_path / "out"), flag, value])
+    assert exit_.value.code == 2
+    assert f"finetune.py: error: {expected}" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "model").exists()
+
+
+def test_streaming_without_a_source_is_refused(tmp_path, capsys):
+    from hubvit.scripts.training import main
+
+    with pytest.raises(SystemExit):
+        main(["--streaming", "--output_dir", str(tmp_path / "out")])
+    assert "--streaming needs --dataset_name" in capsys.readouterr().err

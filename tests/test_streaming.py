@@ -187,3 +187,44 @@ def test_finetune_resumed_from_a_mid_epoch_checkpoint_ends_with_the_uninterrupte
     resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
     for key in whole:
         torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=0, msg=key)
+
+
+def test_write_shards_cli_writes_an_imagefolder_as_train_and_validation_shards(tmp_path):
+    import subprocess
+
+    import pyarrow.parquet as pq
+
+    from test_finetune import ENV, ROOT, write_imagefolder
+
+    folder = write_imagefolder(tmp_path / "train", ["cat", "dog"], per_class=10)
+    out = tmp_path / "shards"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_shards.py"), "--output_dir", str(out),
+                          "--num_shards", "4", "--train_dir", str(folder), "--validation_fraction", "0.2"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    train = sorted(out.glob("train-*.parquet"))
+    assert [p.name for p in train] == [f"train-{i:05d}-of-00004.parquet" for i in range(4)]
+    assert [pq.ParquetFile(p).metadata.num_rows for p in train] == [4, 4, 4, 4]
+    assert pq.ParquetFile(next(out.glob("validation-*.parquet"))).metadata.num_rows == 4
+    stream = streaming.open_stream(str(out))
+    assert stream.features["label"].names == ["cat", "dog"]
+    again = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_shards.py"), "--output_dir", str(out),
+                            "--num_shards", "4", "--train_dir", str(folder)], cwd=ROOT, env=ENV, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 2 and "already holds train-* shards" in again.stderr
+
+
+def test_embedded_digits_shard_into_equal_parts_keeping_every_id(tmp_path):
+    digits = shards.embedded_digits()
+    paths = shards.write_shards(digits, tmp_path, num_shards=8)
+    import pyarrow.parquet as pq
+
+    ids = [i for p in paths for i in pq.read_table(p, columns=["id"]).column("id").to_pylist()]
+    assert sorted(ids) == list(range(5000)) and ids != list(range(5000)), "all ids, shuffled"
+    assert {pq.ParquetFile(p).metadata.num_rows for p in paths} == {625}
+
+
+@pytest.mark.parametrize("num_shards", [0, 21, 2.5])
+def test_a_shard_count_outside_one_to_the_example_count_is_refused(tmp_path, num_shards):
+    with pytest.raises(shards.ShardError, match=rf"num_shards must be an int in \[1, 20\].*got {num_shards}"):
+        shards.write_shards(id_images(20), tmp_path, num_shards=num_shards)
