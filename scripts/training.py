@@ -798,8 +798,8 @@ def train(args):
     from accelerate.utils import set_seed
 
     started = time.time()
-    component("recipes").apply_recipe(args, args.recipe, args._explicit, (args.per_device_train_batch_size or 32) * int(
-        os.environ.get("WORLD_SIZE", 1)) * args.gradient_accumulation_steps)
+    component("recipes").apply_recipe(args, getattr(args, "recipe", None), getattr(args, "_explicit", set()), (
+        args.per_device_train_batch_size or 32) * int(os.environ.get("WORLD_SIZE", 1)) * args.gradient_accumulation_steps)
     resolve_defaults(args)
     check_args(args)
     accelerator = make_accelerator(args)
@@ -812,11 +812,11 @@ def train(args):
     set_seed(args.seed)
 
     with accelerator.main_process_first():
-        train_split, eval_split, source, eval_name = (component("streaming").streaming_splits if args.streaming
+        train_split, eval_split, source, eval_name = (component("streaming").streaming_splits if getattr(args, "streaming", False)
                                                       else load_splits)(args)
     label_names = train_split.features[args.label_column_name].names
     model, preprocessing = load_model(args, label_names)
-    if args.drop_path_rate is not None:
+    if getattr(args, "drop_path_rate", None) is not None:
         component("recipes").set_drop_path_rate(model, args.drop_path_rate)
     model, results = fit(args, accelerator, train_split, eval_split, model, preprocessing)
     results["total_runtime_s"] = round(time.time() - started, 2)

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from torchvision.transforms import v2
@@ -185,3 +186,42 @@ def test_streaming_without_a_source_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--streaming", "--output_dir", str(tmp_path / "out")])
     assert "--streaming needs --dataset_name" in capsys.readouterr().err
+
+
+def test_mixup_blends_two_images_and_their_labels_with_one_weight():
+    from hubvit.scripts.training import make_mixer
+
+    assert make_mixer(0.0, 0.0, 3) is None
+    torch.manual_seed(0)
+    pixels = torch.stack([torch.full((3, 8, 8), float(i)) for i in range(4)])
+    mixed, targets = make_mixer(0.8, 0.0, 3)(pixels, torch.tensor([0, 1, 2, 0]))
+    torch.testing.assert_close(targets.sum(-1), torch.ones(4))
+    weight = targets[1, 1].item()
+    assert 0 < weight < 1
+    for i in range(4):
+        assert mixed[i].unique().numel() == 1, "MixUp blends whole images"
+    assert mixed[1].mean().item() == pytest.approx(weight * 1.0 + (1 - weight) * 0.0, abs=1e-6), "image 1 with image 0"
+
+
+def test_cutmix_pastes_one_rectangle_and_weights_labels_by_its_area():
+    from hubvit.scripts.training import make_mixer
+
+    torch.manual_seed(3)
+    pixels = torch.stack([torch.full((3, 16, 16), float(i)) for i in range(2)])
+    mixed, targets = make_mixer(0.0, 1.0, 2)(pixels, torch.tensor([0, 1]))
+    pasted = (mixed[1, 0] != 1.0)
+    assert 0 < pasted.sum() < 256
+    torch.testing.assert_close(targets[1, 1], 1 - pasted.float().mean(), rtol=0, atol=1e-6)
+
+
+def test_randaugment_changes_training_images_and_leaves_evaluation_alone():
+    from PIL import Image
+
+    from hubvit.scripts.training import make_transforms
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
+    plain_train, plain_eval = make_transforms((16, 16), (0.5,) * 3, (0.5,) * 3, 2, "none")
+    rand_train, rand_eval = make_transforms((16, 16), (0.5,) * 3, (0.5,) * 3, 2, "none", randaugment=2, magnitude=9)
+    torch.manual_seed(0)
+    assert any(not torch.equal(rand_train(image), plain_train(image)) for _ in range(5))
+    torch.testing.assert_close(rand_eval(image), plain_eval(image), rtol=0, atol=0)
