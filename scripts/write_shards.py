@@ -10,15 +10,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "training"))
 
-from shards import FORMATS, embedded_digits, imagefolder, write_dataset_shards  # noqa: E402
+from shards import FORMATS, embedded_digits, imagefolder, write_dataset_shards
 
-from hubvit.errors import HubViTError  # noqa: E402
+from hubvit.errors import HubViTError
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="write_shards.py", description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--num_shards", type=int, required=True, help="training shards (a multiple of the process count)")
+    parser.add_argument("--num_shards", type=int, required=True,
+                        help="training shards (a multiple of the process count)")
     parser.add_argument("--validation_shards", type=int, default=1)
     parser.add_argument("--validation_fraction", type=float, default=0.15)
     parser.add_argument("--train_dir", help="an imagefolder (one subfolder per class); default: the embedded digits")

@@ -10,18 +10,16 @@ the FSDP2 and DeepSpeed ZeRO-2 config files (configs/accelerate/).
 
 import subprocess
 import sys
-from pathlib import Path
 
 import datasets
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_finetune import ENV, ROOT, SCRIPT, TINY_MODEL, class_image, free_port
 
 sys.path.insert(0, str(ROOT / "training"))
 
-import shards  # noqa: E402
+import shards
 
 STEPS_AND_BATCH = ["--max_train_steps", "4", "--optimizer", "sgd", "--learning_rate", "0.1", "--augment", "none",
                    "--shuffle_buffer", "0", "--seed", "5", "--max_eval_samples", "6", "--warmup_ratio", "0"]
@@ -38,8 +36,8 @@ def labelled(ids):
 def data(tmp_path_factory):
     """Two-shard folder for the machines; one-shard folder with the same global batches for one process."""
     root = tmp_path_factory.mktemp("multinode")
-    a, b = list(range(0, 8)), list(range(8, 16))
-    write = dict(image_column="img", label_column="target", shuffle_seed=None)
+    a, b = list(range(8)), list(range(8, 16))
+    write = {"image_column": "img", "label_column": "target", "shuffle_seed": None}
     two, one = root / "two", root / "one"
     shards.write_shards(datasets.concatenate_datasets([labelled(a), labelled(b)]), two, 2, **write)
     shards.write_shards(labelled(a[:4] + b[:4] + a[4:] + b[4:]), one, 1, **write)
@@ -103,9 +101,9 @@ def test_two_loopback_machines_train_the_model_one_process_trains(data, tmp_path
 @pytest.mark.parametrize("config, kind", [("fsdp2.yaml", "FSDP"), ("deepspeed_zero2.yaml", "DEEPSPEED")])
 def test_sharded_configs_load_in_accelerate_and_wrap_encoder_blocks(config, kind):
     from accelerate.commands.config.config_args import load_config_from_file
+    from utils import tiny_config
 
     from hubvit import HubViTForImageClassification
-    from utils import tiny_config
 
     loaded = load_config_from_file(str(ROOT / "configs" / "accelerate" / config))
     assert loaded.distributed_type.value == kind
@@ -135,7 +133,7 @@ def test_two_loopback_gpu_machines_with_sharded_configs(data, tmp_path, config):
                              config=ROOT / "configs" / "accelerate" / config),
             one_process(arguments(one, tmp_path / "single", 8), gpu=True)]
     finish(runs)
-    saved, expected = (load_file(p / "model" / "model.safetensors") for p in (tmp_path / "machines", tmp_path / "single"))
+    saved, expected = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("machines", "single"))
     assert saved.keys() == expected.keys()
     for key in expected:
         scale = expected[key].abs().max().item() or 1.0

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 from torchvision.transforms import v2
-
 from utils import randomize_, tiny_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "training"))
 
-import ema  # noqa: E402
-import recipes  # noqa: E402
+import ema
+import recipes
 
 
 @pytest.fixture
@@ -47,7 +46,8 @@ def test_ema_first_update_copies_then_averages_with_the_decay():
             p.add_(1.0)
     ema.update_ema(averaged, model)
     for name, value in averaged.module.state_dict().items():
-        expected = 0.9 * first[name] + 0.1 * model.state_dict()[name] if first[name].is_floating_point() else first[name]
+        now = model.state_dict()[name]
+        expected = 0.9 * first[name] + 0.1 * now if first[name].is_floating_point() else first[name]
         torch.testing.assert_close(value, expected, rtol=1e-6, atol=1e-6)
 
 
@@ -114,11 +114,12 @@ def test_torch_compile_flag_compiles_the_prepared_model_and_keeps_its_outputs(fr
 
 # The published values each preset must carry (sources in training/recipes.py).
 PUBLISHED = {
-    "deit": dict(optimizer="adamw", weight_decay=0.05, label_smoothing=0.1, mixup_alpha=0.8, cutmix_alpha=1.0,
-                 random_erasing=0.25, drop_path_rate=0.1, ema_decay=0.99996, randaugment_magnitude=9),
-    "augreg": dict(optimizer="sgd", momentum=0.9, weight_decay=0.0, max_grad_norm=1.0, mixup_alpha=0.0),
-    "mae": dict(optimizer="adamw", layer_decay=0.65, weight_decay=0.05, mixup_alpha=0.8, cutmix_alpha=1.0,
-                drop_path_rate=0.1, random_erasing=0.25, label_smoothing=0.1),
+    "deit": {"optimizer": "adamw", "weight_decay": 0.05, "label_smoothing": 0.1, "mixup_alpha": 0.8,
+             "cutmix_alpha": 1.0, "random_erasing": 0.25, "drop_path_rate": 0.1, "ema_decay": 0.99996,
+             "randaugment_magnitude": 9},
+    "augreg": {"optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.0, "max_grad_norm": 1.0, "mixup_alpha": 0.0},
+    "mae": {"optimizer": "adamw", "layer_decay": 0.65, "weight_decay": 0.05, "mixup_alpha": 0.8, "cutmix_alpha": 1.0,
+            "drop_path_rate": 0.1, "random_erasing": 0.25, "label_smoothing": 0.1},
 }
 
 
@@ -149,7 +150,6 @@ def test_an_unknown_recipe_is_refused_with_the_names():
 
 def test_a_run_with_ema_evaluates_and_saves_the_average_beside_the_model(tmp_path):
     from safetensors.torch import load_file
-
     from test_finetune import TINY_MODEL, results, run_in_process, saved_dataset
 
     data = saved_dataset(tmp_path / "data", n=24)
@@ -215,9 +215,8 @@ def test_cutmix_pastes_one_rectangle_and_weights_labels_by_its_area():
 
 
 def test_randaugment_changes_training_images_and_leaves_evaluation_alone():
-    from PIL import Image
-
     from hubvit.scripts.training import make_transforms
+    from PIL import Image
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
     plain_train, plain_eval = make_transforms((16, 16), (0.5,) * 3, (0.5,) * 3, 2, "none")

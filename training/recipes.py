@@ -40,21 +40,24 @@ class Recipe:
 RECIPES = {
     "deit": Recipe(
         "deit", "DeiT (Touvron et al. 2021), Table 9; facebookresearch/deit main.py",
-        dict(optimizer="adamw", learning_rate=5e-4, weight_decay=0.05, lr_scheduler_type="cosine",
-             warmup_ratio=5 / 300, label_smoothing=0.1, randaugment=2, randaugment_magnitude=9, mixup_alpha=0.8,
-             cutmix_alpha=1.0, random_erasing=0.25, drop_path_rate=0.1, ema_decay=0.99996, max_grad_norm=0.0),
+        {"optimizer": "adamw", "learning_rate": 5e-4, "weight_decay": 0.05, "lr_scheduler_type": "cosine",
+         "warmup_ratio": 5 / 300, "label_smoothing": 0.1, "randaugment": 2, "randaugment_magnitude": 9,
+         "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "random_erasing": 0.25, "drop_path_rate": 0.1,
+         "ema_decay": 0.99996, "max_grad_norm": 0.0},
         lr_reference_batch=512,
     ),
     "augreg": Recipe(
         "augreg", "AugReg (Steiner et al. 2022), section 3.3 fine-tuning",
-        dict(optimizer="sgd", momentum=0.9, learning_rate=0.03, weight_decay=0.0, lr_scheduler_type="cosine",
-             max_grad_norm=1.0, label_smoothing=0.0, mixup_alpha=0.0, cutmix_alpha=0.0, drop_path_rate=0.0),
+        {"optimizer": "sgd", "momentum": 0.9, "learning_rate": 0.03, "weight_decay": 0.0,
+         "lr_scheduler_type": "cosine", "max_grad_norm": 1.0, "label_smoothing": 0.0, "mixup_alpha": 0.0,
+         "cutmix_alpha": 0.0, "drop_path_rate": 0.0},
     ),
     "mae": Recipe(
         "mae", "MAE fine-tuning (He et al. 2022), Table 9; facebookresearch/mae FINETUNE.md (ViT-B)",
-        dict(optimizer="adamw", learning_rate=5e-4, layer_decay=0.65, weight_decay=0.05, lr_scheduler_type="cosine",
-             warmup_ratio=5 / 100, label_smoothing=0.1, randaugment=2, randaugment_magnitude=9, mixup_alpha=0.8,
-             cutmix_alpha=1.0, random_erasing=0.25, drop_path_rate=0.1, max_grad_norm=0.0),
+        {"optimizer": "adamw", "learning_rate": 5e-4, "layer_decay": 0.65, "weight_decay": 0.05,
+         "lr_scheduler_type": "cosine", "warmup_ratio": 5 / 100, "label_smoothing": 0.1, "randaugment": 2,
+         "randaugment_magnitude": 9, "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "random_erasing": 0.25,
+         "drop_path_rate": 0.1, "max_grad_norm": 0.0},
         lr_reference_batch=256,
     ),
 }

@@ -52,7 +52,8 @@ def write_shards(dataset: datasets.Dataset, out_dir: str | Path, num_shards: int
     if format not in FORMATS:
         raise ShardError(f"format {format!r} is not one of {', '.join(FORMATS)}")
     if not isinstance(num_shards, int) or not 1 <= num_shards <= len(dataset):
-        raise ShardError(f"num_shards must be an int in [1, {len(dataset)}] (the number of examples), got {num_shards!r}")
+        raise ShardError(
+            f"num_shards must be an int in [1, {len(dataset)}] (the number of examples), got {num_shards!r}")
     out = Path(out_dir)
     if out.exists() and any(out.glob(f"{split}-*")):
         raise ShardError(f"output folder {str(out)!r} already holds {split}-* shards; expected a new folder")

@@ -19,8 +19,9 @@ Three properties, each tested:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import datasets
 import numpy as np
