@@ -83,7 +83,8 @@ def component(name):
 
     key = f"hubvit_training_{name}"
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent.parent / "training" / f"{name}.py")
+        path = Path(__file__).resolve().parent.parent / "training" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(key, path)
         sys.modules[key] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules[key])
     return sys.modules[key]
@@ -168,7 +169,7 @@ def parse_args(argv=None):
                        "single process unless --num_cpu_threads_per_process says otherwise)")
     train.add_argument("--dataloader_num_workers", type=int, default=0)
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--streaming", action="store_true", help="stream --dataset_name (e.g. a folder of parquet shards)")
+    train.add_argument("--streaming", action="store_true", help="stream --dataset_name (e.g. a folder of shards)")
     train.add_argument("--shuffle_buffer", type=int, default=1000, help="streaming shuffle block (0: shard order)")
     train.add_argument("--ema_decay", type=float, help="model EMA decay; the EMA is evaluated and saved to model_ema/")
     train.add_argument("--random_erasing", type=float, default=0.0, help="probability of torchvision RandomErasing")
@@ -798,8 +799,9 @@ def train(args):
     from accelerate.utils import set_seed
 
     started = time.time()
-    component("recipes").apply_recipe(args, getattr(args, "recipe", None), getattr(args, "_explicit", set()), (
-        args.per_device_train_batch_size or 32) * int(os.environ.get("WORLD_SIZE", 1)) * args.gradient_accumulation_steps)
+    global_batch = (args.per_device_train_batch_size or 32) * int(os.environ.get("WORLD_SIZE", 1))
+    component("recipes").apply_recipe(args, getattr(args, "recipe", None), getattr(args, "_explicit", set()),
+                                      global_batch * args.gradient_accumulation_steps)
     resolve_defaults(args)
     check_args(args)
     accelerator = make_accelerator(args)
@@ -812,8 +814,8 @@ def train(args):
     set_seed(args.seed)
 
     with accelerator.main_process_first():
-        train_split, eval_split, source, eval_name = (component("streaming").streaming_splits if getattr(args, "streaming", False)
-                                                      else load_splits)(args)
+        splits = component("streaming").streaming_splits if getattr(args, "streaming", False) else load_splits
+        train_split, eval_split, source, eval_name = splits(args)
     label_names = train_split.features[args.label_column_name].names
     model, preprocessing = load_model(args, label_names)
     if getattr(args, "drop_path_rate", None) is not None:
