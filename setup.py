@@ -60,6 +60,7 @@ setup(
         "numpy",
         "matplotlib",
         "pyyaml",
+        "torchdata>=0.8",
     ],
     extras_require={
         "test": TEST,
