@@ -6,13 +6,9 @@
 
 import argparse
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "training"))
-
-from shards import FORMATS, embedded_digits, imagefolder, write_dataset_shards
 
 from hubvit.errors import HubViTError
+from hubvit.training.shards import FORMATS, embedded_digits, imagefolder, write_dataset_shards
 
 
 def main(argv=None):

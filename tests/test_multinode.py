@@ -17,9 +17,7 @@ import torch
 from safetensors.torch import load_file
 from test_finetune import ENV, ROOT, SCRIPT, TINY_MODEL, class_image, free_port
 
-sys.path.insert(0, str(ROOT / "training"))
-
-import shards
+from hubvit.training import shards
 
 STEPS_AND_BATCH = ["--max_train_steps", "4", "--optimizer", "sgd", "--learning_rate", "0.1", "--augment", "none",
                    "--shuffle_buffer", "0", "--seed", "5", "--max_eval_samples", "6", "--warmup_ratio", "0"]

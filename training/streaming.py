@@ -13,7 +13,7 @@ Three properties, each tested:
   lost), so a resumed run would skip up to `buffer_size` examples.
 - Mid-epoch resume through the data loader's state: a torchdata `StatefulDataLoader` over `StreamingImages`, whose
   state is the source's own `state_dict()` at the start of the current block plus the position inside it. Resuming
-  re-reads at most one block.
+  re-reads at most one block. Checkpoints store each process's state as JSON (checkpoints.py), never as a pickle.
 """
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ def collate(batch):
 
 
 class StreamingLoader:
-    """A `StatefulDataLoader` with a known number of batches per epoch (equal on every process, else refused) and a
-    state that holds every process's position (gathered, so Accelerate's main-process checkpoint file has all).
+    """A `StatefulDataLoader` with a known number of batches per epoch (equal on every process, else refused) and
+    this process's position as its state (plain lists and numbers, so a checkpoint stores it as JSON).
 
     Workers yield single examples and batches are formed here, so the batch count is ceil(examples / batch size)
     whatever the number of workers (worker-made batches would each end with a partial one)."""
@@ -202,20 +202,10 @@ class StreamingLoader:
             yield collate(batch)
 
     def state_dict(self) -> dict[str, Any]:
-        state = self.loader.state_dict()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            every = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(every, state)
-            return {"per_process": every}
-        return {"per_process": [state]}
+        return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        every = state["per_process"]
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        if len(every) <= rank:
-            raise StreamingError(f"the checkpoint holds data-loader states of {len(every)} processes; this run has "
-                                 f"process {rank}: resume with the same number of processes")
-        self.loader.load_state_dict(every[rank])
+        self.loader.load_state_dict(state)
 
 
 def count_by_reading(stream: datasets.IterableDataset, label_column: str) -> list[int]:
@@ -267,13 +257,3 @@ def streaming_splits(args: Any):
     if args.max_eval_samples:
         evaluation = evaluation.shuffle(seed=args.seed).select(range(min(args.max_eval_samples, len(evaluation))))
     return train, evaluation, f"streamed shards {source}", "validation"
-
-
-def loader_for_run(args: Any, accelerator: Any, train_transform: Callable) -> StreamingLoader:
-    """The streaming loader of one process of a run, registered with Accelerate so checkpoints hold its position."""
-    loader = streaming_loader(args.dataset_name, train_transform, args.per_device_train_batch_size,
-                              accelerator.process_index, accelerator.num_processes, "train",
-                              args.dataset_config_name, args.image_column_name, args.label_column_name, args.seed,
-                              args.shuffle_buffer, args.dataloader_num_workers)
-    accelerator.register_for_checkpointing(loader)
-    return loader
