@@ -222,3 +222,72 @@ def test_randaugment_changes_training_images_and_leaves_evaluation_alone():
     torch.manual_seed(0)
     assert any(not torch.equal(rand_train(image), plain_train(image)) for _ in range(5))
     torch.testing.assert_close(rand_eval(image), plain_eval(image), rtol=0, atol=0)
+
+
+def test_a_recipe_leaves_the_options_a_command_line_names_abbreviated_or_not():
+    from hubvit.training import parse_args
+    from hubvit.training.arguments import apply_named_recipe
+
+    args = parse_args(["--output_dir", "unused", "--recipe", "deit", "--weight_dec", "0.01", "--mixup_alpha=0.3"])
+    apply_named_recipe(args)
+    assert (args.weight_decay, args.mixup_alpha) == (0.01, 0.3)
+    assert (args.random_erasing, args.ema_decay, args.cutmix_alpha) == (0.25, 0.99996, 1.0)
+    assert args.learning_rate == pytest.approx(5e-4 * 64 / 512), "the embedded digits' batch of 64"
+
+
+def test_a_recipe_leaves_the_options_a_python_caller_passes_even_at_their_defaults():
+    from hubvit.training import Arguments, TrainingArguments
+    from hubvit.training.arguments import apply_named_recipe
+
+    keywords = Arguments.build(output_dir="unused", recipe="mae", random_erasing=0.0, per_device_train_batch_size=32)
+    apply_named_recipe(keywords)
+    assert keywords.random_erasing == 0.0 and keywords.layer_decay == 0.65
+    assert keywords.learning_rate == pytest.approx(5e-4 * 32 / 256)
+    grouped = Arguments.build(TrainingArguments(recipe="deit", label_smoothing=0.0), output_dir="unused")
+    apply_named_recipe(grouped)
+    assert grouped.label_smoothing == 0.0 and grouped.drop_path_rate == 0.1
+
+
+def test_ema_and_loader_position_are_checkpointed_as_safetensors_and_json(tmp_path):
+    from hubvit.training.checkpoints import EMA_WEIGHTS, load_extra_state, save_extra_state
+
+    class Loader:
+        def __init__(self, state=None):
+            self.state = state
+
+        def state_dict(self):
+            return self.state
+
+        def load_state_dict(self, state):
+            self.state = state
+
+    process = SimpleNamespace(process_index=0, num_processes=1, is_main_process=True)
+    trained = ema.model_ema(tiny_model(), 0.9)
+    position = {"epoch": 1, "block": 2, "block_start": {"shard_idx": 0}, "position": [3, 4]}
+    save_extra_state(process, tmp_path, Loader(position), trained)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data_loader_state_0.json", EMA_WEIGHTS]
+    restored, loader = ema.model_ema(tiny_model(), 0.9), Loader()
+    with torch.no_grad():
+        for p in restored.parameters():
+            p.zero_()
+    load_extra_state(process, tmp_path, loader, restored)
+    assert loader.state == position
+    for key, value in trained.state_dict().items():
+        assert torch.equal(restored.state_dict()[key], value), key
+
+
+def test_a_checkpoint_without_the_ema_or_the_positions_of_every_process_is_refused(tmp_path):
+    from hubvit.training.arguments import UsageError
+    from hubvit.training.checkpoints import load_extra_state, save_extra_state
+
+    loader = SimpleNamespace(state_dict=lambda: {"epoch": 0}, load_state_dict=lambda state: None)
+    save_extra_state(SimpleNamespace(process_index=0, num_processes=1, is_main_process=True), tmp_path, loader)
+    two = SimpleNamespace(process_index=1, num_processes=2, is_main_process=False)
+    with pytest.raises(UsageError, match="positions of 1 streaming process\\(es\\); expected 2"):
+        load_extra_state(two, tmp_path, loader)
+    one = SimpleNamespace(process_index=0, num_processes=1, is_main_process=True)
+    with pytest.raises(UsageError, match="model_ema.safetensors is missing; the checkpoint was written without"):
+        load_extra_state(one, tmp_path, None, ema.model_ema(tiny_model(), 0.9))
+    (tmp_path / "model_ema.safetensors").write_bytes(b"truncated")
+    with pytest.raises(UsageError, match="does not hold this model's EMA"):
+        load_extra_state(one, tmp_path, None, ema.model_ema(tiny_model(), 0.9))

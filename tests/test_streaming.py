@@ -160,8 +160,9 @@ def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_res
 
 @pytest.mark.heavy
 def test_finetune_resumed_from_a_mid_epoch_checkpoint_ends_with_the_uninterrupted_weights(tmp_path):
-    """finetune.py --streaming: checkpoint at update 2 of 6 (epoch of 6 batches), resume in a new run, same weights:
-    the checkpoint carries the loader's position, so the resumed run reads the same remaining batches."""
+    """finetune.py --streaming: checkpoint at update 2 of 6 (epoch of 6 batches), resume in a new run, same weights
+    and EMA: the checkpoint carries the loader's position (JSON) and the EMA (safetensors), nothing pickled by us,
+    so the resumed run reads the same remaining batches."""
     import shutil
 
     from safetensors.torch import load_file
@@ -174,15 +175,19 @@ def test_finetune_resumed_from_a_mid_epoch_checkpoint_ends_with_the_uninterrupte
     def run(out, *extra):
         return run_in_process(["--streaming", "--dataset_name", str(data), *TINY_MODEL, "--per_device_train_batch_size",
                                "4", "--max_train_steps", "6", "--shuffle_buffer", "8", "--random_erasing", "0.5",
-                               "--checkpointing_steps", "2", "--seed", "4", "--output_dir", str(out), *extra])
+                               "--checkpointing_steps", "2", "--seed", "4", "--ema_decay", "0.5", "--output_dir", str(out), *extra])
 
     assert run(tmp_path / "whole") == 0
+    saved = {p.name for p in (tmp_path / "whole" / "checkpoints" / "checkpoint_2").iterdir()}
+    assert {"data_loader_state_0.json", "model_ema.safetensors", "trainer_state.json"} <= saved
+    assert not [name for name in saved if name.startswith("custom_checkpoint")], "nothing registered to be pickled"
     shutil.copytree(tmp_path / "whole" / "checkpoints" / "checkpoint_2", tmp_path / "checkpoint_2")
     assert run(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "checkpoint_2")) == 0
-    whole = load_file(tmp_path / "whole" / "model" / "model.safetensors")
-    resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
-    for key in whole:
-        torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=0, msg=key)
+    for folder in ("model", "model_ema"):
+        whole = load_file(tmp_path / "whole" / folder / "model.safetensors")
+        resumed = load_file(tmp_path / "resumed" / folder / "model.safetensors")
+        for key in whole:
+            torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=0, msg=f"{folder} {key}")
 
 
 def test_write_shards_cli_writes_an_imagefolder_as_train_and_validation_shards(tmp_path):
