@@ -175,7 +175,8 @@ def test_finetune_resumed_from_a_mid_epoch_checkpoint_ends_with_the_uninterrupte
     def run(out, *extra):
         return run_in_process(["--streaming", "--dataset_name", str(data), *TINY_MODEL, "--per_device_train_batch_size",
                                "4", "--max_train_steps", "6", "--shuffle_buffer", "8", "--random_erasing", "0.5",
-                               "--checkpointing_steps", "2", "--seed", "4", "--ema_decay", "0.5", "--output_dir", str(out), *extra])
+                               "--checkpointing_steps", "2", "--seed", "4", "--ema_decay", "0.5", "--output_dir",
+                               str(out), *extra])
 
     assert run(tmp_path / "whole") == 0
     saved = {p.name for p in (tmp_path / "whole" / "checkpoints" / "checkpoint_2").iterdir()}

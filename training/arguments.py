@@ -142,8 +142,8 @@ class TrainingArguments:
         "process unless --num_cpu_threads_per_process says otherwise)")
     dataloader_num_workers: int = option(0)
     seed: int = option(0)
-    streaming: bool = option(False, "stream --dataset_name (a folder of parquet or webdataset shards, or any `datasets` "
-                             "source) instead of loading it: each process reads its own shards, once per epoch")
+    streaming: bool = option(False, "stream --dataset_name (a folder of parquet or webdataset shards, or any "
+                             "`datasets` source) instead of loading it: each process reads its own shards")
     shuffle_buffer: int = option(1000, "with --streaming: examples shuffled together (0 keeps the shard order)")
     ema_decay: Optional[float] = option(help="keep a model EMA with this decay, evaluated every epoch (ema_* metrics) "
                                         "and saved to OUTPUT_DIR/model_ema")
