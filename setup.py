@@ -9,7 +9,7 @@ from setuptools import setup
 ONNX = ["onnx", "onnxscript", "onnxruntime", "openvino"]
 PLOT = ["matplotlib"]
 PUBLISH = ["pyyaml"]
-TRAIN = ["accelerate", "datasets", "evaluate", "mlxtend>=0.23", "tensorboard", *PLOT]
+TRAIN = ["accelerate", "datasets", "evaluate", "mlxtend>=0.23", "tensorboard", "torchdata>=0.8", *PLOT]
 JAX = ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"]
 TEST = [
     "pytest>=8",

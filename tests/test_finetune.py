@@ -347,13 +347,13 @@ def test_two_ddp_processes_on_cpu(digits_like, tmp_path):
 def test_help_shows_the_default_each_run_uses(capsys, data):
     """Every recipe default resolved for a run appears, as printed, in `--help` (one place for the defaults)."""
     from hubvit import training
-    from hubvit.training.arguments import RECIPES
+    from hubvit.training.arguments import DEFAULTS
 
     with pytest.raises(SystemExit):
         training.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     args = training.resolve_defaults(training.parse_args([*data, "--output_dir", "unused"]))
-    for key in RECIPES["dataset"]:
+    for key in DEFAULTS["dataset"]:
         value = getattr(args, key)
         help_text = text[text.index(f"--{key} {key.upper()},"):]
         assert f"{value:g}" in help_text[:400], (key, value)

@@ -3,7 +3,9 @@
 
 arguments (the options as `HfArgumentParser` dataclasses and their checks), data (splits and seeded pipelines),
 model (the starting model and its optimizer), loop (`fit`, the one training loop), checkpoints (Accelerate's
-`save_state`/`load_state` with rotation), evaluation (`evaluate` metrics), run (`train`, the whole run).
+`save_state`/`load_state` with rotation), evaluation (`evaluate` metrics), run (`train`, the whole run);
+streaming (`--streaming`: shards per process, resumable), shards (writing them), ema (`--ema_decay`), recipes
+(`--recipe`, random erasing, drop path).
 """
 
 from .arguments import (

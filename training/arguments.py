@@ -31,8 +31,8 @@ PRESETS = {
 
 # The one place for the defaults of these options (`--help` prints both columns). "embedded": the run with no data,
 # model or size option, measured in the README; "dataset": every other run. A learning rate that depends on the
-# start is keyed by (optimizer, "scratch" or "pretrained").
-RECIPES = {
+# start is keyed by (optimizer, "scratch" or "pretrained"). The published recipes `--recipe` names are in recipes.py.
+DEFAULTS = {
     "embedded": dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
                      label_smoothing=0.1, per_device_train_batch_size=64),
     "dataset": dict(
@@ -47,8 +47,8 @@ class UsageError(HubViTError):
     """A bad argument or input, reported before any training starts."""
 
 
-def recipe_help(key, text=""):
-    """Help text naming the default of `key` in both recipes."""
+def default_help(key, text=""):
+    """Help text naming the default of `key` in both columns of DEFAULTS."""
 
     def shown(value):
         if not isinstance(value, dict):
@@ -58,7 +58,7 @@ def recipe_help(key, text=""):
             f"{o} {value[(o, 'pretrained')]:g} ({value[(o, 'scratch')]:g} from scratch)" for o in optimizers
         )
 
-    embedded, dataset = RECIPES["embedded"][key], RECIPES["dataset"][key]
+    embedded, dataset = DEFAULTS["embedded"][key], DEFAULTS["dataset"][key]
     return (f"{text}; " if text else "") + (
         f"default: {shown(embedded)} for the embedded digits; otherwise (a dataset, a pretrained model or another "
         f"--model_size) {shown(dataset)}"
@@ -110,24 +110,24 @@ class TrainingArguments:
 
     _argument_group_name = "training"
 
-    per_device_train_batch_size: Optional[int] = option(help=recipe_help("per_device_train_batch_size"))
+    per_device_train_batch_size: Optional[int] = option(help=default_help("per_device_train_batch_size"))
     per_device_eval_batch_size: int = option(256)
     optimizer: Literal["adamw", "sgd"] = option(
         "adamw", "sgd = SGD with momentum 0.9, the ViT paper's fine-tuning optimizer")
-    learning_rate: Optional[float] = option(help=recipe_help("learning_rate"))
+    learning_rate: Optional[float] = option(help=default_help("learning_rate"))
     momentum: float = option(0.9)
     weight_decay: Optional[float] = option(
-        help=recipe_help("weight_decay", "not applied to norms, biases, tokens, position tables"))
+        help=default_help("weight_decay", "not applied to norms, biases, tokens, position tables"))
     layer_decay: float = option(
         1.0, "layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
     lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
     num_warmup_steps: Optional[int] = option()
-    warmup_ratio: Optional[float] = option(help=recipe_help("warmup_ratio"))
-    num_train_epochs: Optional[int] = option(help=recipe_help("num_train_epochs"))
+    warmup_ratio: Optional[float] = option(help=default_help("warmup_ratio"))
+    num_train_epochs: Optional[int] = option(help=default_help("num_train_epochs"))
     max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
     gradient_accumulation_steps: int = option(1)
     max_grad_norm: float = option(1.0, "0 disables clipping")
-    label_smoothing: Optional[float] = option(help=recipe_help("label_smoothing"))
+    label_smoothing: Optional[float] = option(help=default_help("label_smoothing"))
     augment: Literal["auto", "inception", "affine", "none"] = option(
         "auto", "inception = random resized crop + flip (the paper); affine = small rotations and shifts (digits); "
         "auto = affine for the embedded digits, inception otherwise")
@@ -142,6 +142,18 @@ class TrainingArguments:
         "process unless --num_cpu_threads_per_process says otherwise)")
     dataloader_num_workers: int = option(0)
     seed: int = option(0)
+    streaming: bool = option(False, "stream --dataset_name (a folder of parquet or webdataset shards, or any "
+                             "`datasets` source) instead of loading it: each process reads its own shards")
+    shuffle_buffer: int = option(1000, "with --streaming: examples shuffled together (0 keeps the shard order)")
+    ema_decay: Optional[float] = option(help="keep a model EMA with this decay, evaluated every epoch (ema_* metrics) "
+                                        "and saved to OUTPUT_DIR/model_ema")
+    random_erasing: float = option(0.0, "probability of erasing one random rectangle of a training image")
+    drop_path_rate: Optional[float] = option(help="stochastic depth of the last encoder block, linear in depth "
+                                             "(replaces the model config's)")
+    torch_compile: Optional[str] = option(help="compile the model with this torch.compile backend (bare flag: "
+                                          "inductor)", nargs="?", const="inductor", metavar="BACKEND")
+    recipe: Optional[Literal["augreg", "deit", "mae"]] = option(
+        help="defaults from a published fine-tuning recipe (training/recipes.py); options you set win")
 
 
 @dataclass
@@ -167,6 +179,15 @@ class OutputArguments:
 GROUPS = (DataArguments, ModelArguments, TrainingArguments, OutputArguments)
 
 
+def set_by_caller(group):
+    """The options a caller chose, which a `--recipe` leaves alone: those a command line named (recorded by
+    `parse_args`), else those that differ from their defaults."""
+    recorded = getattr(group, "_explicit", None)
+    if recorded is not None:
+        return set(recorded)
+    return {f.name for f in dataclasses.fields(group) if getattr(group, f.name) != f.default}
+
+
 @dataclass
 class Arguments(OutputArguments, TrainingArguments, ModelArguments, DataArguments):
     """Every option of a run in one object (the four groups flattened)."""
@@ -174,18 +195,21 @@ class Arguments(OutputArguments, TrainingArguments, ModelArguments, DataArgument
     @classmethod
     def build(cls, *groups, **options):
         """From any of the four groups (or an `Arguments`) and keyword options; an unknown name is a UsageError."""
-        values = {}
+        values, explicit = {}, set()
         for group in groups:
             if not dataclasses.is_dataclass(group) or isinstance(group, type):
                 raise UsageError(f"expected DataArguments, ModelArguments, TrainingArguments, OutputArguments or "
                                  f"Arguments instances, got {group!r}")
             values.update(dataclasses.asdict(group))
+            explicit |= set_by_caller(group)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
             raise UsageError(f"unknown option(s) {', '.join(unknown)}; see `hubvit train --help` for the names")
         values.update(options)
-        return cls(**values)
+        built = cls(**values)
+        built._explicit = frozenset(explicit | set(options))
+        return built
 
     def groups(self):
         """The four groups again (for code written against them)."""
@@ -216,18 +240,44 @@ def parser(prog="finetune.py"):
 
 def parse_args(argv=None, prog="finetune.py"):
     """`Arguments` from a command line (argparse's usual exit 2 on a malformed one)."""
-    return Arguments.build(*parser(prog).parse_args_into_dataclasses(args=argv))
+    args = Arguments.build(*parser(prog).parse_args_into_dataclasses(args=argv))
+    args._explicit = named_options(argv, prog)
+    return args
+
+
+def named_options(argv, prog):
+    """The options a command line names, abbreviated or not, read by argparse itself: every default suppressed, the
+    parsed namespace holds only what was typed."""
+    names = parser(prog)
+    for action in names._actions:
+        action.default = argparse.SUPPRESS
+    return frozenset(vars(names.parse_args(argv)))
 
 
 def is_embedded(args):
     return not (args.dataset_name or args.train_dir or args.validation_dir)
 
 
+def apply_named_recipe(args):
+    """Set the `--recipe` values on every option the caller did not choose; returns what was set. The learning
+    rate scales with the global batch the run will have (WORLD_SIZE processes, as `accelerate launch` sets)."""
+    if args.recipe is None:
+        return {}
+    import os
+
+    from .recipes import apply_recipe
+
+    explicit = set_by_caller(args)
+    batch = args.per_device_train_batch_size or resolve_defaults(dataclasses.replace(args)).per_device_train_batch_size
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return apply_recipe(args, args.recipe, explicit, batch * world * args.gradient_accumulation_steps)
+
+
 def resolve_defaults(args):
-    """Fill the options left unset from the embedded recipe (no data, model or size option) or the dataset one."""
+    """Fill the options left unset from the embedded defaults (no data, model or size option) or the dataset ones."""
     start = "pretrained" if args.model_name_or_path else "scratch"
     embedded = is_embedded(args) and start == "scratch" and args.model_size == "default"
-    for key, value in RECIPES["embedded" if embedded else "dataset"].items():
+    for key, value in DEFAULTS["embedded" if embedded else "dataset"].items():
         if getattr(args, key) is None:
             setattr(args, key, value[(args.optimizer, start)] if isinstance(value, dict) else value)
     if args.augment == "auto":
@@ -290,6 +340,11 @@ def check_args(args):
     for name in ("gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.streaming and not args.dataset_name:
+        raise UsageError("--streaming needs --dataset_name (a folder of parquet or webdataset shards, or a `datasets` "
+                         "source); --train_dir and the embedded digits are loaded, not streamed")
+    if args.streaming and args.max_train_samples:
+        raise UsageError(f"--max_train_samples {args.max_train_samples} cannot cut a stream; write fewer shards")
     if args.model_name_or_path and args.config_overrides:
         raise UsageError("--config_overrides applies to training from scratch, not to --model_name_or_path")
     check_trackers(args.report_to)
@@ -325,11 +380,14 @@ FINITE_RANGES = {
     "max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
     "mixup_alpha": (lambda v: v >= 0, ">= 0"),
     "cutmix_alpha": (lambda v: v >= 0, ">= 0"),
+    "random_erasing": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "ema_decay": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "drop_path_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
 }
 
 AT_LEAST = {"max_train_samples": 1, "max_eval_samples": 1, "max_train_steps": 1, "num_train_epochs": 1,
             "num_warmup_steps": 0, "logging_steps": 1, "randaugment": 0, "randaugment_magnitude": 0,
-            "dataloader_num_workers": 0, "cpu_threads": 1, "image_size": 1}
+            "dataloader_num_workers": 0, "cpu_threads": 1, "image_size": 1, "shuffle_buffer": 0}
 
 
 def check_values(args):

@@ -6,6 +6,11 @@ killed during a save leaves a partial folder: `trainer_state.json` is therefore 
 folder holding it counts as a checkpoint. Partial folders are never resumed and are removed before the next save.
 With K = 1 Accelerate deletes the only checkpoint before writing its successor; K >= 2 keeps one complete
 checkpoint through a kill at any moment.
+
+The streaming loader's position and the model EMA are written here, not registered with Accelerate: Accelerate
+pickles registered objects and loads them with `torch.load(weights_only=False)`, which runs whatever a checkpoint
+file holds. Each process's loader position is JSON (`data_loader_state_<rank>.json`), the EMA is safetensors
+(`model_ema.safetensors`), both written before the trainer state.
 """
 
 import json
@@ -18,6 +23,8 @@ from .arguments import UsageError
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 STATE_FILE = "trainer_state.json"
+LOADER_STATE = "data_loader_state_{}.json"
+EMA_WEIGHTS = "model_ema.safetensors"
 
 
 def project_configuration(args):
@@ -43,8 +50,9 @@ def list_checkpoints(root):
     return [p for _, p in checkpoint_folders(root) if (p / STATE_FILE).is_file()]
 
 
-def save_checkpoint(accelerator, state):
-    """`accelerator.save_state()` as `checkpoint_<global_step>`, then the trainer state that marks it complete."""
+def save_checkpoint(accelerator, state, loader=None, ema=None):
+    """`accelerator.save_state()` as `checkpoint_<global_step>`, the streaming `loader`'s position and the `ema`
+    weights when given, then the trainer state that marks it complete."""
     root = Path(accelerator.project_dir) / "checkpoints"
     final = root / f"checkpoint_{state['global_step']}"
     if accelerator.is_main_process:
@@ -54,6 +62,7 @@ def save_checkpoint(accelerator, state):
     accelerator.wait_for_everyone()
     accelerator.project_configuration.iteration = state["global_step"]
     accelerator.save_state()
+    save_extra_state(accelerator, final, loader, ema)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         staging = final / f".{STATE_FILE}.tmp"
@@ -61,6 +70,44 @@ def save_checkpoint(accelerator, state):
         os.replace(staging, final / STATE_FILE)
     accelerator.wait_for_everyone()
     return final
+
+
+def save_extra_state(accelerator, folder, loader=None, ema=None):
+    """This process's loader position as JSON; the EMA (the same on every process) as safetensors, once."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if loader is not None:
+        (folder / LOADER_STATE.format(accelerator.process_index)).write_text(json.dumps(loader.state_dict()))
+    if ema is not None and accelerator.is_main_process:
+        save_file({k: v.detach().cpu().clone() for k, v in ema.state_dict().items()}, folder / EMA_WEIGHTS)
+
+
+def load_extra_state(accelerator, folder, loader=None, ema=None):
+    """What `save_extra_state` wrote, read without unpickling anything; UsageError naming a missing or bad file."""
+    from safetensors.torch import load_file
+
+    if loader is not None:
+        written = len(list(folder.glob(LOADER_STATE.format("*"))))
+        file = folder / LOADER_STATE.format(accelerator.process_index)
+        if written != accelerator.num_processes or not file.is_file():
+            raise UsageError(f"--resume_from_checkpoint {folder}: it holds the data-loader positions of {written} "
+                             f"streaming process(es); expected {accelerator.num_processes} (resume a --streaming run "
+                             "with the number of processes that wrote it)")
+        try:
+            loader.load_state_dict(json.loads(file.read_text()))
+        except DAMAGED_CHECKPOINT_ERRORS as error:
+            raise UsageError(f"--resume_from_checkpoint: {file} is not a data-loader position ({error!r})") from None
+    if ema is not None:
+        file = folder / EMA_WEIGHTS
+        if not file.is_file():
+            raise UsageError(f"--resume_from_checkpoint: {file} is missing; the checkpoint was written without "
+                             "--ema_decay, so the average cannot continue")
+        try:
+            ema.load_state_dict(load_file(file))
+        except DAMAGED_CHECKPOINT_ERRORS as error:
+            raise UsageError(f"--resume_from_checkpoint: {file} does not hold this model's EMA "
+                             f"({type(error).__name__}: {' '.join(str(error).split())[:300]})") from None
 
 
 def resolve_checkpoint(value, output_dir):
@@ -123,8 +170,9 @@ def check_random_states(path, process_index):
         raise UsageError(f"--resume_from_checkpoint: {file} lacks {missing}, so the run could not resume exactly")
 
 
-def load_checkpoint(accelerator, path):
-    """`accelerator.load_state(path)` after checking what Accelerate would skip silently; returns the trainer state."""
+def load_checkpoint(accelerator, path, loader=None, ema=None):
+    """`accelerator.load_state(path)` after checking what Accelerate would skip silently, then the streaming
+    `loader`'s position and the `ema` weights when given; returns the trainer state."""
     state = read_trainer_state(path)
     check_random_states(path, accelerator.process_index)
     try:
@@ -132,4 +180,5 @@ def load_checkpoint(accelerator, path):
     except DAMAGED_CHECKPOINT_ERRORS as error:
         raise UsageError(f"--resume_from_checkpoint {path} cannot be loaded ({type(error).__name__}: "
                          f"{str(error).strip().splitlines()[0] if str(error).strip() else ''})") from None
+    load_extra_state(accelerator, Path(path), loader, ema)
     return state

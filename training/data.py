@@ -181,16 +181,39 @@ def make_transforms(size, preprocessing: Preprocessing, augment, randaugment=0, 
     return v2.Compose(head + geometry + policy + tail), v2.Compose(head + [resize] + tail)
 
 
-def make_loaders(args, train_split, eval_split, size, preprocessing):
+def load_run_splits(args):
+    """`load_splits`, or with `--streaming` the training stream and a loaded validation split."""
+    if args.streaming:
+        from .streaming import streaming_splits
+
+        return streaming_splits(args)
+    return load_splits(args)
+
+
+def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, world_size=1):
     """(train images, train loader, eval loader or None). Each loader has its own generator: starting an iterator
-    never draws from the global RNG, which `load_state` restores, so a resumed run stays on the same stream."""
+    never draws from the global RNG, which `load_state` restores, so a resumed run stays on the same stream.
+
+    With `--streaming` the train loader reads this process's shards (`rank` of `world_size`) and is its own
+    train images; it must not go through `accelerator.prepare` (rank 0 would read every batch and broadcast it)."""
+    from .recipes import with_random_erasing
+
     train_tf, eval_tf = make_transforms(size, preprocessing, args.augment, args.randaugment,
                                         args.randaugment_magnitude)
-    train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
-    train_loader = torch.utils.data.DataLoader(
-        train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
-        num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
-    )
+    train_tf = with_random_erasing(train_tf, args.random_erasing)
+    if args.streaming:
+        from .streaming import streaming_loader
+
+        train_set = train_loader = streaming_loader(
+            args.dataset_name, train_tf, args.per_device_train_batch_size, rank, world_size, "train",
+            args.dataset_config_name, args.image_column_name, args.label_column_name, args.seed,
+            args.shuffle_buffer, args.dataloader_num_workers)
+    else:
+        train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
+        train_loader = torch.utils.data.DataLoader(
+            train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
+            num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
+        )
     if eval_split is None:
         return train_set, train_loader, None
     eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)

@@ -5,6 +5,7 @@ through Accelerate.
 Exact resumption: the sampler is seeded by (seed, epoch), each training image by (seed, epoch, index) (see
 data.py), and MixUp/CutMix by (seed, step); the only stateful randomness left (dropout, stochastic depth) lives in
 the global RNG that `save_state`/`load_state` carry. A resumed run replays the batches of an uninterrupted one.
+A streamed run (`--streaming`) resumes from its loader's saved position instead of skipping batches.
 """
 
 import logging
@@ -51,6 +52,7 @@ def make_accelerator(args):
         log_with=None if args.report_to == "none" else args.report_to,
         project_config=project_configuration(args),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=args.seed),
+        dynamo_backend=getattr(args, "torch_compile", None),
     )
     check_fsdp(accelerator)
     return accelerator
@@ -104,6 +106,8 @@ class Run:
     eval_loader: object
     mixer: object
     schedule: Schedule
+    num_train: int
+    ema: object = None
 
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
@@ -112,8 +116,11 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
 
     num_labels = len(train_split.features[args.label_column_name].names)
     size = tuple(model.config.image_size_2d)
-    train_set, train_loader, eval_loader = make_loaders(args, train_split, eval_split, size, preprocessing)
-    train_loader = accelerator.prepare(train_loader)
+    streamed = getattr(args, "streaming", False)
+    train_set, train_loader, eval_loader = make_loaders(args, train_split, eval_split, size, preprocessing,
+                                                        accelerator.process_index, accelerator.num_processes)
+    if not streamed:
+        train_loader = accelerator.prepare(train_loader)
     if eval_loader is not None:
         eval_loader = accelerator.prepare(eval_loader)
     schedule = Schedule.plan(args, len(train_loader))
@@ -124,12 +131,29 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
                               num_training_steps=schedule.max_steps * processes)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
-    return Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, mixer, schedule)
+    num_train = train_loader.num_examples if streamed else len(train_split)
+    return Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, mixer, schedule,
+               num_train, make_ema(args, accelerator, model))
+
+
+def make_ema(args, accelerator, model):
+    """The model EMA (`--ema_decay`) of the prepared model, or None. FSDP shards the weights it would average."""
+    from accelerate.utils import DistributedType
+
+    decay = getattr(args, "ema_decay", None)
+    if not decay:
+        return None
+    if accelerator.distributed_type == DistributedType.FSDP:
+        raise UsageError("--ema_decay averages whole weights, which FSDP shards; use DDP or DeepSpeed ZeRO-2")
+    from .ema import model_ema
+
+    return model_ema(accelerator.unwrap_model(model), decay)
 
 
 def start_trackers(run):
     if run.args.report_to != "none":
-        hparams = {k: v for k, v in vars(run.args).items() if isinstance(v, (int, float, str, bool))}
+        hparams = {k: v for k, v in vars(run.args).items()
+                   if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
         run.accelerator.init_trackers("hubvit-finetune", config=hparams)
 
 
@@ -139,18 +163,23 @@ def resume(run):
     if not args.resume_from_checkpoint:
         return Position()
     path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
-    global_step, epoch, skip = load_checkpoint(run.accelerator, path)
+    global_step, epoch, skip = load_checkpoint(run.accelerator, path, streamed_loader(run), run.ema)
     if skip >= len(run.train_loader):
         epoch, skip = epoch + 1, 0
     logger.info(f"resumed from {path} at update {global_step} (epoch {epoch}, batch {skip})")
     return Position(global_step, epoch, skip)
 
 
+def streamed_loader(run):
+    """The train loader when it streams (its position is part of a checkpoint), else None."""
+    return run.train_loader if getattr(run.args, "streaming", False) else None
+
+
 def describe(run, train_split, eval_split):
     args, accelerator, schedule = run.args, run.accelerator, run.schedule
     batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
     classes = len(train_split.features[args.label_column_name].names)
-    logger.info(f"{len(train_split)} training / {len(eval_split or ())} eval images, {classes} classes; "
+    logger.info(f"{run.num_train} training / {len(eval_split or ())} eval images, {classes} classes; "
                 f"{accelerator.num_processes} process(es), batch {batch_size}, {schedule.max_steps} updates over "
                 f"{schedule.num_epochs} epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters")
 
@@ -185,7 +214,7 @@ def log_step(run, loss, window, epoch_fraction, global_step, progress):
 
 def checkpoint(run, position, batches_in_epoch):
     state = {"global_step": position.global_step, "epoch": position.epoch, "batches_in_epoch": batches_in_epoch}
-    logger.info(f"saved checkpoint {save_checkpoint(run.accelerator, state)}")
+    logger.info(f"saved checkpoint {save_checkpoint(run.accelerator, state, streamed_loader(run), run.ema)}")
 
 
 def train_epoch(run, position, progress, window):
@@ -196,15 +225,21 @@ def train_epoch(run, position, progress, window):
     run.train_loader.set_epoch(position.epoch)
     loader, batches = run.train_loader, 0
     if position.skip_batches:
-        loader = accelerator.skip_first_batches(run.train_loader, position.skip_batches)
+        if streamed_loader(run) is None:
+            loader = accelerator.skip_first_batches(run.train_loader, position.skip_batches)
         batches, position.skip_batches = position.skip_batches, 0
     for pixels, labels in loader:
+        pixels, labels = pixels.to(accelerator.device), labels.to(accelerator.device)
         loss = train_step(run, pixels, labels, position.global_step)
         batches += 1
         window.images += labels.numel() * accelerator.num_processes
         if not accelerator.sync_gradients:
             continue
         position.global_step += 1
+        if run.ema is not None:
+            from .ema import update_ema
+
+            update_ema(run.ema, accelerator.unwrap_model(run.model))
         progress.update(1)
         if position.global_step % args.logging_steps == 0 or position.global_step == run.schedule.max_steps:
             log_step(run, loss, window, position.epoch + batches / len(run.train_loader), position.global_step,
@@ -221,7 +256,7 @@ def end_of_epoch(run, position, batches):
     """Evaluate (when there is an eval split) and checkpoint (with `--checkpointing_steps epoch`)."""
     metrics = {}
     if run.eval_loader is not None:
-        metrics = evaluate_model(run.accelerator, run.model, run.eval_loader)
+        metrics = evaluate_run(run)
         logger.info(f"epoch {position.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         run.accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=position.global_step)
     if run.args.checkpointing_steps == "epoch":
@@ -229,15 +264,25 @@ def end_of_epoch(run, position, batches):
     return metrics
 
 
-def results(run, metrics, train_split, global_step, train_runtime):
+def evaluate_run(run):
+    """The model's metrics, and the EMA's as `ema_*` (evaluated under the run's autocast, as the model is)."""
+    metrics = evaluate_model(run.accelerator, run.model, run.eval_loader)
+    if run.ema is not None:
+        with run.accelerator.autocast():
+            averaged = evaluate_model(run.accelerator, run.ema.module, run.eval_loader)
+        metrics.update({f"ema_{k}": v for k, v in averaged.items() if k != "eval_samples"})
+    return metrics
+
+
+def results(run, metrics, global_step, train_runtime):
     schedule, accelerator = run.schedule, run.accelerator
-    seen = len(train_split) * (schedule.max_steps / schedule.updates_per_epoch)
+    seen = run.num_train * (schedule.max_steps / schedule.updates_per_epoch)
     return {
         **metrics,
         "train_runtime_s": round(train_runtime, 2),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
-        "train_samples": len(train_split),
+        "train_samples": run.num_train,
         "global_step": global_step,
         "epochs": schedule.num_epochs,
         "train_images_per_second": round(seen / max(train_runtime, 1e-9), 1),
@@ -253,6 +298,12 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     `image_size_2d` and `num_hidden_layers` and whose forward takes `pixel_values` and returns `.logits` fits
     (the inductive-bias experiment's CNN does).
     """
+    run, metrics = fit_run(args, accelerator, train_split, eval_split, model, preprocessing)
+    return run.model, metrics
+
+
+def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
+    """`fit`, returning the whole `Run` (its model EMA included) rather than the model alone."""
     from tqdm.auto import tqdm
 
     run = prepare(args, accelerator, train_split, eval_split, model, preprocessing)
@@ -272,5 +323,5 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     progress.close()
     train_runtime = time.time() - started
     if not metrics and run.eval_loader is not None:
-        metrics = evaluate_model(accelerator, run.model, run.eval_loader)
-    return run.model, results(run, metrics, train_split, position.global_step, train_runtime)
+        metrics = evaluate_run(run)
+    return run, results(run, metrics, position.global_step, train_runtime)

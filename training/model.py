@@ -17,6 +17,16 @@ def load_model(args, label_names, config_fields=None):
 
     `config_fields` (a dict) changes preset fields for a model trained from scratch, before `--config_overrides`.
     """
+    model, preprocessing = build_start_model(args, label_names, config_fields)
+    rate = getattr(args, "drop_path_rate", None)
+    if rate is not None:
+        from .recipes import set_drop_path_rate
+
+        set_drop_path_rate(model, rate)
+    return model, preprocessing
+
+
+def build_start_model(args, label_names, config_fields=None):
     id2label = dict(enumerate(label_names))
     label2id = {name: i for i, name in id2label.items()}
     if args.model_name_or_path:

@@ -10,9 +10,9 @@ from pathlib import Path
 import datasets
 import torch
 
-from .arguments import Arguments, check_args, resolve_defaults
-from .data import load_splits
-from .loop import fit, logger, make_accelerator
+from .arguments import Arguments, apply_named_recipe, check_args, resolve_defaults
+from .data import load_run_splits
+from .loop import fit_run, logger, make_accelerator
 
 
 @dataclass
@@ -27,7 +27,8 @@ class TrainingResult:
 
 
 def python_call(args):
-    """The `hubvit.train(...)` call that repeats a run: the options that differ from their defaults."""
+    """The `hubvit.train(...)` call that repeats a run: the options that differ from their defaults (a recipe's
+    values written out)."""
     defaults = Arguments()
     changed = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
                if getattr(args, f.name) != getattr(defaults, f.name)}
@@ -44,6 +45,7 @@ def train(*groups, command=None, **options):
     """
     started = time.time()
     args = Arguments.build(*groups, **options)
+    apply_named_recipe(args)
     resolve_defaults(args)
     check_args(args)
     accelerator = make_accelerator(args)
@@ -57,13 +59,13 @@ def train(*groups, command=None, **options):
 
     set_seed(args.seed)
     with accelerator.main_process_first():
-        train_split, eval_split, source, eval_name = load_splits(args)
+        train_split, eval_split, source, eval_name = load_run_splits(args)
     from .model import load_model
 
     model, preprocessing = load_model(args, train_split.features[args.label_column_name].names)
-    model, results = fit(args, accelerator, train_split, eval_split, model, preprocessing)
+    run, results = fit_run(args, accelerator, train_split, eval_split, model, preprocessing)
     results["total_runtime_s"] = round(time.time() - started, 2)
-    export(accelerator, args, model, results, (source, eval_name), preprocessing, command or python_call(args))
+    export(accelerator, args, run, results, (source, eval_name), preprocessing, command or python_call(args))
     accelerator.end_training()
     out = Path(args.output_dir)
     return TrainingResult(out, out / "model", results, eval_split)
@@ -91,19 +93,30 @@ def model_card(args, results, data, command):
     )
 
 
-def export(accelerator, args, model, results, data, preprocessing, command):
-    """Write OUTPUT_DIR/model (the one hubvit folder writer), all_results.json, and push when asked."""
+def ema_results(results):
+    """The results as the EMA's card states them: its own accuracy in place of the trained weights'."""
+    return {**results, **{k[len("ema_"):]: v for k, v in results.items() if k.startswith("ema_")}}
+
+
+def export(accelerator, args, run, results, data, preprocessing, command):
+    """Write OUTPUT_DIR/model (the one hubvit folder writer), OUTPUT_DIR/model_ema with `--ema_decay`,
+    all_results.json, and push the model when asked."""
     from hubvit.conversion.folder import build_model, make_image_processor, write_folder
 
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = accelerator.get_state_dict(run.model)
     if not accelerator.is_main_process:
         return
-    config = accelerator.unwrap_model(model).config
+    config = accelerator.unwrap_model(run.model).config
     final = build_model(config, {k: v.detach().cpu() for k, v in state_dict.items()})
     processor = make_image_processor(config, preprocessing.mean, preprocessing.std, preprocessing.resample)
     out = Path(args.output_dir)
     folder = write_folder(final, out / "model", processor, model_card(args, results, data, command), overwrite=True)
+    if run.ema is not None:
+        averaged = build_model(config, {k: v.detach().cpu() for k, v in run.ema.module.state_dict().items()})
+        card = model_card(args, ema_results(results), data, command)
+        card.provenance += f" Exponential moving average of the weights (decay {args.ema_decay:g})."
+        write_folder(averaged, out / "model_ema", processor, card, overwrite=True)
     (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:
