@@ -157,6 +157,23 @@ def test_stretched_cls_control_runs_at_the_new_size_and_is_the_identity_at_the_o
         assert stretched(pixel_values=torch.randn(2, 3, 56, 56)).logits.shape == (2, 10)
 
 
+def test_cls_in_grid_control_is_the_identity_at_the_old_size_and_moves_every_row_one_cell():
+    torch.manual_seed(0)
+    config = HubViTConfig(image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                          intermediate_size=64, num_labels=10, interpolation_mode="nearest")
+    model = HubViTForImageClassification(config).eval()
+    table = model.hubvit.embeddings.position_embedding
+    same = resolution.cls_in_grid_2d(model, 28)
+    torch.testing.assert_close(same.hubvit.embeddings.position_embedding, table, rtol=0, atol=1e-7)
+    moved = resolution.cls_in_grid_2d(model, 56).hubvit.embeddings.position_embedding
+    assert moved.shape == (1, 1 + 14 * 14, 32)
+    # nearest at twice the size: new cell (r, c) of the 16 x 14 layout holds old cell (r // 2, c // 2) of the 8 x 7
+    # layout, whose row-major index is the old table's row ([CLS] = 0).
+    for new_index in (0, 1, 14, 15, 100, 196):
+        r, c = divmod(new_index, 14)
+        torch.testing.assert_close(moved[0, new_index], table[0, (r // 2) * 7 + c // 2], rtol=0, atol=1e-7)
+
+
 def run(name, *argv):
     return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "experiments" / f"{name}.py"), *map(str, argv)],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
