@@ -191,10 +191,10 @@ def quick_results(tmp_path_factory):
     models = out / "models"
     started = [run("position_embeddings", "--quick", "--output_dir", out, "--models_dir", models),
                run("inductive_bias", "--quick", "--output_dir", out),
-               run("resolution", "--quick", "--output_dir", out)]
+               run("resolution", "--quick", "--output_dir", out),
+               run("attention_distance", "--quick", "--output_dir", out, "--models_dir", out / "distance_models")]
     for process in started:
         finish(process)
-    finish(run("attention_distance", "--quick", "--output_dir", out, "--models_dir", models))
     finish(run("summary", "--output_dir", out))
     return out
 
@@ -221,9 +221,22 @@ def test_quick_position_run_records_the_exact_invariance_and_saves_every_model(q
 
 @pytest.mark.heavy
 def test_quick_attention_distance_has_one_value_per_layer_and_head(quick_results):
-    runs = json.loads((quick_results / "attention_distance.json").read_text())["runs"]
+    results = json.loads((quick_results / "attention_distance.json").read_text())
+    runs = results["runs"]
     assert sorted(runs) == sorted(position_embeddings.TYPES)
     assert all(np.array(r["distance"]).shape == (1, 4, 4) for r in runs.values())
+    assert results["setup"]["grid"] == [7, 7]  # --quick trains at 28 x 28; the default is 56 x 56, a 14 x 14 grid
+    assert all(len(r["validation_accuracy"]) == len(r["accuracy"]) == 1 for r in runs.values())
+
+
+@pytest.mark.heavy
+def test_quick_position_run_records_validation_accuracy_and_updates_per_seed(quick_results):
+    results = json.loads((quick_results / "position_embeddings.json").read_text())
+    assert results["setup"]["splits"]["validation"] > 0
+    for record in results["runs"].values():
+        assert len(record["seeds"]) == len(record["accuracy"]) == len(record["validation_accuracy"]) == 1
+        assert record["updates"][0] >= record["best_updates"][0] > 0
+    assert results["runs"]["relative_2d"]["max_abs_bias"][0] > 0
 
 
 @pytest.mark.heavy
