@@ -190,7 +190,7 @@ def verdicts(results):
         verdict = "not seen at this scale: no type has both local and global layer-1 heads in every seed"
     if "none" in s:
         control = s["none"]
-        verdict += ("; the `none` control has no local layer-1 head, as it must without position information"
+        verdict += ("; the `none` control has no local layer-1 head"
                     if control["layer1_local_heads"] == 0 else
                     f"; the `none` control also has {control['layer1_local_heads']} local layer-1 head(s), so "
                     "locality here can come from content (neighbouring patches look alike), not only position")
