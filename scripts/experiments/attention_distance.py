@@ -233,9 +233,9 @@ def markdown(results):
     layers = len(next(iter(s.values()))["layer_mean"])
     runs = results["runs"]
     seconds = [t for r in runs.values() for t in r["train_seconds"]]
-    lines += ["", "## Results", "", "Per layer: min head – max head (mean over heads), averaged over seeds, in pixels. "
+    lines += ["", "## Results", "", ("Per layer: min head – max head (mean over heads), averaged over seeds, in pixels. "
               f"Local: below {setup['local_below_px']:.1f} px; global: above {setup['global_above_px']:.1f} px. "
-              f"Training time per run: {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f} min.", "",
+              f"Training time per run: {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f} min."), "",
               "| position_embedding_type | test accuracy (%) | " + " | ".join(f"layer {i + 1}" for i in range(layers)) +
               " | layer-1 local / global heads | layer 1 mixes local and global |", "|---|---|" + "---|" * (layers + 2)]
     for kind, v in s.items():

@@ -12,7 +12,7 @@ import platform
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -182,9 +182,9 @@ QUICK_PLATEAU = Plateau(max_epochs=2, patience=1, min_delta=0.0, min_epochs=1)
 def prepare_run(args, accelerator, train, model, preprocessing, lr_scale=None):
     """`hubvit.training.loop.prepare` (same loaders, optimizer groups, schedule) with no eval loader and with the
     learning rate of the parameters whose name contains a key of `lr_scale` multiplied by its value."""
+    from hubvit.training import data, loop
+    from hubvit.training import model as model_module
     from transformers import get_scheduler
-
-    from hubvit.training import data, loop, model as model_module
 
     num_labels = len(train.features[args.label_column_name].names)
     train_set, train_loader, _ = data.make_loaders(args, train, None, tuple(model.config.image_size_2d), preprocessing)
@@ -215,9 +215,8 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
     epochs run, updates run, the best epoch and its updates, its validation accuracy, the per-epoch history, and
     whether the plateau or the cap stopped it."""
     from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-
     from hubvit.training import loop
+    from tqdm.auto import tqdm
 
     set_seed(args.seed)
     args.max_train_steps, args.num_train_epochs = None, plateau.max_epochs

@@ -235,8 +235,8 @@ def markdown(results, fractions):
                            results, "CNNs, with their locality and translation-equivariance built in, win on small "
                            "data; with more data the ViT closes the gap.")]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in results["setup"].items() if isinstance(v, str)]
-    lines += ["", "## Results", "", "| fraction | training images | ViT updates (run) | CNN (%) | ViT (%) | CNN - ViT "
-              "(points, paired 95% CI) |", "|---|---|---|---|---|---|"]
+    lines += ["", "## Results", "", ("| fraction | training images | ViT updates (run) | CNN (%) | ViT (%) | CNN - ViT "
+              "(points, paired 95% CI) |"), "|---|---|---|---|---|---|"]
     for f in fractions:
         s, d = summary[str(f)], summary[str(f)]["cnn_minus_vit"]
         lines.append(f"| {f:.0%} | {int(np.mean(runs['cnn'][str(f)]['train_images']))} | "

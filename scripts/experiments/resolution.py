@@ -281,10 +281,10 @@ def markdown(results):
     for c in results["columns"]:
         lines.append(f"| {c} | {common.pct(s[c]['mean'])} ± {common.pct(s[c]['std'])} | "
                      f"{', '.join(common.pct(v) for v in runs[c])} |")
-    lines += ["", "± is the standard deviation over seeds; intervals in the verdicts are paired 95% t intervals. "
+    lines += ["", ("± is the standard deviation over seeds; intervals in the verdicts are paired 95% t intervals. "
               "Bottom row of the figure: cosine similarity between the position embedding of 7 x 7 reference patches "
               "and every patch, before resizing (7 x 7), after resizing by two modes and by the 1D control, and after "
-              "fine-tuning at 56.", "", "## Verdicts", ""]
+              "fine-tuning at 56."), "", "## Verdicts", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
     lines += ["", "## What this small setting can and cannot show", "",
               "Digits upsampled from 28 to 56 contain no new detail, so the fine-tune can only recover, not gain, "
