@@ -39,25 +39,28 @@ def cosine_similarity_grid(table, grid):
 
 
 def stripe_score(similarity):
-    """How much more similar patches in the same row or column are than other pairs at the same distance.
+    """How much more similar patches in the same row or column are than other pairs exactly as far apart.
 
-    For each axis-aligned offset of length k, the mean similarity of those pairs minus the mean similarity of the
-    off-axis pairs whose Euclidean distance rounds to k; averaged over the k where both exist. About 0 for a table
-    that depends on distance only (or on nothing), positive where rows and columns show as stripes (the paper's
-    learned 1D tables; a [sin x, cos x, sin y, cos y] table by construction). None when no k has both kinds.
+    Only offsets of exactly equal Euclidean length are compared: an axis-aligned offset (k, 0) or (0, k) against
+    the off-axis offsets (a, b) with a^2 + b^2 = k^2 (k = 5: (3, 4); k = 10: (6, 8); k = 13: (5, 12); ...). For each
+    such k, the mean similarity of the aligned pairs minus that of the off-axis pairs; averaged over the k the grid
+    holds. A table whose similarities depend on distance only scores 0 up to round-off (any rounding of distances
+    would not: neighbouring distances differ in similarity); positive where rows and columns show as stripes (the
+    paper's learned 1D tables; a [sin x, cos x, sin y, cos y] table by construction). None below a 4 x 6 grid (no
+    equal-length pair).
     """
     gh, gw = similarity.shape[:2]
     ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
     ys, xs = ys.reshape(-1), xs.reshape(-1)
     dy, dx = (ys[:, None] - ys[None, :]).abs(), (xs[:, None] - xs[None, :]).abs()
     values = similarity.reshape(gh * gw, gh * gw).double()
-    distance = torch.sqrt((dy.square() + dx.square()).double())
-    aligned = ((dy == 0) | (dx == 0)) & (distance > 0)
+    squared = dy.square() + dx.square()
+    aligned = (dy == 0) | (dx == 0)
     off_axis = (dy > 0) & (dx > 0)
     gaps = []
     for k in range(1, max(gh, gw)):
-        on = aligned & (distance == k)
-        off = off_axis & (distance.round() == k)
+        on = aligned & (squared == k * k)
+        off = off_axis & (squared == k * k)
         if on.any() and off.any():
             gaps.append(values[on].mean() - values[off].mean())
     return float(torch.stack(gaps).mean()) if gaps else None

