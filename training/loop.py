@@ -110,8 +110,8 @@ class Run:
     ema: object = None
 
 
-def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
-    """Loaders, optimizer and schedule for `model`, prepared by Accelerate."""
+def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr_scale=None):
+    """Loaders, optimizer and schedule for `model`, prepared by Accelerate (`lr_scale`: see `scale_learning_rates`)."""
     from transformers import get_scheduler
 
     num_labels = len(train_split.features[args.label_column_name].names)
@@ -124,7 +124,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
     if eval_loader is not None:
         eval_loader = accelerator.prepare(eval_loader)
     schedule = Schedule.plan(args, len(train_loader))
-    optimizer = make_optimizer(args, model)
+    optimizer = make_optimizer(args, model, lr_scale)
     # A prepared scheduler steps once per process per update (accelerate's AcceleratedScheduler).
     processes = accelerator.num_processes
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=schedule.warmup * processes,

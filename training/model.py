@@ -144,8 +144,26 @@ def parameter_groups(model, learning_rate, weight_decay, layer_decay=1.0):
     return list(groups.values())
 
 
-def make_optimizer(args, model):
+def scale_learning_rates(groups, lr_scale):
+    """Split off the parameters whose name contains a key of `lr_scale` into groups at `value` x their rate
+    (e.g. a zero-initialised relative position bias that must move further than the base rate allows)."""
+    out = []
+    for group in groups:
+        for key, scale in lr_scale.items():
+            picked = [i for i, name in enumerate(group["names"]) if key in name]
+            if picked:
+                out.append(dict(group, params=[group["params"][i] for i in picked],
+                                names=[group["names"][i] for i in picked], lr=group["lr"] * scale))
+                group["params"] = [p for i, p in enumerate(group["params"]) if i not in picked]
+                group["names"] = [n for i, n in enumerate(group["names"]) if i not in picked]
+        out.append(group)
+    return [group for group in out if group["params"]]
+
+
+def make_optimizer(args, model, lr_scale=None):
     groups = parameter_groups(model, args.learning_rate, args.weight_decay, args.layer_decay)
+    if lr_scale:
+        groups = scale_learning_rates(groups, lr_scale)
     for group in groups:
         group.pop("names")
     if args.optimizer == "sgd":

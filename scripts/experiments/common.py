@@ -180,34 +180,11 @@ QUICK_PLATEAU = Plateau(max_epochs=2, patience=1, min_delta=0.0, min_epochs=1)
 
 
 def prepare_run(args, accelerator, train, model, preprocessing, lr_scale=None):
-    """`hubvit.training.loop.prepare` (same loaders, optimizer groups, schedule) with no eval loader and with the
+    """`hubvit.training.loop.prepare` with no eval loader (validation is scored per epoch by the caller) and the
     learning rate of the parameters whose name contains a key of `lr_scale` multiplied by its value."""
-    from hubvit.training import data, loop
-    from hubvit.training import model as model_module
-    from transformers import get_scheduler
+    from hubvit.training import loop
 
-    num_labels = len(train.features[args.label_column_name].names)
-    train_set, train_loader, _ = data.make_loaders(args, train, None, tuple(model.config.image_size_2d), preprocessing)
-    train_loader = accelerator.prepare(train_loader)
-    schedule = loop.Schedule.plan(args, len(train_loader))
-    groups = []
-    for group in model_module.parameter_groups(model, args.learning_rate, args.weight_decay, args.layer_decay):
-        for key, scale in (lr_scale or {}).items():
-            picked = [i for i, name in enumerate(group["names"]) if key in name]
-            if picked:
-                groups.append(dict(group, params=[group["params"][i] for i in picked], lr=group["lr"] * scale))
-                group["params"] = [p for i, p in enumerate(group["params"]) if i not in picked]
-                group["names"] = [n for i, n in enumerate(group["names"]) if i not in picked]
-        groups.append(group)
-    groups = [{k: v for k, v in g.items() if k != "names"} for g in groups if g["params"]]
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate)
-    processes = accelerator.num_processes
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=schedule.warmup * processes,
-                              num_training_steps=schedule.max_steps * processes)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    mixer = data.make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
-    return loop.Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, None, mixer, schedule)
-
+    return loop.prepare(args, accelerator, train, None, model, preprocessing, lr_scale=lr_scale)
 
 def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, lr_scale=None):
     """Train with the main command's update step (`hubvit.training.loop.train_epoch`) one epoch at a time until
