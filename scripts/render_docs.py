@@ -115,6 +115,20 @@ def experiments(root: Path) -> str:
     return markdown_table(["experiment", "claim", "verdict"], rows) + "\n\n" + source_line(*sources)
 
 
+@table("experiment-times")
+def experiment_times(root: Path) -> str:
+    """Wall time of each recorded experiment run, from the `environment` its script writes into the JSON."""
+    rows, sources = [], []
+    for name, title in EXPERIMENTS.items():
+        relative = f"docs/experiments/{name}.json"
+        env = read_json(root, relative)["environment"]
+        seconds = env["wall_time_s"]
+        wall = f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+        rows.append((f"[{title}](experiments/{name}.md)", wall, env["torch_threads"], env["cpu_count"]))
+        sources.append(relative)
+    return markdown_table(["recorded run", "wall time", "torch threads", "CPUs"], rows) + "\n\n" + source_line(*sources)
+
+
 @table("attention-distance-mnist")
 def attention_distance_mnist(root: Path) -> str:
     """Mean attention distance per layer of the main command's model (its `OUT/analysis/attention_distance.json`)."""
