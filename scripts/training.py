@@ -30,6 +30,7 @@ from torchvision.transforms import v2
 
 from hubvit.conversion.common import resample_name
 from hubvit.errors import HubViTError
+from hubvit.scripts import patch_sizes as flexi
 
 logger = logging.getLogger("hubvit.finetune")
 
@@ -156,6 +157,8 @@ def parse_args(argv=None):
                        "single process unless --num_cpu_threads_per_process says otherwise)")
     train.add_argument("--dataloader_num_workers", type=int, default=0)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--patch_sizes", type=flexi.patch_sizes_argument, metavar="P,P,...",
+                       help="a random patch size per update (FlexiViT): the stored kernel is resized on the fly")
 
     ckpt = parser.add_argument_group("checkpoints and feedback")
     ckpt.add_argument("--checkpointing_steps", help="N (every N updates) or 'epoch'")
@@ -744,7 +747,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         return train(args)
-    except UsageError as error:
+    except (UsageError, flexi.PatchSizeError) as error:
         print(f"finetune.py: error: {error}", file=sys.stderr)
         raise SystemExit(2)
     except OSError as error:
@@ -864,6 +867,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
                 f"{num_epochs} epochs, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
     from tqdm.auto import tqdm
 
+    draw = flexi.sampler(args.patch_sizes, accelerator.unwrap_model(model).config, args.seed)
     progress = tqdm(total=max_steps, initial=global_step, disable=not accelerator.is_local_main_process,
                     desc="training")
     every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
@@ -885,7 +889,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
                     with torch.random.fork_rng(devices=[]):
                         torch.manual_seed(args.seed * 1_000_003 + global_step * 97 + accelerator.process_index)
                         pixels, targets = mixer(pixels, labels)
-                logits = model(pixel_values=pixels).logits.float()
+                logits = model(pixel_values=pixels, **draw(global_step)).logits.float()
                 loss = F.cross_entropy(logits, targets, label_smoothing=args.label_smoothing)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm:
@@ -922,6 +926,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     train_runtime = time.time() - train_started
     if not metrics and eval_loader is not None:
         metrics = evaluate_model(accelerator, model, eval_loader)
+    by_patch_size = flexi.evaluate_each(evaluate_model, accelerator, model, eval_loader, args.patch_sizes)
 
     results = {
         **metrics,
@@ -932,6 +937,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
         "global_step": global_step,
         "epochs": num_epochs,
         "train_images_per_second": round(len(train_split) * (max_steps / updates_per_epoch) / max(train_runtime, 1e-9), 1),
+        **({"patch_sizes": by_patch_size} if by_patch_size else {}),
     }
     return model, results
 
@@ -975,6 +981,7 @@ def export(accelerator, args, model, results, data, preprocessing):
     out = Path(args.output_dir)
     folder = write_folder(final, out / "model", processor, card, overwrite=True)
     (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    flexi.write_accuracy(folder, results, eval_name, command_line())
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:
         from hubvit.conversion.hub import push_folder

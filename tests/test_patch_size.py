@@ -162,3 +162,46 @@ def test_bad_patch_sizes_are_refused_by_name(call, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         call(model)
     assert torch.equal(model.hubvit.embeddings.patch_embedding.weight, before)
+
+
+@pytest.mark.heavy
+def test_training_with_random_patch_sizes_serves_every_size(tmp_path):
+    """`--patch_sizes`: one stored kernel (at the config's 8), every listed size drawn during training, each
+    evaluated, and the measured accuracies written beside the weights for `hubvit info`."""
+    import json
+
+    from test_finetune import TINY_MODEL, run_in_process, saved_dataset
+
+    from hubvit.scripts import patch_sizes
+
+    data = saved_dataset(tmp_path / "data", n=24)
+    out = tmp_path / "out"
+    run_in_process([
+        "--dataset_name", str(data), "--image_column_name", "img", "--label_column_name", "target",
+        "--output_dir", str(out), *TINY_MODEL[:2], "--config_overrides",
+        "image_size=16,patch_size=8,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
+        "--patch_sizes", "2,4,8", "--max_train_steps", "6", "--per_device_train_batch_size", "4",
+    ])
+    draw = patch_sizes.sampler([2, 4, 8], tiny_config(image_size=16), seed=0)
+    assert {draw(step)["patch_size"] for step in range(6)} == {2, 4, 8}
+    summary = json.loads((out / "all_results.json").read_text())
+    assert sorted(summary["patch_sizes"], key=int) == ["2", "4", "8"]
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["patch_size"] == 8
+    measured = json.loads((out / "model" / patch_sizes.ACCURACY_FILE).read_text())
+    assert measured["accuracy"] == {p: summary["patch_sizes"][p]["eval_accuracy"] for p in ("2", "4", "8")}
+
+
+@pytest.mark.parametrize("value,message", [("4,x", "expected comma-separated positive ints"), ("4,4", "repeats")])
+def test_bad_patch_size_lists_are_refused(value, message):
+    from hubvit.scripts import patch_sizes
+
+    with pytest.raises(patch_sizes.PatchSizeError, match=message):
+        patch_sizes.parse_patch_sizes(value)
+
+
+def test_patch_size_that_does_not_divide_the_image_is_refused():
+    from hubvit.scripts import patch_sizes
+
+    with pytest.raises(patch_sizes.PatchSizeError, match="5 does not divide the image size 32x32"):
+        patch_sizes.sampler([4, 5], tiny_config(), seed=0)
