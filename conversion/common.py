@@ -139,6 +139,9 @@ def add_verify_arguments(parser):
         "--tolerance", type=positive_number, default=TOLERANCE,
         help=f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
     )
+    from .patch_size import add_patch_size_argument
+
+    add_patch_size_argument(parser)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from transformers import ViTImageProcessor
 from ..modeling import HubViTConfig, HubViTForImageClassification
 from .card import CardInfo, render_card
 from .common import RESAMPLE_IDS, ConversionError, make_config, resample_name, verify
+from .patch_size import resize_converted
 from .preprocessing import processor_for
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
@@ -213,11 +214,12 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
     return Path(out_dir)
 
 
-def write_conversion(conversion, out_dir, overwrite=False):
+def write_conversion(conversion, out_dir, overwrite=False, patch_size=None):
     """Build the model of a converter's `Conversion`, verify it against the source, and write the folder.
 
     The card's Verification section carries the figure measured here, on these weights; where the conversion has
-    no reference forward, the card says the file was not verified and why.
+    no reference forward, the card says the file was not verified and why. `patch_size`: after the verification, the
+    model is PI-resized to that patch size (`patch_size.resize_converted`) and the card's provenance says so.
     """
     config = make_config(conversion)
     model = build_model(config, conversion.weights)
@@ -232,8 +234,9 @@ def write_conversion(conversion, out_dir, overwrite=False):
         verification = result.text(reference)
         print("verify: " + "; ".join(result.lines))
     notes = " ".join(note if note.endswith(".") else f"{note}." for note in conversion.preprocessing.notes)
+    resized = None if patch_size is None else resize_converted(model, patch_size, conversion.preprocessing.resample)
     card = CardInfo(
-        provenance="\n\n".join(text for text in (conversion.provenance, notes) if text),
+        provenance="\n\n".join(text for text in (conversion.provenance, notes, resized) if text),
         command=conversion.command,
         family=conversion.family,
         verification=verification,

@@ -442,4 +442,5 @@ def convert(args):
 
 def main(args):
     """Convert `args.src` into a hubvit folder at `args.out`; returns the folder."""
-    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))
+    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False),
+                            patch_size=getattr(args, "patch_size", None))

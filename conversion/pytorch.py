@@ -192,4 +192,5 @@ def convert(args):
 
 
 def main(args):
-    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False))
+    return write_conversion(convert(args), args.out, overwrite=getattr(args, "overwrite", False),
+                            patch_size=getattr(args, "patch_size", None))

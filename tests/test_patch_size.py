@@ -205,3 +205,38 @@ def test_patch_size_that_does_not_divide_the_image_is_refused():
 
     with pytest.raises(patch_sizes.PatchSizeError, match="5 does not divide the image size 32x32"):
         patch_sizes.sampler([4, 5], tiny_config(), seed=0)
+
+
+def test_convert_patch_size_resizes_after_verifying_and_the_card_says_so(tmp_path, capsys):
+    import json
+
+    from test_convert_pytorch import convert, source_model
+
+    source = source_model()
+    torch.save(source.state_dict(), tmp_path / "vit.pth")
+    assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4, "--patch-size", 16) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    interpolation = config["patch_resize"]["interpolation"]
+    assert config["patch_size"] == 16 and config["patch_resize"]["from_patch_size"] == [8, 8]
+    loaded = HubViTForImageClassification.from_pretrained(tmp_path / "out")
+    expected = resize_patch_kernel(source.patch_embed.weight.detach(), 16, "pi", interpolation, True)
+    assert relative(loaded.hubvit.embeddings.patch_embedding.weight.detach(), expected) < 1e-6
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "this folder serves 16x16 patches" in card and "Exact-property check" in card
+
+
+def test_convert_to_a_smaller_patch_says_there_is_no_exact_counterpart(tmp_path, capsys):
+    from test_convert_pytorch import convert, source_model
+
+    torch.save(source_model().state_dict(), tmp_path / "vit.pth")
+    assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4, "--patch-size", 4) == 0
+    assert "has no exact counterpart" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_convert_refuses_a_patch_size_that_does_not_divide_the_image(tmp_path, capsys):
+    from test_convert_pytorch import convert, source_model
+
+    torch.save(source_model().state_dict(), tmp_path / "vit.pth")
+    assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4, "--patch-size", 5) == 2
+    assert "--patch-size 5 does not divide the model's image size 32x32" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
