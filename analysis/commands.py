@@ -30,6 +30,8 @@ def add_commands(commands):
     parser.add_argument("--batch-size", type=int, default=1, help="for the attention memory (default 1)")
     parser.add_argument("--dtype", default="float32", help="of the attention scores: float32, float16, bfloat16, ...")
     parser.add_argument("--patch-sizes", type=int_list, help="comma-separated patch sides, one row each: 32,16,14,8")
+    parser.add_argument("--accuracy", metavar="JSON", help="measured accuracy per patch side for the --patch-sizes "
+                        f"rows (default: SRC/{info.PATCH_ACCURACY_FILE} when SRC is a folder that has one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(run=run_info)
 
@@ -109,7 +111,11 @@ def run_info(args):
     summary = info.summary(config, args.image_size, args.batch_size, args.dtype, head)
     rows = None
     if args.patch_sizes:
-        rows = info.patch_size_rows(config, args.patch_sizes, args.image_size, args.batch_size, args.dtype, head)
+        found = Path(args.src) / info.PATCH_ACCURACY_FILE
+        path = args.accuracy or (found if found.is_file() else None)
+        accuracy = info.read_patch_accuracy(path)[0] if path else None
+        rows = info.patch_size_rows(config, args.patch_sizes, args.image_size, args.batch_size, args.dtype, head,
+                                    accuracy)
     if args.json:
         print(json.dumps({**summary, **({"patch_sizes": rows} if rows else {})}, indent=2))
     else:

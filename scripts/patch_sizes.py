@@ -12,9 +12,8 @@ import json
 import random
 from pathlib import Path
 
+from hubvit.analysis.info import PATCH_ACCURACY_FILE as ACCURACY_FILE
 from hubvit.errors import HubViTError
-
-ACCURACY_FILE = "patch_size_accuracy.json"
 
 
 class PatchSizeError(HubViTError):

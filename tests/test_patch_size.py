@@ -240,3 +240,29 @@ def test_convert_refuses_a_patch_size_that_does_not_divide_the_image(tmp_path, c
     assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 4, "--patch-size", 5) == 2
     assert "--patch-size 5 does not divide the model's image size 32x32" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_info_shows_flops_and_the_measured_accuracy_per_patch_size(tmp_path, capsys):
+    import json
+
+    from hubvit.analysis import info
+    from hubvit.scripts.cli import main as cli
+
+    tiny_classifier().save_pretrained(tmp_path)
+    (tmp_path / info.PATCH_ACCURACY_FILE).write_text(json.dumps({"accuracy": {"4": 0.875}, "split": "validation"}))
+    assert cli(["info", str(tmp_path), "--json", "--patch-sizes", "4,8"]) == 0
+    rows = json.loads(capsys.readouterr().out)["patch_sizes"]
+    assert [row["accuracy"] for row in rows] == [0.875, None]
+    assert [row["forward_flops"] for row in rows] == [2 * row["forward_macs"] for row in rows]
+    assert rows[0]["forward_flops"] > rows[1]["forward_flops"]
+    assert cli(["info", str(tmp_path), "--patch-sizes", "4,8"]) == 0
+    table = capsys.readouterr().out
+    assert "accuracy (measured)" in table and "87.50%" in table
+
+
+def test_info_refuses_an_accuracy_file_that_is_not_one(tmp_path, capsys):
+    from hubvit.scripts.cli import main as cli
+
+    (tmp_path / "acc.json").write_text("[1, 2]")
+    assert cli(["info", "b/16", "--patch-sizes", "16", "--accuracy", str(tmp_path / "acc.json")]) == 2
+    assert "acc.json: not a patch-size accuracy file" in capsys.readouterr().err
