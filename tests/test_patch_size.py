@@ -266,3 +266,28 @@ def test_info_refuses_an_accuracy_file_that_is_not_one(tmp_path, capsys):
     (tmp_path / "acc.json").write_text("[1, 2]")
     assert cli(["info", "b/16", "--patch-sizes", "16", "--accuracy", str(tmp_path / "acc.json")]) == 2
     assert "acc.json: not a patch-size accuracy file" in capsys.readouterr().err
+
+
+@pytest.mark.heavy
+def test_experiment_quick_run_writes_every_arm_at_every_patch_size(tmp_path):
+    """Structure only: a --quick run trains for 3 updates, so its accuracies say nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(root / "scripts" / "experiments" / "patch_size.py"), "--quick",
+                          "--output_dir", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "patch_size.json").read_text())
+    assert set(results["runs"]) == {"pi", "interpolate", "native", "random"}
+    for arm in results["runs"].values():
+        assert set(arm) == {"4", "7", "14"} and all(len(v) == 1 for v in arm.values())
+    assert results["runs"]["pi"]["7"] == results["runs"]["native"]["7"] == results["runs"]["interpolate"]["7"]
+    assert set(results["images_per_second"]) == {"4", "7", "14"}
+    page = (tmp_path / "patch_size.md").read_text()
+    assert "Quick run" in page and "What this scale can and cannot show" in page
