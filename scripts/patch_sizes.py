@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 from hubvit.analysis.info import PATCH_ACCURACY_FILE as ACCURACY_FILE
+
 from hubvit.errors import HubViTError
 
 

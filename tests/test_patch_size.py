@@ -9,10 +9,10 @@ import copy
 
 import pytest
 import torch
+from hubvit.modeling.patch_resize_hubvit import pi_resize_matrix, resize_patch, resize_patch_kernel
 from utils import randomize_, tiny_config
 
 from hubvit import HubViTForImageClassification, HubViTModel
-from hubvit.modeling.patch_resize_hubvit import pi_resize_matrix, resize_patch, resize_patch_kernel
 
 SETTINGS = [("bicubic", True), ("bicubic", False), ("bilinear", True), ("bilinear", False)]
 
@@ -170,9 +170,8 @@ def test_training_with_random_patch_sizes_serves_every_size(tmp_path):
     evaluated, and the measured accuracies written beside the weights for `hubvit info`."""
     import json
 
-    from test_finetune import TINY_MODEL, run_in_process, saved_dataset
-
     from hubvit.scripts import patch_sizes
+    from test_finetune import TINY_MODEL, run_in_process, saved_dataset
 
     data = saved_dataset(tmp_path / "data", n=24)
     out = tmp_path / "out"
@@ -280,7 +279,7 @@ def test_experiment_quick_run_writes_every_arm_at_every_patch_size(tmp_path):
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, str(root / "scripts" / "experiments" / "patch_size.py"), "--quick",
-                          "--output_dir", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True,
+                          "--output_dir", str(tmp_path)], check=False, cwd=root, env=env, capture_output=True, text=True,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads((tmp_path / "patch_size.json").read_text())

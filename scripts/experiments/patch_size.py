@@ -46,7 +46,7 @@ def parse_args(argv=None):
 def cpu_isa():
     """The CPU model and its widest vector ISA, printed with every speed figure."""
     try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        text = subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown CPU"
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
@@ -238,17 +238,17 @@ def markdown(results):
                                                  for p in sizes))
     lines += ["", "## Verdicts", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
-    lines += ["", "## What this scale can and cannot show", "",
-              f"Every model is a {results['setup']['model'].split(', ')[-1]} ViT trained for "
-              f"{results['setup']['training'].split(', ')[-1]} on 28 x 28 digits, {seeds} seed(s), on a 2-core CPU "
-              "shared with other jobs. FlexiViT trained ViT-B for hundreds of epochs on ImageNet-21k with patch sizes "
-              "8 to 48; here the images are small enough that P=14 leaves a 2 x 2 grid, and the random-P model sees "
-              "each size for only about a third of its updates, the same compute in updates but a third of the "
-              "updates per size. The (d) model's learned table lives at the largest patch's grid (2 x 2) and is "
-              "upsampled for finer grids, as FlexiViT stores a 7 x 7 table and resizes it; at this size that gives the "
-              "finest grid only four learned positions. The figures therefore say which way the effects go on small "
-              "data with short schedules, not their size at scale. Throughput is measured once per P, on a machine "
-              "shared with other jobs; compare the ratios between sizes, not the absolute figures.",
+    params = results["setup"]["model"].split(", ")[-1]
+    updates = results["setup"]["training"].split(", ")[-1].replace(" for every model", "")
+    lines += ["", "## What this scale can and cannot show", "", (
+        f"Every model here is the experiments' ViT ({params}) trained for {updates} on 28 x 28 digits, {seeds} seed(s), on a 2-core CPU shared with other jobs. FlexiViT trained ViT-B-sized "
+        "models on ImageNet with far longer schedules and a wider range of patch sizes; here P=14 leaves a 2 x 2 grid, "
+        "and the random-P model sees each size for only about a third of its updates (the same number of updates as "
+        "each native model, a third of them per size). The (d) model's learned table lives at the largest patch's "
+        "grid (2 x 2) and is upsampled for finer grids, as FlexiViT stores one small table and resizes it; at this "
+        "size that leaves the finest grid only four learned positions. So the figures say which way the effects go on "
+        "small data with short schedules, not how large they are at scale. Throughput is measured once per P on a "
+        "machine shared with other jobs: compare the ratios between sizes, not the absolute figures."),
               "", common.SCHEDULE_NOTE]
     return "\n".join(lines)
 
