@@ -247,7 +247,10 @@ def markdown(results):
         "each native model, a third of them per size). The (d) model's learned table lives at the largest patch's "
         "grid (2 x 2) and is upsampled for finer grids, as FlexiViT stores one small table and resizes it; at this "
         "size that leaves the finest grid only four learned positions. So the figures say which way the effects go on "
-        "small data with short schedules, not how large they are at scale. Throughput is measured once per P on a "
+        "small data with short schedules, not how large they are at scale: with this few updates no model is "
+        "converged (accuracy rises as P grows because fewer tokens learn faster in few steps), and the random-P "
+        "model's gap measures its undertraining per size as much as the recipe; a longer schedule is what would test "
+        "FlexiViT's claim. Throughput is measured once per P on a "
         "machine shared with other jobs: compare the ratios between sizes, not the absolute figures."),
               "", common.SCHEDULE_NOTE]
     return "\n".join(lines)
