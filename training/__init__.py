@@ -3,7 +3,8 @@
 
 arguments (the options as `HfArgumentParser` dataclasses and their checks), data (splits and seeded pipelines),
 model (the starting model and its optimizer), loop (`fit`, the one training loop), checkpoints (Accelerate's
-`save_state`/`load_state` with rotation), evaluation (`evaluate` metrics), run (`train`, the whole run).
+`save_state`/`load_state` with rotation), evaluation (`evaluate` metrics), patch_sizes (`--patch_sizes`: a random
+patch size per update, FlexiViT), run (`train`, the whole run).
 """
 
 from .arguments import (

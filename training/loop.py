@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from .arguments import UsageError
 from .checkpoints import load_checkpoint, project_configuration, resolve_checkpoint, save_checkpoint
 from .data import make_loaders, make_mixer
-from .evaluation import evaluate_model
+from .evaluation import evaluate_each_patch_size, evaluate_model
 from .model import make_optimizer
+from .patch_sizes import parse_patch_sizes, sampler
 
 logger = logging.getLogger("hubvit.finetune")
 
@@ -104,6 +105,7 @@ class Run:
     eval_loader: object
     mixer: object
     schedule: Schedule
+    draw: object = lambda update: {}  # the forward keywords of an update (`--patch_sizes`: its patch size)
 
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
@@ -111,6 +113,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
     from transformers import get_scheduler
 
     num_labels = len(train_split.features[args.label_column_name].names)
+    draw = sampler(parse_patch_sizes(args.patch_sizes), model.config, args.seed)
     size = tuple(model.config.image_size_2d)
     train_set, train_loader, eval_loader = make_loaders(args, train_split, eval_split, size, preprocessing)
     train_loader = accelerator.prepare(train_loader)
@@ -124,7 +127,8 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing):
                               num_training_steps=schedule.max_steps * processes)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
-    return Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, mixer, schedule)
+    return Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, mixer, schedule,
+               draw)
 
 
 def start_trackers(run):
@@ -164,7 +168,7 @@ def train_step(run, pixels, labels, global_step):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(args.seed * 1_000_003 + global_step * 97 + accelerator.process_index)
                 pixels, targets = run.mixer(pixels, labels)
-        logits = model(pixel_values=pixels).logits.float()
+        logits = model(pixel_values=pixels, **run.draw(global_step)).logits.float()
         loss = F.cross_entropy(logits, targets, label_smoothing=args.label_smoothing)
         accelerator.backward(loss)
         if accelerator.sync_gradients and args.max_grad_norm:
@@ -229,7 +233,7 @@ def end_of_epoch(run, position, batches):
     return metrics
 
 
-def results(run, metrics, train_split, global_step, train_runtime):
+def results(run, metrics, train_split, global_step, train_runtime, by_patch_size=None):
     schedule, accelerator = run.schedule, run.accelerator
     seen = len(train_split) * (schedule.max_steps / schedule.updates_per_epoch)
     return {
@@ -241,6 +245,7 @@ def results(run, metrics, train_split, global_step, train_runtime):
         "global_step": global_step,
         "epochs": schedule.num_epochs,
         "train_images_per_second": round(seen / max(train_runtime, 1e-9), 1),
+        **({"patch_sizes": by_patch_size} if by_patch_size else {}),
     }
 
 
@@ -251,7 +256,8 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     `preprocessing` is a `Preprocessing` (normalisation and resample filter). Returns the prepared model and the
     final results (metrics of the last evaluation, runtime, throughput). Any model whose `config` has
     `image_size_2d` and `num_hidden_layers` and whose forward takes `pixel_values` and returns `.logits` fits
-    (the inductive-bias experiment's CNN does).
+    (the inductive-bias experiment's CNN does). With `args.patch_sizes` each update runs at a patch size drawn from
+    them (FlexiViT; `patch_sizes.sampler`), and the results gain the evaluation at each size (`patch_sizes`).
     """
     from tqdm.auto import tqdm
 
@@ -273,4 +279,5 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     train_runtime = time.time() - started
     if not metrics and run.eval_loader is not None:
         metrics = evaluate_model(accelerator, run.model, run.eval_loader)
-    return run.model, results(run, metrics, train_split, position.global_step, train_runtime)
+    by_patch_size = evaluate_each_patch_size(accelerator, run.model, run.eval_loader, parse_patch_sizes(args.patch_sizes))
+    return run.model, results(run, metrics, train_split, position.global_step, train_runtime, by_patch_size)

@@ -13,6 +13,7 @@ import torch
 from .arguments import Arguments, check_args, resolve_defaults
 from .data import load_splits
 from .loop import fit, logger, make_accelerator
+from .patch_sizes import ACCURACY_FILE, write_accuracy
 
 
 @dataclass
@@ -79,6 +80,13 @@ def model_card(args, results, data, command):
     ) + (f" on {source}: {results['train_samples']} training images, {results['eval_samples']} held out, "
          f"{results['epochs']} epochs on {results['num_processes']} process(es) with hubvit's training package"
          f" ({args.optimizer}, lr {args.learning_rate:g}, {args.lr_scheduler_type} schedule).")
+    if results.get("patch_sizes"):
+        provenance += (
+            f" Each update ran at a patch size drawn from {args.patch_sizes} (FlexiViT, \"FlexiViT: One Model for All "
+            "Patch Sizes\", Beyer et al., CVPR 2023): the stored kernel PI-resized on the fly. Accuracy at each size: "
+            + ", ".join(f"P={size} {m['eval_accuracy']:.4f}" for size, m in results["patch_sizes"].items())
+            + f" (also in `{ACCURACY_FILE}`, which `hubvit info --patch-sizes` shows)."
+        )
     return CardInfo(
         provenance=provenance,
         command=command,
@@ -105,6 +113,7 @@ def export(accelerator, args, model, results, data, preprocessing, command):
     out = Path(args.output_dir)
     folder = write_folder(final, out / "model", processor, model_card(args, results, data, command), overwrite=True)
     (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_accuracy(folder, results, data[1], command)
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:
         from hubvit.conversion.hub import push_folder
