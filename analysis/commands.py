@@ -34,6 +34,8 @@ def add_commands(commands):
     parser.add_argument("--batch-size", type=int, default=1, help="for the attention memory (default 1)")
     parser.add_argument("--dtype", default="float32", help="of the attention scores: float32, float16, bfloat16, ...")
     parser.add_argument("--patch-sizes", type=int_list, help="comma-separated patch sides, one row each: 32,16,14,8")
+    parser.add_argument("--accuracy", metavar="JSON", help="measured accuracy per patch side for the --patch-sizes "
+                        f"rows (default: SRC/{counts.PATCH_ACCURACY_FILE} when SRC is a folder that has one)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(run=info, show=show_info)
 
@@ -129,10 +131,12 @@ class InfoResult:
 
 
 def info(src, *, image_size=None, batch_size: int = 1, dtype: str = "float32",
-         patch_sizes: list | None = None) -> InfoResult:
+         patch_sizes: list | None = None, accuracy=None) -> InfoResult:
     """Tokens, attention memory (for `batch_size` images, scores in `dtype`), parameters and multiply-accumulates of
     SRC (a hubvit folder, a Hub repo id or a preset such as 'b/16') at `image_size` (int, (h, w) or 'HxW'; default
-    the model's), counted from the config alone; `patch_sizes` adds one row per patch side."""
+    the model's), counted from the config alone; `patch_sizes` adds one row per patch side, with the accuracy measured
+    at that side where `accuracy` (a `patch_size_accuracy.json`; default SRC's own, when SRC is a folder with one)
+    records it."""
     image_size = image_size_of(image_size)
     batch_size = positive_int(batch_size, "batch_size")
     counts.dtype_bytes(dtype)
@@ -143,7 +147,10 @@ def info(src, *, image_size=None, batch_size: int = 1, dtype: str = "float32",
     summary = counts.summary(config, image_size, batch_size, dtype, head)
     rows = None
     if patch_sizes:
-        rows = counts.patch_size_rows(config, patch_sizes, image_size, batch_size, dtype, head)
+        found = Path(src) / counts.PATCH_ACCURACY_FILE
+        path = accuracy if accuracy is not None else (found if found.is_file() else None)
+        measured = counts.read_patch_accuracy(path)[0] if path is not None else None
+        rows = counts.patch_size_rows(config, patch_sizes, image_size, batch_size, dtype, head, measured)
     return InfoResult(summary, rows)
 
 

@@ -208,9 +208,28 @@ def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
     }
 
 
-def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="float32", head=True):
+PATCH_ACCURACY_FILE = "patch_size_accuracy.json"
+
+
+def read_patch_accuracy(path):
+    """{patch side: accuracy} from a `patch_size_accuracy.json` (written by `finetune.py --patch_sizes`), and the
+    split it was measured on; ValueError naming the file when it is not one."""
+    import json
+    from pathlib import Path
+
+    try:
+        record = json.loads(Path(path).read_text())
+        accuracy = {int(size): float(value) for size, value in record["accuracy"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: not a patch-size accuracy file ({{'accuracy': {{P: value}}}} expected): "
+                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    return accuracy, record.get("split")
+
+
+def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="float32", head=True, accuracy=None):
     """One row per patch side at the same image size: how N, attention memory and MACs grow while the encoder's
-    parameters stay the same (only the patch embedding and the position table change)."""
+    parameters stay the same (only the patch embedding and the position table change). `accuracy` ({side: value},
+    measured) fills the accuracy column where known; the other rows have None."""
     size = tuple(image_size) if image_size is not None else config.image_size_2d
     rows = []
     for patch in patch_sizes:
@@ -224,6 +243,8 @@ def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="f
                      "attention_entries_per_head": info["attention"]["patches"]["entries_per_head"],
                      "attention_bytes_all_layers": info["attention"]["patches"]["bytes_all_layers"],
                      "forward_macs": info["macs_per_image"]["forward"],
+                     "forward_flops": info["macs_per_image"]["forward_flops"],
+                     "accuracy": (accuracy or {}).get(patch),
                      "encoder_parameters": info["parameters"]["encoder"],
                      "total_parameters": info["parameters"]["total"]})
     return rows
@@ -283,9 +304,12 @@ def format_summary(info, name="model"):
 
 
 def format_patch_rows(rows):
+    measured = any(r.get("accuracy") is not None for r in rows)
     return table([[r["patch_size"], f"{r['grid'][0]}x{r['grid'][1]}", f"{r['num_patches']:,}",
                    f"{r['attention_entries_per_head']:,}", human_bytes(r["attention_bytes_all_layers"]),
-                   human_count(r["forward_macs"]) + "MAC", f"{r['encoder_parameters']:,}",
-                   f"{r['total_parameters']:,}"] for r in rows],
-                 ["patch", "grid", "N", "entries / head", "attention, all layers", "forward", "encoder params",
-                  "total params"])
+                   human_count(r["forward_macs"]) + "MAC", human_count(r["forward_flops"]) + "FLOP",
+                   f"{r['encoder_parameters']:,}", f"{r['total_parameters']:,}"]
+                  + ([f"{100 * r['accuracy']:.2f}%" if r.get("accuracy") is not None else "-"] if measured else [])
+                  for r in rows],
+                 ["patch", "grid", "N", "entries / head", "attention, all layers", "forward", "forward FLOPs",
+                  "encoder params", "total params"] + (["accuracy (measured)"] if measured else []))

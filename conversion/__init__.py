@@ -4,7 +4,7 @@ The Python functions users call (`convert_timm`, `convert_jax`, ..., `export_*`,
 re-exported by `hubvit`. A source format is one module here, of one shape (`jax`, `timm`, `transformers`,
 `torchvision`, `pytorch`):
 
-- `add_arguments(parser)`: SRC, OUT, its own flags, `arguments.add_verify_arguments` (`--verify`, `--tolerance`) and
+- `add_arguments(parser)`: SRC, OUT, its own flags, `arguments.add_verify_arguments` (`--verify`, `--tolerance`, `--patch-size`) and
   `sources.add_arguments` (`--revision` of a Hub repo id SRC, or `--sha256` of an https:// one); each flag's
   destination is the name of a keyword argument of the module's function in `api`;
 - `Options`: those keyword arguments, checked, as a frozen record;

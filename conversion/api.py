@@ -2,7 +2,9 @@
 `hubvit.analysis.commands`). Each takes keyword arguments named as the command's flags, returns a small record, and
 raises a `HubViTError` (a ValueError) for bad input; the `hubvit` command only maps flags to these arguments.
 
-Every function here is importable from `hubvit` itself (`hubvit.convert_timm(...)`).
+Every function here is importable from `hubvit` itself (`hubvit.convert_timm(...)`). Every `convert_*` also takes
+`patch_size` (an int, an (h, w) pair or 'HxW' text): the model is verified at the source's patch size, then its patch
+embedding is PI-resized to that size (FlexiViT) and the card says how (docs/patch-size.md).
 """
 
 import json
@@ -17,6 +19,7 @@ from . import hub, jax, publish as zoo, pytorch, timm, torchvision, transformers
 from .arguments import TOLERANCE, choice, flag, path_text, positive, whole
 from .common import ConversionResult, ExportResult
 from .folder import check_output_path, write_conversion
+from .patch_size import check_patch_size
 from .publish import Outcome
 
 # ------------------------------------------------------------------------------------------------------- conversion
@@ -29,6 +32,7 @@ def convert_timm(
     overwrite: bool = False,
     verify: bool = True,
     tolerance: float = TOLERANCE,
+    patch_size: int | tuple | str | None = None,
     revision: str | None = None,
     architecture: str | None = None,
     model_args: dict | str | None = None,
@@ -46,10 +50,12 @@ def convert_timm(
         model_args=json.dumps(model_args) if isinstance(model_args, dict) else model_args,
         verify=flag(verify, "verify"),
         tolerance=positive(tolerance, "tolerance"),
+        patch_size=check_patch_size(patch_size),
         revision=revision,
     )
     check_output_path(options.out, options.src)
-    return write_conversion(timm.convert(options), options.out, overwrite=flag(overwrite, "overwrite"))
+    return write_conversion(timm.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
+                            patch_size=options.patch_size)
 
 
 def convert_jax(
@@ -59,6 +65,7 @@ def convert_jax(
     overwrite: bool = False,
     verify: bool = True,
     tolerance: float = TOLERANCE,
+    patch_size: int | tuple | str | None = None,
     sha256: str | None = None,
     image_size: int | None = None,
     position_embedding: str | None = None,
@@ -87,10 +94,12 @@ def convert_jax(
         num_labels=whole(num_labels, "num_labels"),
         verify=flag(verify, "verify"),
         tolerance=positive(tolerance, "tolerance"),
+        patch_size=check_patch_size(patch_size),
         sha256=sha256,
     )
     check_output_path(options.out, options.src)
-    return write_conversion(jax.convert(options), options.out, overwrite=flag(overwrite, "overwrite"))
+    return write_conversion(jax.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
+                            patch_size=options.patch_size)
 
 
 def convert_transformers(
@@ -100,6 +109,7 @@ def convert_transformers(
     overwrite: bool = False,
     verify: bool = True,
     tolerance: float = TOLERANCE,
+    patch_size: int | tuple | str | None = None,
     revision: str | None = None,
     drop_head: bool = False,
 ) -> ConversionResult:
@@ -112,10 +122,12 @@ def convert_transformers(
         drop_head=flag(drop_head, "drop_head"),
         verify=flag(verify, "verify"),
         tolerance=positive(tolerance, "tolerance"),
+        patch_size=check_patch_size(patch_size),
         revision=revision,
     )
     check_output_path(options.out, options.src)
-    return write_conversion(transformers.convert(options), options.out, overwrite=flag(overwrite, "overwrite"))
+    return write_conversion(transformers.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
+                            patch_size=options.patch_size)
 
 
 def convert_torchvision(
@@ -125,6 +137,7 @@ def convert_torchvision(
     overwrite: bool = False,
     verify: bool = True,
     tolerance: float = TOLERANCE,
+    patch_size: int | tuple | str | None = None,
     architecture: str | None = None,
     num_heads: int | None = None,
     image_size: int | None = None,
@@ -152,9 +165,11 @@ def convert_torchvision(
         weights=weights,
         verify=flag(verify, "verify"),
         tolerance=positive(tolerance, "tolerance"),
+        patch_size=check_patch_size(patch_size),
     )
     check_output_path(options.out, options.src)
-    return write_conversion(torchvision.convert(options), options.out, overwrite=flag(overwrite, "overwrite"))
+    return write_conversion(torchvision.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
+                            patch_size=options.patch_size)
 
 
 def convert_pytorch(
@@ -165,6 +180,7 @@ def convert_pytorch(
     overwrite: bool = False,
     verify: bool = True,
     tolerance: float = TOLERANCE,
+    patch_size: int | tuple | str | None = None,
     activation: str = "gelu",
     layer_norm_eps: float = 1e-5,
     final_layer_norm_eps: float = 1e-6,
@@ -181,9 +197,11 @@ def convert_pytorch(
         final_layer_norm_eps=positive(final_layer_norm_eps, "final_layer_norm_eps"),
         verify=flag(verify, "verify"),
         tolerance=positive(tolerance, "tolerance"),
+        patch_size=check_patch_size(patch_size),
     )
     check_output_path(options.out, options.src)
-    return write_conversion(pytorch.convert(options), options.out, overwrite=flag(overwrite, "overwrite"))
+    return write_conversion(pytorch.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
+                            patch_size=options.patch_size)
 
 
 # ----------------------------------------------------------------------------------------------------------- export

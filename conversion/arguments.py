@@ -1,5 +1,5 @@
 """The options every converter shares, both ways in: the flags of `add_arguments` (`--verify/--no-verify`,
-`--tolerance`) and the checks the Python functions apply to their keyword arguments, which raise `HubViTError`
+`--tolerance`, `--patch-size`) and the checks the Python functions apply to their keyword arguments, which raise `HubViTError`
 naming the argument where argparse would have exited."""
 
 import argparse
@@ -7,12 +7,13 @@ import math
 import os
 
 from ..errors import HubViTError
+from .patch_size import add_patch_size_argument
 
 TOLERANCE = 1e-5
 
 
 def add_verify_arguments(parser):
-    """`--verify/--no-verify` and `--tolerance`, the same for every converter."""
+    """`--verify/--no-verify`, `--tolerance` and `--patch-size`, the same for every converter."""
     parser.add_argument(
         "--verify", action=argparse.BooleanOptionalAction, default=True,
         help="run the source implementation and the converted model on the same input and fail above tolerance "
@@ -22,6 +23,7 @@ def add_verify_arguments(parser):
         "--tolerance", type=positive_number, default=TOLERANCE,
         help=f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
     )
+    add_patch_size_argument(parser)
 
 
 def positive_number(text):

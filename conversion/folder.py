@@ -22,6 +22,7 @@ from ..modeling import HubViTConfig, HubViTForImageClassification
 from .card import CardInfo, render_card
 from ..errors import OutputExistsError
 from .common import RESAMPLE_IDS, ConversionError, ConversionResult, make_config, resample_name, verify
+from .patch_size import patch_size_text, resize_converted
 from .preprocessing import processor_for
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
@@ -214,12 +215,13 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
     return Path(out_dir)
 
 
-def write_conversion(conversion, out_dir, overwrite=False):
+def write_conversion(conversion, out_dir, overwrite=False, patch_size=None):
     """Build the model of a converter's `Conversion`, verify it against the source, and write the folder; returns the
     `ConversionResult` (the folder and the measured figure).
 
     The card's Verification section carries the figure measured here, on these weights; where the conversion has
-    no reference forward, the card says the file was not verified and why.
+    no reference forward, the card says the file was not verified and why. `patch_size`: after the verification, the
+    model is PI-resized to that patch size (`patch_size.resize_converted`) and the card's provenance says so.
     """
     config = make_config(conversion)
     model = build_model(config, conversion.weights)
@@ -234,9 +236,10 @@ def write_conversion(conversion, out_dir, overwrite=False):
         verification = result.text(reference)
         print("verify: " + "; ".join(result.lines))
     notes = " ".join(note if note.endswith(".") else f"{note}." for note in conversion.preprocessing.notes)
+    resized = None if patch_size is None else resize_converted(model, patch_size, conversion.preprocessing.resample)
     card = CardInfo(
-        provenance="\n\n".join(text for text in (conversion.provenance, notes) if text),
-        command=conversion.command,
+        provenance="\n\n".join(text for text in (conversion.provenance, notes, resized) if text),
+        command=conversion.command + ("" if patch_size is None else f" --patch-size {patch_size_text(patch_size)}"),
         family=conversion.family,
         verification=verification,
         max_abs_diff=result.max_abs_diff if result else None,

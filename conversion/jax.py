@@ -81,6 +81,7 @@ class Options:
     num_labels: int | None = None
     verify: bool = True
     tolerance: float = TOLERANCE
+    patch_size: int | tuple | None = None
     sha256: str | None = None
 
 

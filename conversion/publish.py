@@ -229,6 +229,8 @@ def keyword_arguments(words, function, where):
 def typed(text, hint, where):
     """`text` as the int, float or bool `hint` asks for (text otherwise)."""
     kinds = set(typing.get_args(hint) or (hint,)) - {type(None)}
+    if str in kinds:  # the function parses its own text (`patch_size`: '16' or '16x8')
+        return text
     try:
         if bool in kinds:
             return {"true": True, "false": False}[text.lower()]

@@ -68,6 +68,7 @@ class Options:
     final_layer_norm_eps: float = 1e-6
     verify: bool = True
     tolerance: float = TOLERANCE
+    patch_size: int | tuple | None = None
 
 
 def shape(weights, key, what):

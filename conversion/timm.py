@@ -72,6 +72,7 @@ class Options:
     model_args: str | None = None
     verify: bool = True
     tolerance: float = TOLERANCE
+    patch_size: int | tuple | None = None
     revision: str | None = None
 
 

@@ -82,6 +82,7 @@ class Options:
     weights: str | None = None
     verify: bool = True
     tolerance: float = TOLERANCE
+    patch_size: int | tuple | None = None
 
 
 def import_torchvision():

@@ -100,6 +100,7 @@ class Options:
     drop_head: bool = False
     verify: bool = True
     tolerance: float = TOLERANCE
+    patch_size: int | tuple | None = None
     revision: str | None = None
 
 

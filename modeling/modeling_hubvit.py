@@ -24,6 +24,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
 
 from .configuration_hubvit import HubViTConfig, to_2tuple
+from .patch_resize_hubvit import check_resize_options, patch_pair, resize_patch_kernel
 
 # --- what the installed transformers offers ------------------------------------------------------------------------
 # A checkpoint freezes this file, and its users run whatever transformers they have: every name below is looked up
@@ -279,6 +280,23 @@ class HubViTEmbeddings(nn.Module):
             self.position_embedding_rows = nn.Parameter(torch.zeros(self.grid_size[0], dim // 2))
             self.position_embedding_columns = nn.Parameter(torch.zeros(self.grid_size[1], dim // 2))
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        resize = getattr(config, "patch_resize", None) or {}
+        self.patch_resize_options = {
+            "method": "pi",
+            "interpolation": resize.get("interpolation", "bicubic"),
+            "antialias": resize.get("antialias", True),
+        }
+
+    def patch_kernel(self, patch_size):
+        """The patch-embedding kernel for `patch_size` patches, resized from the stored one (`patch_resize_options`)
+        and differentiable in it: FlexiViT serves and trains every patch size from one stored kernel."""
+        return resize_patch_kernel(self.patch_embedding.weight, patch_size, **self.patch_resize_options)
+
+    def embed_patches(self, pixel_values, patch_size=None):
+        if patch_size is None or patch_pair(patch_size) == tuple(self.patch_size):
+            return self.patch_embedding(pixel_values)
+        patch_size = patch_pair(patch_size)
+        return F.conv2d(pixel_values, self.patch_kernel(patch_size), self.patch_embedding.bias, stride=patch_size)
 
     def learned_table(self, grid):
         """The 1D table at `grid`: prefix rows (if any) untouched, the patch grid resized."""
@@ -302,8 +320,8 @@ class HubViTEmbeddings(nn.Module):
         tokens = [t for t in (self.class_token, self.distillation_token, self.register_tokens) if t is not None]
         return [t.expand(batch_size, -1, -1) for t in tokens]
 
-    def forward(self, pixel_values):
-        patches = self.patch_embedding(pixel_values)
+    def forward(self, pixel_values, patch_size=None):
+        patches = self.embed_patches(pixel_values, patch_size)
         grid = (patches.shape[-2], patches.shape[-1])
         patches = patches.flatten(2).transpose(1, 2)
         prefix = self.prefix_tokens(patches.shape[0])
@@ -559,6 +577,32 @@ class HubViTPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
     _can_record_outputs = {"hidden_states": HubViTLayer, "attentions": HubViTAttention}
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, patch_size=None, patch_resize_method="pi",
+                        **kwargs):
+        """transformers' `from_pretrained`, plus `patch_size=P`: the checkpoint loaded as saved, then
+        `resize_patch_embeddings(P, method=patch_resize_method)` (timm's `create_model(..., patch_size=P)`).
+
+        Through the Auto classes `patch_size` reaches the config first; a config whose patch size differs from the
+        saved one is put back and the model resized after loading, so both routes give the same model.
+        """
+        config = kwargs.get("config")
+        if patch_size is None and config is not None and not isinstance(config, str) and pretrained_model_name_or_path:
+            hub = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+            try:
+                saved = config.__class__.from_pretrained(
+                    pretrained_model_name_or_path, **{k: kwargs[k] for k in hub if k in kwargs}
+                )
+            except OSError:
+                saved = config
+            if to_2tuple(saved.patch_size, "patch_size") != to_2tuple(config.patch_size, "patch_size"):
+                patch_size, config.patch_size = config.patch_size, saved.patch_size
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if patch_size is not None:
+            model = loaded[0] if isinstance(loaded, tuple) else loaded
+            model.resize_patch_embeddings(patch_size, method=patch_resize_method)
+        return loaded
+
     def _init_weights(self, module):
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
@@ -594,7 +638,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
             init.xavier_uniform_(module.probe.view(1, -1))
 
 
-def check_pixel_values(pixel_values, config):
+def check_pixel_values(pixel_values, config, patch_size=None):
     """Clear errors for inputs no ViT can take; returns them padded when `dynamic_img_pad` is set.
 
     Every test here reads shapes and dtypes only, which tracing and `torch.export` resolve statically.
@@ -613,7 +657,7 @@ def check_pixel_values(pixel_values, config):
         raise ValueError(f"pixel_values holds no image: shape {shape} has batch size 0")
     if channels != config.num_channels:
         raise ValueError(f"pixel_values has {channels} channels, the model expects num_channels={config.num_channels}")
-    ph, pw = config.patch_size_2d
+    ph, pw = config.patch_size_2d if patch_size is None else patch_pair(patch_size)
     if height < ph or width < pw:
         raise ValueError(f"pixel_values of shape {shape} is smaller than one patch of {ph}x{pw} pixels")
     if height % ph or width % pw:
@@ -712,7 +756,7 @@ class HubViTModel(HubViTPreTrainedModel):
 
     @record_outputs
     def forward(
-        self, pixel_values=None, interpolate_pos_encoding=None, num_output_tokens=None,
+        self, pixel_values=None, interpolate_pos_encoding=None, num_output_tokens=None, patch_size=None,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized.
@@ -720,11 +764,14 @@ class HubViTModel(HubViTPreTrainedModel):
         `num_output_tokens` runs the last block for the first tokens only (keys and values still come from every
         token), so `last_hidden_state` holds just those: what a classifier reading the prefix tokens needs, in the
         spirit of transformers' `logits_to_keep`. The default computes every token.
+
+        `patch_size` cuts the image into patches of that size with the stored kernel resized on the fly
+        (`resize_patch_embeddings` explains the resize; gradients flow into the stored kernel), as FlexiViT trains.
         """
         check_kwargs(kwargs, self)
-        pixel_values = check_pixel_values(pixel_values, self.config)
+        pixel_values = check_pixel_values(pixel_values, self.config, patch_size)
         pixel_values = pixel_values.to(self.embeddings.patch_embedding.weight.dtype)
-        hidden_states, grid = self.embeddings(pixel_values)
+        hidden_states, grid = self.embeddings(pixel_values, patch_size)
         if self.pre_norm is not None:
             hidden_states = self.pre_norm(hidden_states)
         hidden_states = self.encoder(hidden_states, grid, num_output_tokens, **kwargs)
@@ -756,6 +803,50 @@ class HubViTModel(HubViTPreTrainedModel):
                 attention.relative_position_bias = nn.Parameter(table.detach().clone())
         config.image_size = new_size[0] if new_size[0] == new_size[1] else list(new_size)
         embeddings.grid_size = new_grid
+        return self
+
+    @torch.no_grad()
+    def resize_patch_embeddings(
+        self, patch_size, method="pi", interpolation="bicubic", antialias=True, image_size=None
+    ):
+        """Serve another patch size from this checkpoint (FlexiViT, Beyer et al., 2023): the kernel resized, the
+        position tables resized to the new grid with the checkpoint's own method, the config updated.
+
+        `method="pi"`: w_hat = pinv(B^T) w for B the pixel resize (`interpolation` "bicubic" or "bilinear", with or
+        without `antialias`, as `torch.nn.functional.interpolate` computes it), so an image whose every patch was
+        resized by B gives the same embeddings as the original. `method="interpolate"`: the kernel resized as an
+        image, the plain baseline. `image_size`: the new native resolution (default: the current one, so the grid
+        changes with the patch); `(P, kP)` with `image_size` k times larger keeps the grid and the tables as they are.
+        """
+        config, embeddings = self.config, self.embeddings
+        check_resize_options(method, interpolation, antialias)
+        new_patch = patch_pair(patch_size)
+        new_size = to_2tuple(config.image_size if image_size is None else image_size, "image_size")
+        if new_size[0] % new_patch[0] or new_size[1] % new_patch[1]:
+            raise ValueError(
+                f"patch_size={patch_size!r} does not divide image_size={list(new_size)}; pass an image_size it divides"
+            )
+        old = embeddings.patch_embedding
+        old_patch = tuple(old.kernel_size)
+        conv = nn.Conv2d(
+            old.in_channels, old.out_channels, kernel_size=new_patch, stride=new_patch, bias=old.bias is not None,
+            device=old.weight.device, dtype=old.weight.dtype,
+        )
+        conv.weight.copy_(resize_patch_kernel(old.weight, new_patch, method, interpolation, antialias))
+        if old.bias is not None:
+            conv.bias.copy_(old.bias)
+        embeddings.patch_embedding = conv
+        embeddings.patch_size = new_patch
+        config.patch_size = new_patch[0] if new_patch[0] == new_patch[1] else list(new_patch)
+        self.resize_position_embeddings(new_size)
+        previous = getattr(config, "patch_resize", None) or {}
+        config.patch_resize = {
+            "from_patch_size": previous.get("from_patch_size", list(old_patch)),
+            "method": method,
+            "interpolation": interpolation,
+            "antialias": antialias,
+        }
+        embeddings.patch_resize_options = {"method": "pi", "interpolation": interpolation, "antialias": antialias}
         return self
 
 
@@ -795,7 +886,7 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self, pixel_values=None, labels=None, interpolate_pos_encoding=None, num_output_tokens=None,
+        self, pixel_values=None, labels=None, interpolate_pos_encoding=None, num_output_tokens=None, patch_size=None,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """Logits (and the loss for `labels`, chosen by transformers' `loss_function` from `problem_type`).
@@ -804,7 +895,7 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         (`self.hubvit.pooler.num_tokens_read`), the last block skips the patch tokens for the same logits.
         """
         check_kwargs(kwargs, self)
-        outputs = self.hubvit(pixel_values, num_output_tokens=num_output_tokens, **kwargs)
+        outputs = self.hubvit(pixel_values, num_output_tokens=num_output_tokens, patch_size=patch_size, **kwargs)
         cls_logits = distillation_logits = None
         if self.distillation_classifier is not None:
             tokens = outputs.last_hidden_state
@@ -828,6 +919,10 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
 
     def resize_position_embeddings(self, image_size):
         self.hubvit.resize_position_embeddings(image_size)
+        return self
+
+    def resize_patch_embeddings(self, patch_size, method="pi", interpolation="bicubic", antialias=True, image_size=None):
+        self.hubvit.resize_patch_embeddings(patch_size, method, interpolation, antialias, image_size)
         return self
 
 

@@ -98,6 +98,7 @@ EXPERIMENTS = {
     "inductive_bias": "Inductive bias: CNN vs ViT",
     "resolution": "Resolution change",
     "attention_distance": "Attention distance across depth",
+    "patch_size": "One checkpoint at any patch size",
 }
 
 
@@ -124,6 +125,8 @@ def experiment_times(root: Path) -> str:
         env = read_json(root, relative)["environment"]
         seconds = env["wall_time_s"]
         wall = f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+        if env.get("parallel_parts"):
+            wall += f" ({env['parallel_parts']} processes side by side, load average {env['load_average_at_end'][0]:.0f})"
         rows.append((f"[{title}](experiments/{name}.md)", wall, env["torch_threads"], env["cpu_count"]))
         sources.append(relative)
     return markdown_table(["recorded run", "wall time", "torch threads", "CPUs"], rows) + "\n\n" + source_line(*sources)

@@ -154,6 +154,10 @@ class TrainingArguments:
                                           "inductor)", nargs="?", const="inductor", metavar="BACKEND")
     recipe: Optional[Literal["augreg", "deit", "mae"]] = option(
         help="defaults from a published fine-tuning recipe (training/recipes.py); options you set win")
+    patch_sizes: Optional[str] = option(
+        help="a random patch size per update (FlexiViT), e.g. 4,7,14: the stored kernel (at the config's patch size; "
+        "keep it the largest) is PI-resized on the fly, and the trained model is evaluated at, and serves, every "
+        "listed size", metavar="P,P,...")
 
 
 @dataclass
@@ -325,6 +329,10 @@ def check_types(args):
 
 def check_args(args):
     """Refuse inconsistent options before anything is loaded."""
+    if isinstance(args.patch_sizes, (list, tuple)):  # Python callers may pass the sizes themselves
+        from .patch_sizes import parse_patch_sizes
+
+        args.patch_sizes = ",".join(map(str, parse_patch_sizes(args.patch_sizes)))
     check_types(args)
     if args.validation_dir and not args.train_dir:
         raise UsageError("--validation_dir needs --train_dir")
@@ -353,6 +361,10 @@ def check_args(args):
         raise UsageError(f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
                          "--resume_from_checkpoint to continue the run")
     check_values(args)
+    if args.patch_sizes is not None:
+        from .patch_sizes import parse_patch_sizes
+
+        parse_patch_sizes(args.patch_sizes)
     check_scheduler(args.lr_scheduler_type)
     check_output_dir(out)
 

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from .arguments import UsageError
 from .checkpoints import load_checkpoint, project_configuration, resolve_checkpoint, save_checkpoint
 from .data import make_loaders, make_mixer
-from .evaluation import evaluate_model
+from .evaluation import evaluate_each_patch_size, evaluate_model
 from .model import make_optimizer
+from .patch_sizes import parse_patch_sizes, sampler
 
 logger = logging.getLogger("hubvit.finetune")
 
@@ -108,6 +109,7 @@ class Run:
     schedule: Schedule
     num_train: int
     ema: object = None
+    draw: object = lambda update: {}  # the forward keywords of an update (`--patch_sizes`: its patch size)
 
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr_scale=None):
@@ -117,6 +119,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
     num_labels = len(train_split.features[args.label_column_name].names)
     size = tuple(model.config.image_size_2d)
     streamed = getattr(args, "streaming", False)
+    draw = sampler(parse_patch_sizes(args.patch_sizes), model.config, args.seed)
     train_set, train_loader, eval_loader = make_loaders(args, train_split, eval_split, size, preprocessing,
                                                         accelerator.process_index, accelerator.num_processes)
     if not streamed:
@@ -133,7 +136,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
     num_train = train_loader.num_examples if streamed else len(train_split)
     return Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, mixer, schedule,
-               num_train, make_ema(args, accelerator, model))
+               num_train, make_ema(args, accelerator, model), draw)
 
 
 def make_ema(args, accelerator, model):
@@ -193,7 +196,7 @@ def train_step(run, pixels, labels, global_step):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(args.seed * 1_000_003 + global_step * 97 + accelerator.process_index)
                 pixels, targets = run.mixer(pixels, labels)
-        logits = model(pixel_values=pixels).logits.float()
+        logits = model(pixel_values=pixels, **run.draw(global_step)).logits.float()
         loss = F.cross_entropy(logits, targets, label_smoothing=args.label_smoothing)
         accelerator.backward(loss)
         if accelerator.sync_gradients and args.max_grad_norm:
@@ -274,7 +277,7 @@ def evaluate_run(run):
     return metrics
 
 
-def results(run, metrics, global_step, train_runtime):
+def results(run, metrics, global_step, train_runtime, by_patch_size=None):
     schedule, accelerator = run.schedule, run.accelerator
     seen = run.num_train * (schedule.max_steps / schedule.updates_per_epoch)
     return {
@@ -286,6 +289,7 @@ def results(run, metrics, global_step, train_runtime):
         "global_step": global_step,
         "epochs": schedule.num_epochs,
         "train_images_per_second": round(seen / max(train_runtime, 1e-9), 1),
+        **({"patch_sizes": by_patch_size} if by_patch_size else {}),
     }
 
 
@@ -296,7 +300,8 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     `preprocessing` is a `Preprocessing` (normalisation and resample filter). Returns the prepared model and the
     final results (metrics of the last evaluation, runtime, throughput). Any model whose `config` has
     `image_size_2d` and `num_hidden_layers` and whose forward takes `pixel_values` and returns `.logits` fits
-    (the inductive-bias experiment's CNN does).
+    (the inductive-bias experiment's CNN does). With `args.patch_sizes` each update runs at a patch size drawn from
+    them (FlexiViT; `patch_sizes.sampler`), and the results gain the evaluation at each size (`patch_sizes`).
     """
     run, metrics = fit_run(args, accelerator, train_split, eval_split, model, preprocessing)
     return run.model, metrics
@@ -324,4 +329,6 @@ def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
     train_runtime = time.time() - started
     if not metrics and run.eval_loader is not None:
         metrics = evaluate_run(run)
-    return run, results(run, metrics, position.global_step, train_runtime)
+    by_patch_size = evaluate_each_patch_size(accelerator, run.model, run.eval_loader,
+                                             parse_patch_sizes(args.patch_sizes))
+    return run, results(run, metrics, position.global_step, train_runtime, by_patch_size)

@@ -13,6 +13,7 @@ import torch
 from .arguments import Arguments, apply_named_recipe, check_args, resolve_defaults
 from .data import load_run_splits
 from .loop import fit_run, logger, make_accelerator
+from .patch_sizes import ACCURACY_FILE, write_accuracy
 
 
 @dataclass
@@ -81,6 +82,13 @@ def model_card(args, results, data, command):
     ) + (f" on {source}: {results['train_samples']} training images, {results['eval_samples']} held out, "
          f"{results['epochs']} epochs on {results['num_processes']} process(es) with hubvit's training package"
          f" ({args.optimizer}, lr {args.learning_rate:g}, {args.lr_scheduler_type} schedule).")
+    if results.get("patch_sizes"):
+        provenance += (
+            f" Each update ran at a patch size drawn from {args.patch_sizes} (FlexiViT, \"FlexiViT: One Model for All "
+            "Patch Sizes\", Beyer et al., CVPR 2023): the stored kernel PI-resized on the fly. Accuracy at each size: "
+            + ", ".join(f"P={size} {m['eval_accuracy']:.4f}" for size, m in results["patch_sizes"].items())
+            + f" (also in `{ACCURACY_FILE}`, which `hubvit info --patch-sizes` shows)."
+        )
     return CardInfo(
         provenance=provenance,
         command=command,
@@ -118,6 +126,7 @@ def export(accelerator, args, run, results, data, preprocessing, command):
         card.provenance += f" Exponential moving average of the weights (decay {args.ema_decay:g})."
         write_folder(averaged, out / "model_ema", processor, card, overwrite=True)
     (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_accuracy(folder, results, data[1], command)
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:
         from hubvit.conversion.hub import push_folder

@@ -19,6 +19,7 @@ EXPERIMENTS = {
     "inductive_bias": "Inductive bias: CNN vs ViT (section 6)",
     "resolution": "Resolution change (section 5)",
     "attention_distance": "Attention distance across depth (section 6)",
+    "patch_size": "One checkpoint at any patch size (FlexiViT; section 5)",
 }
 
 
