@@ -65,22 +65,20 @@ def image_files(folder):
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"--images {str(folder)!r} is not a folder of images")
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    from hubvit.limits import regular_files
+
+    files = regular_files(sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES))
     if not files:
         raise ValueError(f"--images {str(folder)!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
     return files
 
 
 def open_image(path):
-    """A decoded PIL image, its file closed; a clear error for a file that is not an image."""
-    from PIL import Image, UnidentifiedImageError
+    """A decoded PIL image, its file closed; a clear error for a file that is not an image, too many pixels or
+    not a regular file."""
+    from hubvit.limits import open_image as open_bounded
 
-    try:
-        with Image.open(path) as image:
-            image.load()
-            return image
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"cannot read {str(path)!r} as an image: {error}") from None
+    return open_bounded(path, repr(str(path)))
 
 
 def iter_images(images=None, dataset=None, split=None, image_column="image", max_images=None):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..limits import check_side_file, write_text_atomic
 from .common import ConversionError, positive_number, read_hubvit_config
 
 TOLERANCE = 1e-4
@@ -150,8 +151,9 @@ def main(args):
     if out.suffix != ".onnx":
         raise ValueError(f"OUT={str(out)!r} should end in .onnx")
     report = out.with_suffix(".verification.json")
-    if out.exists() and not getattr(args, "overwrite", False):
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    overwrite = getattr(args, "overwrite", False)
+    check_side_file(out, overwrite, "OUT")
+    check_side_file(report, overwrite, "the verification report")
     model, processor = load(args.src)
     out.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
@@ -190,6 +192,6 @@ def main(args):
         source=str(args.src), onnx=out.name, opset=args.opset, tolerance=args.tolerance,
         torch=torch.__version__, onnxruntime=__import__("onnxruntime").__version__, checks=rows,
     )
-    report.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(report, json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out} and {report.name}")
     return None

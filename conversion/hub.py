@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .card import REPO_PLACEHOLDER, set_repo_id
 from ..errors import HubViTError
+from ..limits import bounded
 from .common import positive_number
 from .folder import REQUIRED_FILES
 
@@ -236,6 +237,9 @@ def require_token(api):
     try:
         who = api.whoami(token=token)
     except HfHubHTTPError as error:
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status is not None and status >= 500:
+            raise  # the server failed; `bounded` names the status
         raise PushError(f"the token was refused by {api.endpoint}: {error}") from None
     role = who.get("auth", {}).get("accessToken", {}).get("role")
     if role == "read":
@@ -276,7 +280,8 @@ def push_folder(
     bound_network_timeouts(timeout)
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        return _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check)
+        with bounded(f"push to {repo_id}", endpoint=api.endpoint, kind="transfer", error=PushError):
+            return _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check)
     except HfHubHTTPError as error:
         raise PushError(f"the Hub at {api.endpoint} refused the push to {repo_id}: {error}") from None
     except Exception as error:

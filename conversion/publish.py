@@ -9,13 +9,12 @@ all). `--dry-run` converts and runs the same load check as a push, and uploads n
 """
 
 import contextlib
-import csv
-import io
 import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..limits import load_yaml, read_csv
 from . import sources
 from .common import ConversionError
 
@@ -69,16 +68,18 @@ def main(args):
 def read_manifest(path):
     """The entries of a YAML (a list, or a mapping with `entries`) or CSV (header row) manifest, all validated."""
     path = Path(path)
+    if path.is_dir():
+        raise ConversionError(f"{path}: a folder, not a manifest file (.yaml, .yml or .csv)")
     if not path.is_file():
         raise ConversionError(f"{path}: no such manifest")
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".csv":
-        rows = list(csv.DictReader(io.StringIO(text)))
+        rows = read_csv(text, str(path))
     elif path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 
         try:
-            rows = yaml.safe_load(text)
+            rows = load_yaml(text, str(path))
         except yaml.YAMLError as error:
             raise ConversionError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
         if isinstance(rows, dict) and "entries" in rows:
@@ -165,6 +166,9 @@ def publish_entry(entry, work, dry_run=False, force=False):
             published = published_record(entry.repo_id)
             if published == {"version": hubvit_version(), "source": source}:
                 return Outcome(entry, "skipped", detail="the card records this source revision and hubvit version")
+        from .folder import check_output_path
+
+        check_output_path(work / name, args.src)
         work.mkdir(parents=True, exist_ok=True)
         with contextlib.chdir(work):  # the card's command names OUT as given: the same card on every run
             folder = work / args.run(args)
@@ -210,11 +214,16 @@ def current_source(entry, args):
         return sources.resolve(args, "url").record()
     from huggingface_hub import HfApi
 
+    from ..limits import NetworkError, bounded
+
     repo_id = sources.REPO_ID.fullmatch(entry.source)
     if not repo_id:
         return {}
     try:
-        commit = HfApi().model_info(repo_id[1], revision=getattr(args, "revision", None)).sha
+        with bounded(f"model_info of {repo_id[1]}"):
+            commit = HfApi().model_info(repo_id[1], revision=getattr(args, "revision", None)).sha
+    except NetworkError:
+        raise
     except Exception:  # noqa: BLE001  (the conversion reports the real error)
         return {}
     return {"repo_id": repo_id[1], "revision": commit}
@@ -225,8 +234,11 @@ def published_record(repo_id):
     from huggingface_hub import ModelCard, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 
+    from ..limits import bounded
+
     try:
-        path = hf_hub_download(repo_id, "README.md")
+        with bounded(f"download of {repo_id}/README.md"):
+            path = hf_hub_download(repo_id, "README.md")
     except (EntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError):
         return {}
     record = ModelCard.load(path).data.to_dict().get("hubvit") or {}
