@@ -98,6 +98,9 @@ def output_dir(args):
 def check_size(config, image_size):
     if image_size is not None:
         info.grid_of(config, image_size)
+        from hubvit.limits import check_config_sizes
+
+        check_config_sizes(config, "--image-size", image_size)
 
 
 def run_info(args):

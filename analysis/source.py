@@ -4,6 +4,8 @@ import math
 import os
 from pathlib import Path
 
+from hubvit.limits import check_config_sizes
+
 from .info import SIZES, preset_config
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -17,7 +19,9 @@ def is_preset(src):
 def load_config(src, image_size=None):
     """The config of SRC; a preset gets `image_size` (default 224) as its native size."""
     if is_preset(src):
-        return preset_config(src, image_size=list(image_size) if image_size else 224)
+        config = preset_config(src, image_size=list(image_size) if image_size else 224)
+        check_config_sizes(config, f"preset {src} at --image-size", image_size)
+        return config
     from transformers import AutoConfig
 
     import hubvit  # noqa: F401  registers model_type "hubvit"
@@ -29,6 +33,7 @@ def load_config(src, image_size=None):
                          f"'b/16' was expected): {str(error).splitlines()[0]}") from None
     if config.model_type != "hubvit":
         raise ValueError(f"{src!r} is a {config.model_type!r} checkpoint; convert it first (`hubvit convert ...`)")
+    check_config_sizes(config, f"{src}/config.json", image_size)
     return config
 
 

@@ -9,6 +9,7 @@ dropped with a reason, every target tensor is filled with the right shape, or no
 
 import argparse
 import json
+import os
 import re
 import struct
 import zipfile
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import HubViTError
+from ..limits import check_config_sizes, check_weights_file
 
 
 TOLERANCE = 1e-5
@@ -114,6 +116,7 @@ def make_config(conversion):
     """The HubViTConfig of `conversion`: its fields plus the labels (a headless model has none)."""
     from ..modeling import HubViTConfig
 
+    check_config_sizes(conversion.config, "the converted config")
     labels = {int(k): str(v) for k, v in conversion.labels.items()}
     if sorted(labels) != list(range(len(labels))):
         raise ConversionError(f"labels must be numbered 0..{len(labels) - 1}, got ids {sorted(labels)[:10]}")
@@ -235,6 +238,12 @@ def read_weights(path):
         raise ConversionError(f"{path}: unknown weights format {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
     if path.stat().st_size == 0:
         raise ConversionError(f"{path}: the file is empty (0 bytes)")
+    if not os.access(path, os.R_OK):
+        raise ConversionError(f"{path}: permission denied (the file exists but cannot be read)")
+    try:
+        check_weights_file(path)
+    except HubViTError as error:
+        raise ConversionError(str(error)) from None
     if suffix == ".safetensors":
         weights = _read_safetensors(path)
     elif suffix == ".npz":
@@ -503,8 +512,11 @@ def read_hubvit_config(src):
         raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConversionError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ConversionError(f"{path}: expected a JSON object of config fields, got a JSON {type(raw).__name__}")
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ConversionError(
             f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
         )
+    check_config_sizes(raw, str(path))
     return HubViTConfig.from_pretrained(str(src)), raw

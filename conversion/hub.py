@@ -163,6 +163,9 @@ def check_files(folder):
         config = json.loads((folder / "config.json").read_text())
     except ValueError as error:
         raise PushError(f"{folder / 'config.json'} is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise PushError(f"{folder / 'config.json'}: expected a JSON object of config fields, got a JSON "
+                        f"{type(config).__name__}")
     if config.get("model_type") != "hubvit":
         raise PushError(f"{folder / 'config.json'} has model_type {config.get('model_type')!r}, expected 'hubvit'")
     auto_map = config.get("auto_map") or {}
