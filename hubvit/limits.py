@@ -173,27 +173,28 @@ def _raise_deadline(request, operation):
     raise _DEADLINE_ERROR(line, request=request)
 
 
-class _BoundedStream:
+def _bounded_stream(stream, request, operation, cap):
     """A response body that stops at the operation's deadline and at its size cap."""
+    httpx = _httpx()
 
-    def __init__(self, stream, request, operation, cap):
-        self.stream, self.request, self.operation, self.cap = stream, request, operation, cap
+    class BoundedStream(httpx.SyncByteStream):
+        def __iter__(self):
+            received = 0
+            for chunk in stream:
+                received += len(chunk)
+                if received > cap:
+                    line = describe("too_large", request.url, operation, seconds=cap)
+                    if operation is not None:
+                        operation.record(line)
+                    raise httpx.RemoteProtocolError(line, request=request)
+                if operation is not None and operation.remaining() <= 0:
+                    _raise_deadline(request, operation)
+                yield chunk
 
-    def __iter__(self):
-        received = 0
-        for chunk in self.stream:
-            received += len(chunk)
-            if received > self.cap:
-                line = describe("too_large", self.request.url, self.operation, seconds=self.cap)
-                if self.operation is not None:
-                    self.operation.record(line)
-                raise _httpx().RemoteProtocolError(line, request=self.request)
-            if self.operation is not None and self.operation.remaining() <= 0:
-                _raise_deadline(self.request, self.operation)
-            yield chunk
+        def close(self):
+            stream.close()
 
-    def close(self):
-        self.stream.close()
+    return BoundedStream()
 
 
 def _make_transport(inner):
@@ -238,7 +239,7 @@ def _make_transport(inner):
             cap = max_download_bytes() if not api else MAX_API_BODY_BYTES
             if length and length.isdigit():
                 cap = min(cap, int(length))
-            response.stream = _BoundedStream(response.stream, request, operation, cap)
+            response.stream = _bounded_stream(response.stream, request, operation, cap)
             return response
 
         def close(self):
