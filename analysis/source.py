@@ -54,6 +54,9 @@ def load_model(src, image_size=None):
     if is_preset(src):
         model = HubViTForImageClassification(config)
     else:
+        from hubvit.limits import require_safetensors
+
+        require_safetensors(src)
         model = (HubViTForImageClassification if has_head(config) else HubViTModel).from_pretrained(src)
     processor = None
     if not is_preset(src):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..limits import check_side_file, write_text_atomic
+from ..limits import check_side_file, require_safetensors, write_text_atomic
 from .common import ConversionError, positive_number, read_hubvit_config
 
 TOLERANCE = 1e-4
@@ -56,6 +56,7 @@ def load(src):
 
     src = Path(src)
     config, raw = read_hubvit_config(src)
+    require_safetensors(src)
     headless = not config.num_labels or raw.get("architectures") == [HubViTModel.__name__]
     cls = HubViTModel if headless else HubViTForImageClassification
     model = cls.from_pretrained(str(src), attn_implementation="sdpa").eval()
@@ -142,7 +143,7 @@ def verify(model, path, names):
 
 def main(args):
     try:
-        import onnx  # noqa: F401
+        import onnx
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401
     except ModuleNotFoundError as error:
@@ -150,13 +151,17 @@ def main(args):
     out = Path(args.out)
     if out.suffix != ".onnx":
         raise ValueError(f"OUT={str(out)!r} should end in .onnx")
+    newest = onnx.defs.onnx_opset_version()
+    if not OPSET <= args.opset <= newest:
+        raise ConversionError(f"--opset {args.opset}; expected {OPSET} (what torch.onnx's exporter writes) to "
+                              f"{newest} (the newest the installed onnx knows)")
     report = out.with_suffix(".verification.json")
     overwrite = getattr(args, "overwrite", False)
     check_side_file(out, overwrite, "OUT")
     check_side_file(report, overwrite, "the verification report")
     model, processor = load(args.src)
     out.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    handle, staging = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".onnx", dir=out.parent)
     os.close(handle)
     staging = Path(staging)
     try:

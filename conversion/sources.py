@@ -90,7 +90,7 @@ def download_repo(repo_id, revision=None):
     if "/" in repo_id and not Path(repo_id.split("/", 1)[0]).exists():
         where = f"{where} (no such local path either)"
     try:
-        with bounded(f"download of {repo_id}", kind="transfer"):
+        with bounded(f"download of {where}", kind="transfer"):
             for patterns in PATTERNS:
                 path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
                 if any(path.glob(patterns[1])):

@@ -17,6 +17,7 @@ HUBVIT_MAX_WEIGHT_BYTES, HUBVIT_MAX_IMAGE_PIXELS, HUBVIT_MAX_MODEL_BYTES.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -377,7 +378,7 @@ def write_text_atomic(path, text):
     import tempfile
 
     path = Path(path)
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    handle, staging = tempfile.mkstemp(prefix=f".{path.name[:100]}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
@@ -397,6 +398,21 @@ def check_out_is_not_source(out, src, what="OUT", source_name="SRC"):
     target, source = Path(out).resolve(), Path(src).resolve()
     if target == source or target in source.parents:
         raise UnsafePathError(f"{what} {out} is {source_name} or holds it ({source}); writing it would delete the source")
+
+
+def require_safetensors(folder, flag="SRC"):
+    """Refuse a local folder whose weights are only a pickle (pytorch_model.bin): hubvit reads safetensors, and
+    transformers' own error would advise weights_only=False, which runs whatever the pickle holds."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    has_safetensors = any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").exists()
+    pickles = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
+    if pickles and not has_safetensors:
+        raise HubViTError(
+            f"{flag} {folder} holds {pickles[0]} (a pickle) and no model.safetensors; hubvit does not unpickle "
+            "weights here. Convert it first (`hubvit convert transformers ...` reads it with weights_only=True)"
+        )
 
 
 def regular_files(paths, note=print):
@@ -604,6 +620,29 @@ def check_image_size(height, width, flag="--image-size", patch=16):
     if tokens > MAX_TOKENS:
         raise SizeError(f"{flag} {height}x{width} gives {tokens} patches of {patch}, more than {MAX_TOKENS}; "
                         "expected a smaller size")
+
+
+def check_preprocessing(preprocessing):
+    """Refuse a source's evaluation transform that no image could go through: a size, crop size or shortest edge
+    of 0 or less (a source's preprocessor_config.json), or a crop_pct outside (0, 1] (timm)."""
+    import math
+
+    crop_pct = getattr(preprocessing, "crop_pct", None)
+    if crop_pct is not None and not (isinstance(crop_pct, (int, float)) and math.isfinite(crop_pct)
+                                     and 0 < crop_pct <= 1):
+        raise HubViTError(f"crop_pct={crop_pct!r} in the source's pretrained_cfg; expected a number in (0, 1]")
+    size = getattr(preprocessing, "size", None)
+    if size is not None and any(not isinstance(s, int) or s <= 0 for s in size):
+        raise HubViTError(f"preprocessing size {tuple(size)}; expected positive pixel counts")
+    processor = getattr(preprocessing, "processor", None)
+    for name in ("size", "crop_size"):
+        value = getattr(processor, name, None)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+        values = value.values() if isinstance(value, dict) else [value] if isinstance(value, int) else []
+        bad = [v for v in values if isinstance(v, (int, float)) and v <= 0]
+        if bad:
+            raise HubViTError(f"preprocessor_config.json: {name}={value!r}; expected positive pixel counts")
 
 
 def max_image_pixels():
