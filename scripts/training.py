@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torchvision.transforms import v2
 
 from hubvit.conversion.common import resample_name
+from hubvit import training_checks
 from hubvit.errors import HubViTError
 
 logger = logging.getLogger("hubvit.finetune")
@@ -217,6 +218,9 @@ def check_args(args):
         if not is_trackio_available():
             raise UsageError("--report_to trackio needs `pip install trackio`")
     out = Path(args.output_dir)
+    training_checks.check_output_dir(out, args.model_name_or_path)
+    if args.train_dir:
+        training_checks.check_image_folders(args.train_dir, args.validation_dir)
     if (out / "model").exists() and not (args.overwrite_output_dir or args.resume_from_checkpoint):
         raise UsageError(f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
                          "--resume_from_checkpoint to continue the run")
@@ -325,6 +329,7 @@ def load_splits(args):
     if "train" not in raw:
         raise UsageError(f"the dataset has no 'train' split; found {sorted(raw)}")
     check_columns(raw["train"], args)
+    training_checks.check_split(raw["train"], args.label_column_name)
     eval_name = next((name for name in ("validation", "test", "val") if name in raw), None)
     if eval_name is None:
         parts = held_out_split(raw["train"], args)
@@ -334,6 +339,7 @@ def load_splits(args):
     else:
         train, evaluation = raw["train"], raw[eval_name]
         check_columns(evaluation, args)
+        training_checks.check_split(evaluation, args.label_column_name, eval_name)
         if evaluation.features[args.label_column_name].names != train.features[args.label_column_name].names:
             raise UsageError(f"label names differ between 'train' and '{eval_name}' splits")
     if args.max_train_samples:
@@ -408,8 +414,9 @@ class SeededImages(torch.utils.data.Dataset):
 
         try:
             example = self.dataset[int(index)]
-            image = example[self.image_column].convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+            image = training_checks.checked_image(example[self.image_column]).convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError,
+                *training_checks.decompression_bomb_errors()) as error:
             raise UsageError(f"image {int(index)} ({self.source(index)}) cannot be read: {error}") from None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63))
@@ -473,6 +480,8 @@ def load_model(args, label_names):
             raise UsageError(f"--model_name_or_path {args.model_name_or_path!r} is a {config.model_type!r} "
                              "checkpoint; convert it first (`hubvit convert ...`)")
         check_image_size(args.image_size, config)
+        training_checks.check_source_model(args.model_name_or_path, config.num_channels)
+        training_checks.check_config(config, args.image_size)
         model = load_pretrained(args.model_name_or_path, config, id2label, label2id)
         try:
             processor = AutoImageProcessor.from_pretrained(args.model_name_or_path)
@@ -491,6 +500,7 @@ def load_model(args, label_names):
         except (ValueError, TypeError) as error:
             raise UsageError(f"bad --config_overrides {args.config_overrides!r}: {error}")
         check_image_size(args.image_size, config)
+        training_checks.check_config(config, args.image_size)
         if args.image_size:
             config.image_size = args.image_size
         model = HubViTForImageClassification(config)
@@ -744,8 +754,8 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         return train(args)
-    except UsageError as error:
-        print(f"finetune.py: error: {error}", file=sys.stderr)
+    except HubViTError as error:
+        print(f"finetune.py: error: {training_checks.worker_error_line(error)}", file=sys.stderr)
         raise SystemExit(2)
     except OSError as error:
         paths = " -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)
@@ -854,6 +864,7 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
     global_step, start_epoch, skip_batches = 0, 0, 0
     if resume_path is not None:
         global_step, start_epoch, skip_batches = load_checkpoint(accelerator, resume_path)
+        training_checks.check_resume(global_step, max_steps, resume_path)
         if skip_batches >= len(train_loader):
             start_epoch, skip_batches = start_epoch + 1, 0
         logger.info(f"resumed from {resume_path} at update {global_step} (epoch {start_epoch}, batch {skip_batches})")
