@@ -6,7 +6,11 @@ holds that code. Errors are `TrainingInputError`, a `HubViTError` (so a ValueErr
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import HubViTError
@@ -58,6 +62,17 @@ def check_image_folders(train_dir, validation_dir=None):
             f"--validation_dir {validation_dir} has other classes than --train_dir {train_dir}: only in training "
             f"{only_train}, only in validation {only_val}"
         )
+
+
+def load_saved_dataset(path):
+    """`datasets.load_from_disk`, with the IndexError it raises for a saved split of no rows named as such."""
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(path))
+    except IndexError:
+        raise TrainingInputError(f"--dataset_name {path}: a saved dataset with an empty split (no rows); expected "
+                                 "at least one image per split") from None
 
 
 def check_split(dataset, label_column, name="train"):
@@ -150,6 +165,25 @@ def check_resume(global_step, max_steps, path):
             f"--resume_from_checkpoint {path} is at step {global_step}, at or beyond this run's {max_steps} "
             "steps: nothing is left to train (raise --max_train_steps/--num_train_epochs or pick another checkpoint)"
         )
+
+
+@contextmanager
+def writing_checkpoint(staging):
+    """A write that fails for lack of space (ENOSPC, EFBIG; torch and safetensors wrap them) becomes one line; the
+    half-written staging folder is removed, so no incomplete checkpoint is left."""
+    try:
+        yield
+    except Exception as error:  # torch raises RuntimeError, safetensors its own SafetensorError
+        text = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+        code = getattr(error, "errno", None)
+        match = re.search(r"os error (\d+)", text)
+        code = code or (int(match[1]) if match else None)
+        if not (code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "write" in text.lower()):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        reason = os.strerror(code) if code else text
+        raise TrainingInputError(f"cannot write the checkpoint {staging.name.removeprefix('.tmp-')} in "
+                                 f"{Path(staging).parent}: {reason} (disk full?); no partial checkpoint was left") from None
 
 
 def worker_error_line(error):

@@ -319,7 +319,7 @@ def load_splits(args):
     else:
         saved = Path(args.dataset_name)
         if saved.is_dir() and ((saved / "dataset_dict.json").exists() or (saved / "state.json").exists()):
-            raw = datasets.load_from_disk(str(saved))
+            raw = training_checks.load_saved_dataset(saved)
         else:
             raw = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
         if isinstance(raw, datasets.Dataset):
@@ -610,7 +610,8 @@ def save_checkpoint(accelerator, output_dir, state, total_limit=None):
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
+    with training_checks.writing_checkpoint(staging):
+        accelerator.save_state(str(staging))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (staging / "trainer_state.json").write_text(json.dumps(state, indent=2))

@@ -179,3 +179,36 @@ def test_a_checkpoint_beyond_the_last_step_fails_the_resume(tmp_path, capsys, ch
                             "--resume_from_checkpoint", checkpoint], capsys)
     assert status == 2 and "step 1000000" in one_error(err)
     assert not (out / "model").exists()
+
+
+def test_an_empty_train_split_is_named(tmp_path, capsys):
+    from test_finetune import class_image
+
+    data = saved(tmp_path, [class_image(0, 0), class_image(1, 1)], [0, 1])
+    datasets.load_from_disk(str(data)).select([]).save_to_disk(str(tmp_path / "empty"))
+    data = tmp_path / "empty"
+    status, err = run(tmp_path, capsys, *data_flags(data))
+    assert status == 2 and "empty split" in one_error(err)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, finetune_data):  # noqa: F811
+    """RLIMIT_FSIZE makes every write past 16 kB fail with EFBIG, as a full disk fails with ENOSPC."""
+    import subprocess
+    import sys
+
+    from test_reliability import ENV, ROOT
+
+    out = tmp_path / "out"
+    argv = [*map(str, data_flags(finetune_data)), *TINY, "--max_train_steps", "1", "--checkpointing_steps", "1",
+            "--output_dir", str(out)]
+    code = (
+        "import resource, sys\n"
+        "from hubvit.scripts.training import main\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-3000:]
+    line = one_error(run.stderr)
+    assert "cannot write the checkpoint step_1" in line and "File too large" in line
+    assert not list((out / "checkpoints").glob("*")) if (out / "checkpoints").exists() else True
