@@ -280,10 +280,10 @@ def push_folder(
         raise PushError(f"repo id {repo_id!r} is not valid: {error}") from None
     folder = Path(folder)
     check_files(folder)
-    bound_network_timeouts(timeout)
     api = HfApi(endpoint=endpoint, token=token)
     try:
         with bounded(f"push to {repo_id}", endpoint=api.endpoint, kind="transfer", error=PushError):
+            bound_network_timeouts(timeout)
             return _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check)
     except HfHubHTTPError as error:
         raise PushError(f"the Hub at {api.endpoint} refused the push to {repo_id}: {error}") from None

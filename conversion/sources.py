@@ -87,10 +87,9 @@ def download_repo(repo_id, revision=None):
     from ..limits import bounded
 
     where = f"{repo_id}" + (f" at revision {revision}" if revision else "")
-    if "/" in repo_id and not Path(repo_id.split("/", 1)[0]).exists():
-        where = f"{where} (no such local path either)"
+    local = f"; there is no local path {repo_id} either" if not Path(repo_id.split("/", 1)[0]).exists() else ""
     try:
-        with bounded(f"download of {where}", kind="transfer"):
+        with bounded(f"download of {where}{local}", kind="transfer"):
             for patterns in PATTERNS:
                 path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
                 if any(path.glob(patterns[1])):
@@ -107,7 +106,7 @@ def download_repo(repo_id, revision=None):
         reason = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
         raise ConversionError(
             f"{where}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {reason}; "
-            "download it once online"
+            f"download it once online{local}"
         ) from None
     except (HfHubHTTPError, OSError) as error:
         raise ConversionError(f"{where}: download failed: {str(error).splitlines()[0]}") from None

@@ -94,19 +94,31 @@ def max_download_bytes():
 class _Operation:
     """One bounded network operation: what it is, its deadline, and the first failure the transport saw."""
 
-    def __init__(self, what, deadline_s, endpoint=None):
-        self.what = what
+    def __init__(self, what, deadline_s, endpoint=None, hub=True):
+        self.what, self.hub = what, hub
         self.deadline_s = deadline_s
         self.deadline = time.monotonic() + deadline_s
         self.endpoint = endpoint
-        self.failure = None
+        self.failures = []
 
     def remaining(self):
         return self.deadline - time.monotonic()
 
-    def record(self, line):
-        if self.failure is None:
-            self.failure = line
+    def record(self, line, url=None):
+        self.failures.append((urlsplit(str(url)).netloc if url is not None else None, line))
+
+    @property
+    def failure(self):
+        """The first failure at the operation's own endpoint (other threads may use the client meanwhile), else the
+        first failure seen."""
+        if not self.failures:
+            return None
+        if self.endpoint:
+            host = urlsplit(str(self.endpoint)).netloc
+            for netloc, line in self.failures:
+                if netloc == host:
+                    return line
+        return self.failures[0][1]
 
 
 _LOCK = threading.Lock()
@@ -123,7 +135,8 @@ def _where(url, operation):
     parts = urlsplit(str(url))
     endpoint = f"{parts.scheme}://{parts.netloc}" if parts.netloc else str(url)
     what = f" ({operation.what})" if operation is not None else ""
-    return f"{endpoint}{what}"
+    server = "the Hub at " if operation is not None and operation.hub else ""
+    return f"{server}{endpoint}{what}"
 
 
 def describe(kind, url, operation=None, seconds=None, status=None, reason=""):
@@ -170,7 +183,7 @@ def _raise_deadline(request, operation):
     if _DEADLINE_ERROR is None:
         _DEADLINE_ERROR = _deadline_error()
     line = describe("slow", request.url, operation, seconds=operation.deadline_s)
-    operation.record(line)
+    operation.record(line, request.url)
     raise _DEADLINE_ERROR(line, request=request)
 
 
@@ -186,7 +199,7 @@ def _bounded_stream(stream, request, operation, cap):
                 if received > cap:
                     line = describe("too_large", request.url, operation, seconds=cap)
                     if operation is not None:
-                        operation.record(line)
+                        operation.record(line, request.url)
                     raise httpx.RemoteProtocolError(line, request=request)
                 if operation is not None and operation.remaining() <= 0:
                     _raise_deadline(request, operation)
@@ -226,15 +239,16 @@ def _make_transport(inner):
                     if operation.remaining() <= 0:
                         _raise_deadline(request, operation)
                     seconds = connect if isinstance(error, httpx.ConnectTimeout) else read
-                    operation.record(describe("silent", request.url, operation, seconds=seconds))
+                    operation.record(describe("silent", request.url, operation, seconds=seconds), request.url)
                 raise
             except httpx.TransportError as error:
                 if operation is not None:
-                    operation.record(describe("refused", request.url, operation, reason=str(error) or type(error).__name__))
+                    operation.record(describe("refused", request.url, operation,
+                                              reason=str(error) or type(error).__name__), request.url)
                 raise
             if response.status_code >= 500 and operation is not None:
                 operation.record(describe("status", request.url, operation, status=response.status_code,
-                                          reason=response.reason_phrase))
+                                          reason=response.reason_phrase), request.url)
             length = response.headers.get("Content-Length")
             api = "/api/" in request.url.path
             cap = max_download_bytes() if not api else MAX_API_BODY_BYTES
@@ -281,7 +295,7 @@ def bounded(what, endpoint=None, kind="metadata", deadline=None, error=NetworkEr
     `what` names the operation in the message (`model_info of x/y`, `download of x/y`, `push to x/y`).
     """
     install()
-    operation = _Operation(what, deadline or deadline_seconds(kind), endpoint)
+    operation = _Operation(what, deadline or deadline_seconds(kind), endpoint or _default_endpoint())
     with _LOCK:
         _ACTIVE.append(operation)
     try:
@@ -329,7 +343,8 @@ def _default_endpoint():
 def read_bounded(response, url, write, deadline_s=None, chunk=1 << 16, expected=None):
     """Copy an urllib response body into `write(bytes)` under a silence timeout per read, a total deadline and a
     size cap (Content-Length, else HUBVIT_MAX_DOWNLOAD_BYTES); returns the number of bytes."""
-    operation = _Operation(f"download of {url}", deadline_s or deadline_seconds("transfer"))
+    operation = _Operation(f"download of {Path(urlsplit(url).path).name}", deadline_s or deadline_seconds("transfer"),
+                           hub=False)
     cap = expected if expected is not None else max_download_bytes()
     sock = _socket_of(response)
     received = 0

@@ -87,7 +87,7 @@ def test_a_typo_in_a_local_path_is_not_reported_only_as_a_cache_miss(tmp_path, c
     monkeypatch.chdir(tmp_path)
     status = cli(["convert", "transformers", "no_such_dir/vit", str(tmp_path / "out")])
     lines = errors(capsys)
-    assert status == 2 and len(lines) == 1 and "no such local path" in lines[0]
+    assert status == 2 and len(lines) == 1 and "there is no local path no_such_dir/vit either" in lines[0]
 
 
 # --- fields and options that were passed through or misnamed --------------------------------------------------------
