@@ -10,11 +10,11 @@ import stat
 import numpy as np
 import pytest
 import torch
-
 from hubvit.conversion.publish import read_manifest
-from hubvit.errors import HubViTError
 from hubvit.scripts.cli import main as cli
 from test_reliability import jax_arrays, tiny_folder
+
+from hubvit.errors import HubViTError
 
 
 def errors(capsys):

@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-
 from hub_server import configure_hf_client
 from hubvit.conversion.hub import PushError, push_folder
 from hubvit.scripts.cli import main as cli

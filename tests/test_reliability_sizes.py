@@ -11,7 +11,6 @@ import zipfile
 
 import numpy as np
 import pytest
-
 from hubvit.scripts.cli import main as cli
 from test_reliability import tiny_folder
 
