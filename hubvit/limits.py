@@ -123,7 +123,6 @@ class _Operation:
 
 _LOCK = threading.Lock()
 _ACTIVE: list[_Operation] = []
-_INSTALLED = False
 
 
 def _current():
@@ -264,13 +263,12 @@ def _make_transport(inner):
 
 
 def install():
-    """Make huggingface_hub's shared client use the bounded transport (once per process)."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
+    """Make huggingface_hub's shared client use the bounded transport (again, if another factory replaced it)."""
     from huggingface_hub.utils import _http
 
     previous = _http._GLOBAL_CLIENT_FACTORY
+    if getattr(previous, "hubvit_bounded", False):
+        return
 
     def factory():
         client = previous()
@@ -279,8 +277,8 @@ def install():
                           for key, value in client._mounts.items()}
         return client
 
+    factory.hubvit_bounded = True
     _http.set_client_factory(factory)
-    _INSTALLED = True
 
 
 def _http_status(error):
