@@ -20,6 +20,9 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_CROP_PCT, DEFAULT_CROP_MODE, DEFAULT_INTERPOLATION = 0.875, "center", "bicubic"  # timm's resolve_data_config
 
 
+from ..limits import check_preprocessing  # noqa: E402
+
+
 def image_processor(crop_size, resize_to, resample, mean, std):
     """A `BitImageProcessor`: resize (`resize_to` an int = shorter side, a pair = exact size), centre crop, normalise.
 
@@ -57,6 +60,7 @@ def processor_for(preprocessing: Preprocessing, config):
     """The folder's image processor for a converter's `Preprocessing`: the source's own when it has one, else a
     `BitImageProcessor` doing the source's resize and crop (see `Preprocessing`)."""
     p = preprocessing
+    check_preprocessing(p)
     if p.processor is not None:
         return p.processor
     height, width = p.size or config.image_size_2d
