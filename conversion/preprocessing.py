@@ -14,13 +14,11 @@ from pathlib import Path
 
 from transformers import BitImageProcessor
 
+from ..limits import check_preprocessing
 from .common import RESAMPLE_IDS, RESAMPLE_NAMES, ConversionError, Preprocessing, resample_name
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_CROP_PCT, DEFAULT_CROP_MODE, DEFAULT_INTERPOLATION = 0.875, "center", "bicubic"  # timm's resolve_data_config
-
-
-from ..limits import check_preprocessing  # noqa: E402
 
 
 def image_processor(crop_size, resize_to, resample, mean, std):
