@@ -296,7 +296,7 @@ def check_args(args):
         raise UsageError("--config_overrides applies to training from scratch, not to --model_name_or_path")
     check_trackers(args.report_to)
     out = Path(args.output_dir)
-    checks.check_output_dir(out, args.model_name_or_path)
+    checks.check_model_folder(out, args.model_name_or_path)
     if args.train_dir:
         checks.check_image_folders(args.train_dir, args.validation_dir)
     if (out / "model").exists() and not (args.overwrite_output_dir or args.resume_from_checkpoint):

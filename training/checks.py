@@ -140,7 +140,7 @@ def check_config(config, image_size=None, flag="--image_size"):
             raise TrainingInputError(str(error)) from None
 
 
-def check_output_dir(output_dir, model_name_or_path=None):
+def check_model_folder(output_dir, model_name_or_path=None):
     """OUT/model must not be a link, nor the model training starts from (--overwrite_output_dir would delete it)."""
     model = Path(output_dir) / "model"
     if model.is_symlink():
