@@ -554,7 +554,7 @@ def check_safetensors(path):
     if 8 + length + end > size:
         raise SizeError(
             f"{path}: the header declares {_human(end)} of tensors but the file holds {_human(size - 8 - length)}; "
-            "truncated, refused before reading it"
+            "truncated or corrupt, refused before reading it"
         )
     check_budget(end, f"{path}")
 
