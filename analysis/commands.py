@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import HubViTError
+from ..limits import check_config_sizes
 from . import attention, info as counts, plots, position, source
 
 SRC_HELP = "a hubvit folder, a Hub repo id, or a preset SIZE/PATCH (ti, s, b, l, h; e.g. b/16, h/14, b/32)"
@@ -119,6 +120,7 @@ def positive_int(value, name):
 def check_size(config, image_size):
     if image_size is not None:
         counts.grid_of(config, image_size)
+        check_config_sizes(config, "--image-size", image_size)
 
 
 @dataclass(frozen=True)

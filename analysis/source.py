@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from ..errors import HubViTError
+from ..limits import check_config_sizes, open_image as open_bounded, regular_files, require_safetensors
 from .info import SIZES, preset_config
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -18,7 +19,9 @@ def is_preset(src):
 def load_config(src, image_size=None):
     """The config of SRC; a preset gets `image_size` (default 224) as its native size."""
     if is_preset(src):
-        return preset_config(src, image_size=list(image_size) if image_size else 224)
+        config = preset_config(src, image_size=list(image_size) if image_size else 224)
+        check_config_sizes(config, f"preset {src} at --image-size", image_size)
+        return config
     from transformers import AutoConfig
 
     import hubvit  # noqa: F401  registers model_type "hubvit"
@@ -30,6 +33,7 @@ def load_config(src, image_size=None):
                          f"'b/16' was expected): {str(error).splitlines()[0]}") from None
     if config.model_type != "hubvit":
         raise HubViTError(f"{src!r} is a {config.model_type!r} checkpoint; convert it first (`hubvit convert ...`)")
+    check_config_sizes(config, f"{src}/config.json", image_size)
     return config
 
 
@@ -50,6 +54,7 @@ def load_model(src, image_size=None):
     if is_preset(src):
         model = HubViTForImageClassification(config)
     else:
+        require_safetensors(src)
         model = (HubViTForImageClassification if has_head(config) else HubViTModel).from_pretrained(src)
     processor = None
     if not is_preset(src):
@@ -66,22 +71,16 @@ def image_files(folder):
     folder = Path(folder)
     if not folder.is_dir():
         raise HubViTError(f"--images {str(folder)!r} is not a folder of images")
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = regular_files(sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES))
     if not files:
         raise HubViTError(f"--images {str(folder)!r} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
     return files
 
 
 def open_image(path):
-    """A decoded PIL image, its file closed; a clear error for a file that is not an image."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            image.load()
-            return image
-    except (UnidentifiedImageError, OSError) as error:
-        raise HubViTError(f"cannot read {str(path)!r} as an image: {error}") from None
+    """A decoded PIL image, its file closed; a clear error for a file that is not an image, too many pixels or
+    not a regular file."""
+    return open_bounded(path, repr(str(path)))
 
 
 def iter_images(images=None, dataset=None, split=None, image_column="image", max_images=None):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConversionError, listing
+from ..limits import check_config_sizes
 from .arguments import TOLERANCE, add_verify_arguments, positive_number
 from .mapping import StrictMapping
 from .verification import Verification, hubvit_outputs, verify
@@ -112,6 +113,7 @@ def make_config(conversion):
     """The HubViTConfig of `conversion`: its fields plus the labels (a headless model has none)."""
     from ..modeling import HubViTConfig
 
+    check_config_sizes(conversion.config, "the converted config")
     labels = {int(k): str(v) for k, v in conversion.labels.items()}
     if sorted(labels) != list(range(len(labels))):
         raise ConversionError(f"labels must be numbered 0..{len(labels) - 1}, got ids {sorted(labels)[:10]}")
@@ -138,10 +140,13 @@ def read_hubvit_config(src):
         raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConversionError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ConversionError(f"{path}: expected a JSON object of config fields, got a JSON {type(raw).__name__}")
     if raw.get("model_type") != HubViTConfig.model_type:
         raise ConversionError(
             f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
         )
+    check_config_sizes(raw, str(path))
     return HubViTConfig.from_pretrained(str(src)), raw
 
 

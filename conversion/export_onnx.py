@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import OutputExistsError
+from ..limits import check_side_file, require_safetensors, write_text_atomic
 from .common import ConversionError, ExportResult, positive_number, read_hubvit_config
 
 TOLERANCE = 1e-4
@@ -70,6 +70,7 @@ def load(src):
 
     src = Path(src)
     config, raw = read_hubvit_config(src)
+    require_safetensors(src)
     headless = not config.num_labels or raw.get("architectures") == [HubViTModel.__name__]
     cls = HubViTModel if headless else HubViTForImageClassification
     model = cls.from_pretrained(str(src), attn_implementation="sdpa").eval()
@@ -195,7 +196,7 @@ def export(args):
     """Write the hubvit folder `args.src` as the ONNX graph `args.out`, checked in onnxruntime first; `args` is an
     `Options`."""
     try:
-        import onnx  # noqa: F401
+        import onnx
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401
     except ModuleNotFoundError as error:
@@ -203,12 +204,16 @@ def export(args):
     out = Path(args.out)
     if out.suffix != ".onnx":
         raise ConversionError(f"OUT={str(out)!r} should end in .onnx")
+    newest = onnx.defs.onnx_opset_version()
+    if not OPSET <= args.opset <= newest:
+        raise ConversionError(f"opset={args.opset}; expected an integer from {OPSET} (what torch.onnx's exporter "
+                              f"writes) to {newest} (the newest the installed onnx knows)")
     report = out.with_suffix(".verification.json")
-    if out.exists() and not args.overwrite:
-        raise OutputExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+    check_side_file(out, args.overwrite, "OUT")
+    check_side_file(report, args.overwrite, "the verification report")
     model, processor = load(args.src)
     out.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    handle, staging = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".onnx", dir=out.parent)
     os.close(handle)
     staging = Path(staging)
     try:
@@ -244,7 +249,7 @@ def export(args):
         source=str(args.src), onnx=out.name, opset=args.opset, tolerance=args.tolerance,
         torch=torch.__version__, onnxruntime=__import__("onnxruntime").__version__, checks=rows,
     )
-    report.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(report, json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out} and {report.name}")
     worst = max(row["max_abs_difference"] for row in rows)
     lines = [f"{row['output']} batch {row['batch']} at {row['height']}x{row['width']}: max |Δ| = "

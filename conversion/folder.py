@@ -142,7 +142,7 @@ def replace_folder(new, out):
         if _exchange(new, out):
             old = new
         else:
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.{ASIDE_MARK}-{os.getpid()}-", dir=out.parent))
+            old = Path(tempfile.mkdtemp(prefix=f".{hidden_stem(out)}.{ASIDE_MARK}-{os.getpid()}-", dir=out.parent))
             os.rename(out, old)
             try:
                 os.rename(new, out)
@@ -150,6 +150,23 @@ def replace_folder(new, out):
                 os.rename(old, out)
                 raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def hidden_stem(out):
+    """OUT's name in its hidden sibling folders, short enough that the sibling's name stays under NAME_MAX (255)
+    for any legal OUT: long names keep 100 characters and a hash of the rest."""
+    import hashlib
+
+    name = Path(out).name
+    if len(name.encode()) <= 120:
+        return name
+    return name.encode()[:100].decode(errors="ignore") + "-" + hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
+def glob_escape(text):
+    import glob
+
+    return glob.escape(text)
 
 
 def _owner_alive(path):
@@ -174,13 +191,36 @@ def clean_stale(out):
     out = Path(out)
     if not out.parent.is_dir():
         return
-    for path in sorted(out.parent.glob(f".{out.name}.*")):
+    for path in sorted(out.parent.glob(f".{glob_escape(hidden_stem(out))}.*")):
         if not path.is_dir() or _owner_alive(path):
             continue
         if ASIDE_MARK in path.name and not out.exists():
             path.rename(out)
         elif STAGING_MARK in path.name or ASIDE_MARK in path.name:
             shutil.rmtree(path, ignore_errors=True)
+
+
+CHECKPOINT_MARKERS = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def check_replaceable(out):
+    """Refuse to replace a non-empty OUT that holds no checkpoint (no config.json or weights): --overwrite is for
+    replacing an earlier output, not for deleting an unrelated folder."""
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in CHECKPOINT_MARKERS):
+        raise ConversionError(
+            f"OUT {out} holds files but no checkpoint ({', '.join(CHECKPOINT_MARKERS[:2])}); --overwrite replaces an "
+            "earlier output only, so this folder was left untouched: remove it yourself or choose another OUT"
+        )
+
+
+def same_modes(folder):
+    """Every file the mode the umask gives (0644 usually) and folders 0755: safetensors writes its files 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    Path(folder).chmod(0o777 & ~umask)
+    for path in Path(folder).rglob("*"):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 @contextmanager
@@ -191,10 +231,11 @@ def staged_folder(out_dir, overwrite=False):
     clean_stale(out)
     if out.exists() and not overwrite and any(out.iterdir()):
         raise OutputExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.{STAGING_MARK}-{os.getpid()}-", dir=out.parent))
+    check_replaceable(out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{hidden_stem(out)}.{STAGING_MARK}-{os.getpid()}-", dir=out.parent))
     try:
         yield staging
-        staging.chmod(0o755)
+        same_modes(staging)
         replace_folder(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

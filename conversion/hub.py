@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .card import REPO_PLACEHOLDER, set_repo_id
 from ..errors import HubViTError
+from ..limits import bounded
 from .common import positive_number
 from .folder import REQUIRED_FILES
 
@@ -148,6 +149,9 @@ def check_files(folder):
         config = json.loads((folder / "config.json").read_text())
     except ValueError as error:
         raise PushError(f"{folder / 'config.json'} is not valid JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise PushError(f"{folder / 'config.json'}: expected a JSON object of config fields, got a JSON "
+                        f"{type(config).__name__}")
     if config.get("model_type") != "hubvit":
         raise PushError(f"{folder / 'config.json'} has model_type {config.get('model_type')!r}, expected 'hubvit'")
     auto_map = config.get("auto_map") or {}
@@ -222,6 +226,9 @@ def require_token(api):
     try:
         who = api.whoami(token=token)
     except HfHubHTTPError as error:
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status is not None and status >= 500:
+            raise  # the server failed; `bounded` names the status
         raise PushError(f"the token was refused by {api.endpoint}: {error}") from None
     role = who.get("auth", {}).get("accessToken", {}).get("role")
     if role == "read":
@@ -259,10 +266,11 @@ def push_folder(
         raise PushError(f"repo id {repo_id!r} is not valid: {error}") from None
     folder = Path(folder)
     check_files(folder)
-    bound_network_timeouts(timeout)
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        return _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check)
+        with bounded(f"push to {repo_id}", endpoint=api.endpoint, kind="transfer", error=PushError):
+            bound_network_timeouts(timeout)
+            return _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check)
     except HfHubHTTPError as error:
         raise PushError(f"the Hub at {api.endpoint} refused the push to {repo_id}: {error}") from None
     except Exception as error:

@@ -151,7 +151,11 @@ def _shape(source, key, layout, path):
 def read_config(source, layout, args, path):
     """(HubViTConfig fields, number of labels) read from the array shapes and the few options the keys cannot tell."""
     p = layout.prefix
-    ph, pw, channels, width = _shape(source, f"{p}embedding/kernel", layout, path)
+    kernel = _shape(source, f"{p}embedding/kernel", layout, path)
+    if len(kernel) != 4:
+        raise ConversionError(f"{path}: {p}embedding/kernel has shape {kernel}; expected 4 dimensions "
+                              "(patch height, patch width, channels, width)")
+    ph, pw, channels, width = kernel
     names = BLOCK_NAMES[layout.name]
     first, _ = layout.block(0)
     heads = _shape(source, f"{first}/{names[1]}/query/kernel", layout, path)[-2]
@@ -202,6 +206,8 @@ def read_config(source, layout, args, path):
             image_size=args.image_size or DEFAULT_NATIVE_SIZE,
         )
 
+    if args.drop_pre_logits and f"{p}pre_logits/kernel" not in source:
+        raise ConversionError(f"--drop-pre-logits: {path} has no {p}pre_logits layer to drop")
     representation = None
     if f"{p}pre_logits/kernel" in source and not args.drop_pre_logits:
         representation = source[f"{p}pre_logits/kernel"].shape[-1]

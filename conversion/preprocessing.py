@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transformers import BitImageProcessor
 
+from ..limits import check_preprocessing
 from .common import RESAMPLE_IDS, RESAMPLE_NAMES, ConversionError, Preprocessing, resample_name
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -57,6 +58,7 @@ def processor_for(preprocessing: Preprocessing, config):
     """The folder's image processor for a converter's `Preprocessing`: the source's own when it has one, else a
     `BitImageProcessor` doing the source's resize and crop (see `Preprocessing`)."""
     p = preprocessing
+    check_preprocessing(p)
     if p.processor is not None:
         return p.processor
     height, width = p.size or config.image_size_2d

@@ -10,9 +10,7 @@ all). `--dry-run` converts and runs the same load check as a push, and uploads n
 """
 
 import contextlib
-import csv
 import inspect
-import io
 import shlex
 import tempfile
 import typing
@@ -20,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HubViTError
+from ..limits import NetworkError, bounded, load_yaml, read_csv
 from . import sources
 from .common import ConversionError
 
@@ -68,16 +67,18 @@ def publish_all(manifest, dry_run=False, force=False, work_dir=None):
 def read_manifest(path):
     """The entries of a YAML (a list, or a mapping with `entries`) or CSV (header row) manifest, all validated."""
     path = Path(path)
+    if path.is_dir():
+        raise ConversionError(f"{path}: a folder, not a manifest file (.yaml, .yml or .csv)")
     if not path.is_file():
         raise ConversionError(f"{path}: no such manifest")
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".csv":
-        rows = list(csv.DictReader(io.StringIO(text)))
+        rows = read_csv(text, str(path))
     elif path.suffix.lower() in (".yaml", ".yml"):
         import yaml
 
         try:
-            rows = yaml.safe_load(text)
+            rows = load_yaml(text, str(path))
         except yaml.YAMLError as error:
             raise ConversionError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
         if isinstance(rows, dict) and "entries" in rows:
@@ -165,6 +166,9 @@ def publish_entry(entry, work, dry_run=False, force=False):
             published = published_record(entry.repo_id)
             if published == {"version": hubvit_version(), "source": source}:
                 return Outcome(entry, "skipped", detail="the card records this source revision and hubvit version")
+        from .folder import check_output_path
+
+        check_output_path(work / name, entry.source)
         work.mkdir(parents=True, exist_ok=True)
         with contextlib.chdir(work):  # the card's command names OUT as given: the same card on every run
             result = convert(entry.source, name, overwrite=True, **options)
@@ -257,7 +261,10 @@ def current_source(entry, options):
     if not repo_id:
         return {}
     try:
-        commit = HfApi().model_info(repo_id[1], revision=options.get("revision")).sha
+        with bounded(f"model_info of {repo_id[1]}"):
+            commit = HfApi().model_info(repo_id[1], revision=options.get("revision")).sha
+    except NetworkError:
+        raise
     except Exception:  # noqa: BLE001  (the conversion reports the real error)
         return {}
     return {"repo_id": repo_id[1], "revision": commit}
@@ -269,7 +276,8 @@ def published_record(repo_id):
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 
     try:
-        path = hf_hub_download(repo_id, "README.md")
+        with bounded(f"download of {repo_id}/README.md"):
+            path = hf_hub_download(repo_id, "README.md")
     except (EntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError):
         return {}
     record = ModelCard.load(path).data.to_dict().get("hubvit") or {}

@@ -17,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..limits import NetworkError, connect_timeout, describe, read_bounded
 from .common import ConversionError
 
 REPO_ID = re.compile(r"(?:hf-hub:)?([A-Za-z0-9][\w.-]*/[\w.-]+)")
@@ -24,7 +25,6 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 # One weights format per download: safetensors when the repo has it, else PyTorch pickles (read weights_only).
 PATTERNS = (["*.json", "*.safetensors"], ["*.json", "pytorch_model*.bin"])
 CHUNK = 1 << 16
-TIMEOUT_S = 60
 
 
 @dataclass
@@ -84,12 +84,16 @@ def download_repo(repo_id, revision=None):
         RevisionNotFoundError,
     )
 
+    from ..limits import bounded
+
     where = f"{repo_id}" + (f" at revision {revision}" if revision else "")
+    local = f"; there is no local path {repo_id} either" if not Path(repo_id.split("/", 1)[0]).exists() else ""
     try:
-        for patterns in PATTERNS:
-            path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
-            if any(path.glob(patterns[1])):
-                break
+        with bounded(f"download of {where}{local}", kind="transfer"):
+            for patterns in PATTERNS:
+                path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
+                if any(path.glob(patterns[1])):
+                    break
     except GatedRepoError:
         raise ConversionError(f"{repo_id}: gated repo; accept its terms on the Hub, then hf auth login") from None
     except RepositoryNotFoundError:
@@ -102,7 +106,7 @@ def download_repo(repo_id, revision=None):
         reason = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
         raise ConversionError(
             f"{where}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {reason}; "
-            "download it once online"
+            f"download it once online{local}"
         ) from None
     except (HfHubHTTPError, OSError) as error:
         raise ConversionError(f"{where}: download failed: {str(error).splitlines()[0]}") from None
@@ -165,14 +169,19 @@ def download(url, final):
         if validator.is_file():
             headers["If-Range"] = validator.read_text()
     try:
-        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=connect_timeout())
     except urllib.error.HTTPError as error:
         if error.code == 416 and start:  # the partial file is not a prefix of this one: start over
             part.unlink()
             return download(url, final)
-        raise ConversionError(f"{url}: HTTP {error.code} {error.reason}") from None
+        raise NetworkError(describe("status", url, status=error.code, reason=str(error.reason))) from None
+    except TimeoutError:
+        raise NetworkError(describe("silent", url, seconds=connect_timeout())) from None
     except (urllib.error.URLError, OSError) as error:
-        raise ConversionError(f"{url}: cannot connect ({getattr(error, 'reason', error)})") from None
+        reason = getattr(error, "reason", error)
+        if isinstance(reason, TimeoutError):
+            raise NetworkError(describe("silent", url, seconds=connect_timeout())) from None
+        raise NetworkError(describe("refused", url, reason=str(reason))) from None
     with response:
         resumed = response.status == 206 and response.headers.get("Content-Range", "").startswith(f"bytes {start}-")
         start = start if resumed else 0
@@ -186,10 +195,14 @@ def download(url, final):
             with open(part, "ab" if resumed else "wb") as file, tqdm(
                 total=total, initial=start, unit="B", unit_scale=True, desc=final.name
             ) as bar:
-                while chunk := response.read(CHUNK):
+
+                def write(chunk):
+                    nonlocal received
                     file.write(chunk)
                     received += len(chunk)
                     bar.update(len(chunk))
+
+                read_bounded(response, url, write, expected=int(length) if length is not None else None)
         except (OSError, http.client.HTTPException) as error:
             raise ConversionError(
                 f"{url}: download interrupted at {received} of {total} bytes ({type(error).__name__}); "

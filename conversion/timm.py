@@ -105,6 +105,10 @@ def read_source(src, architecture, model_args):
         weights = next((src / name for name in WEIGHT_FILES if (src / name).is_file()), None)
         if weights is None:
             raise ConversionError(f"{src}: no weights file; expected one of {list(WEIGHT_FILES)}")
+        if not isinstance(hub_config.get("model_args") or {}, dict):
+            raise ConversionError(
+                f"{config_path}: model_args={hub_config['model_args']!r}; expected a JSON object of timm kwargs"
+            )
         args = dict(hub_config.get("model_args") or {})
         args.setdefault("num_classes", hub_config.get("num_classes", args.get("num_classes")))
         return hub_config["architecture"], {**args, **model_args}, hub_config, weights
@@ -113,6 +117,20 @@ def read_source(src, architecture, model_args):
     if not architecture:
         raise ConversionError(f"{src} is a single weights file: say which timm model it is with --architecture NAME")
     return architecture, dict(model_args), None, src
+
+
+def check_timm_sizes(meta_model, architecture):
+    """The size budget of `hubvit.limits` for the timm model about to be built on the CPU (as the reference)."""
+    from ..limits import check_config_sizes
+
+    embed = getattr(meta_model, "patch_embed", None)
+    sizes = {
+        "hidden_size": getattr(meta_model, "embed_dim", None),
+        "num_hidden_layers": len(getattr(meta_model, "blocks", [])) or None,
+        "image_size": list(getattr(embed, "img_size", None) or (224, 224)),
+        "patch_size": list(getattr(embed, "patch_size", None) or (16, 16)),
+    }
+    check_config_sizes({k: v for k, v in sizes.items() if v is not None}, f"{architecture} model_args")
 
 
 def parse_model_args(text):
@@ -387,7 +405,11 @@ def convert(args):
     if hub_config is None and "num_classes" not in model_args:
         head = weights.get("head.weight")
         model_args["num_classes"] = int(head.shape[0]) if isinstance(head, torch.Tensor) else 0
+    classes = model_args.get("num_classes")
+    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
+        raise ConversionError(f"num_classes={classes!r} (config.json or --model-args); expected an integer >= 0")
     meta_model = create_timm_model(architecture, model_args)
+    check_timm_sizes(meta_model, architecture)
     settings, problems = read_settings(meta_model, architecture)
     if problems:
         raise refuse(architecture, problems, weights)

@@ -101,7 +101,11 @@ def shape(weights, key, what):
 
 def read_sizes(weights):
     """The sizes a torchvision ViT state dict shows in its shapes (everything but the head count)."""
-    hidden, channels, patch, patch_w = shape(weights, "conv_proj.weight", "patch embedding")
+    kernel = shape(weights, "conv_proj.weight", "patch embedding")
+    if len(kernel) != 4:
+        raise ConversionError(f"conv_proj.weight has shape {kernel}; expected 4 dimensions (width, channels, "
+                              "patch, patch)")
+    hidden, channels, patch, patch_w = kernel
     if patch != patch_w:
         raise ConversionError(f"conv_proj.weight is {patch}x{patch_w}: torchvision's ViT has square patches")
     rows = shape(weights, "encoder.pos_embedding", "position table")[1] - 1
@@ -239,6 +243,8 @@ def convert(args):
 
     weights = clean_state_dict(read_weights(args.src))
     sizes, channels, table_size = read_sizes(weights)
+    if args.image_size is not None and args.image_size <= 0:
+        raise ConversionError(f"--image-size {args.image_size}; expected a positive number of pixels")
     image_size = args.image_size or table_size
     if image_size % sizes["patch_size"]:
         raise ConversionError(f"--image-size {image_size} is not a multiple of the patch size {sizes['patch_size']}")

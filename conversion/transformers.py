@@ -135,6 +135,8 @@ def read_source_config(src):
     if not path.is_file():
         raise ConversionError(f"{src}: no config.json; expected a folder written by transformers' save_pretrained")
     raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise ConversionError(f"{path}: expected a JSON object of config fields, got a JSON {type(raw).__name__}")
     architectures = raw.get("architectures") or []
     architecture = architectures[0] if architectures else None
     if architecture not in ARCHITECTURES:
@@ -145,7 +147,10 @@ def read_source_config(src):
     family, head = ARCHITECTURES[architecture]
     import transformers
 
+    from ..limits import check_config_sizes
+
     defaults = getattr(transformers, CONFIG_CLASSES[family])().to_dict()
+    check_config_sizes({**defaults, **raw}, str(path))
     return architecture, family, head, {**defaults, **raw}
 
 

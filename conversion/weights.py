@@ -1,6 +1,7 @@
 """Safe reading of weight files: safetensors, torch pickles (`weights_only=True`) and `.npz` (`allow_pickle=False`),
 each with its own one-line error for a damaged or hostile file, and every tensor checked finite."""
 
+import os
 import re
 import struct
 import zipfile
@@ -10,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ConversionError, listing
+from ..errors import ConversionError, HubViTError, listing
+from ..limits import check_weights_file
 
 
 # What torch's and numpy's readers raise on a truncated or bit-flipped file (found by fuzzing, tests/test_reliability.py).
@@ -37,6 +39,12 @@ def read_weights(path):
         raise ConversionError(f"{path}: unknown weights format {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
     if path.stat().st_size == 0:
         raise ConversionError(f"{path}: the file is empty (0 bytes)")
+    if not os.access(path, os.R_OK):
+        raise ConversionError(f"{path}: permission denied (the file exists but cannot be read)")
+    try:
+        check_weights_file(path)
+    except HubViTError as error:
+        raise ConversionError(str(error)) from None
     if suffix == ".safetensors":
         weights = _read_safetensors(path)
     elif suffix == ".npz":

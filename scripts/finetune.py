@@ -39,6 +39,7 @@ def main(argv=None, prog="finetune.py"):
     """Console entry: returns 0, or exits with status 2 and a one-line message on bad arguments."""
     from hubvit.errors import HubViTError
     from hubvit.training import parse_args, train
+    from hubvit.training.checks import worker_error_line
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv, prog)
@@ -46,7 +47,7 @@ def main(argv=None, prog="finetune.py"):
         result = train(args, command=command_line(prog, argv))
         draw_figures(result, args.image_column_name)
     except HubViTError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {worker_error_line(error)}", file=sys.stderr)
         raise SystemExit(2)
     except OSError as error:
         paths = " -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)

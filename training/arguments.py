@@ -15,6 +15,8 @@ from typing import Literal, Optional
 
 from hubvit.errors import HubViTError
 
+from . import checks
+
 # Sizes from the ViT paper (Table 1) and DeiT (Ti); "default" suits the embedded 28x28 digits.
 PRESETS = {
     "default": dict(
@@ -357,6 +359,9 @@ def check_args(args):
         raise UsageError("--config_overrides applies to training from scratch, not to --model_name_or_path")
     check_trackers(args.report_to)
     out = Path(args.output_dir)
+    checks.check_model_folder(out, args.model_name_or_path)
+    if args.train_dir:
+        checks.check_image_folders(args.train_dir, args.validation_dir)
     if (out / "model").exists() and not (args.overwrite_output_dir or args.resume_from_checkpoint):
         raise UsageError(f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
                          "--resume_from_checkpoint to continue the run")

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from .arguments import UsageError
+from .checks import writing_checkpoint
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -61,8 +62,9 @@ def save_checkpoint(accelerator, state, loader=None, ema=None):
                 shutil.rmtree(path)
     accelerator.wait_for_everyone()
     accelerator.project_configuration.iteration = state["global_step"]
-    accelerator.save_state()
-    save_extra_state(accelerator, final, loader, ema)
+    with writing_checkpoint(final):
+        accelerator.save_state()
+        save_extra_state(accelerator, final, loader, ema)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         staging = final / f".{STATE_FILE}.tmp"

@@ -15,6 +15,7 @@ from torchvision.transforms import v2
 from hubvit.conversion.common import resample_name
 from hubvit.conversion.preprocessing import Preprocessing
 
+from . import checks
 from .arguments import UsageError, is_embedded
 
 # torchvision's tensor kernels for PIL's resample filters (lanczos has none: bicubic is the closest).
@@ -53,7 +54,7 @@ def load_raw(args):
         return datasets.load_dataset("imagefolder", data_files=files), source
     saved = Path(args.dataset_name)
     if saved.is_dir() and ((saved / "dataset_dict.json").exists() or (saved / "state.json").exists()):
-        raw = datasets.load_from_disk(str(saved))
+        raw = checks.load_saved_dataset(saved)
     else:
         raw = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
     if isinstance(raw, datasets.Dataset):
@@ -68,6 +69,7 @@ def load_splits(args):
     if "train" not in raw:
         raise UsageError(f"the dataset has no 'train' split; found {sorted(raw)}")
     check_columns(raw["train"], args)
+    checks.check_split(raw["train"], args.label_column_name)
     eval_name = next((name for name in ("validation", "test", "val") if name in raw), None)
     if eval_name is None:
         parts = held_out_split(raw["train"], args)
@@ -77,6 +79,7 @@ def load_splits(args):
     else:
         train, evaluation = raw["train"], raw[eval_name]
         check_columns(evaluation, args)
+        checks.check_split(evaluation, args.label_column_name, eval_name)
         if evaluation.features[args.label_column_name].names != train.features[args.label_column_name].names:
             raise UsageError(f"label names differ between 'train' and '{eval_name}' splits")
     if args.max_train_samples:
@@ -148,8 +151,8 @@ class SeededImages(torch.utils.data.Dataset):
 
         try:
             example = self.dataset[int(index)]
-            image = example[self.image_column].convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+            image = checks.checked_image(example[self.image_column]).convert("RGB")
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError, *checks.decompression_bomb_errors()) as error:
             raise UsageError(f"image {int(index)} ({self.source(index)}) cannot be read: {error}") from None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63))

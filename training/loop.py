@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from . import checks
 from .arguments import UsageError
 from .checkpoints import load_checkpoint, project_configuration, resolve_checkpoint, save_checkpoint
 from .data import make_loaders, make_mixer
@@ -167,6 +168,7 @@ def resume(run):
         return Position()
     path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     global_step, epoch, skip = load_checkpoint(run.accelerator, path, streamed_loader(run), run.ema)
+    checks.check_resume(global_step, run.schedule.max_steps, path)
     if skip >= len(run.train_loader):
         epoch, skip = epoch + 1, 0
     logger.info(f"resumed from {path} at update {global_step} (epoch {epoch}, batch {skip})")

@@ -7,6 +7,7 @@ import torch
 from hubvit.conversion.common import resample_name
 from hubvit.conversion.preprocessing import Preprocessing
 
+from . import checks
 from .arguments import PRESETS, UsageError
 
 HEAD_PREFIXES = ("classifier.", "distillation_classifier.")
@@ -42,6 +43,7 @@ def build_start_model(args, label_names, config_fields=None):
     except (ValueError, TypeError) as error:
         raise UsageError(f"bad --config_overrides {args.config_overrides!r} or fields {config_fields!r}: {error}")
     check_image_size(args.image_size, config)
+    checks.check_config(config, args.image_size)
     if args.image_size:
         config.image_size = args.image_size
     return HubViTForImageClassification(config), Preprocessing()
@@ -58,6 +60,8 @@ def load_checkpoint_model(args, id2label, label2id):
         raise UsageError(f"--model_name_or_path {args.model_name_or_path!r} is a {config.model_type!r} "
                          "checkpoint; convert it first (`hubvit convert ...`)")
     check_image_size(args.image_size, config)
+    checks.check_source_model(args.model_name_or_path, config.num_channels)
+    checks.check_config(config, args.image_size)
     model = load_pretrained(args.model_name_or_path, config, id2label, label2id)
     if args.image_size:
         model.resize_position_embeddings(args.image_size)

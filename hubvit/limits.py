@@ -1,0 +1,740 @@
+"""Bounds on everything hubvit reads from outside: the network, output paths, sizes, manifests.
+
+- Network: every Hub call (huggingface_hub's shared HTTP client) and the JAX https download get a connect timeout,
+  a silence timeout per read and a total deadline per operation (`bounded(...)`), plus a size cap on bodies; a
+  failure becomes one line naming the endpoint and whether it refused, stayed silent, was too slow or answered
+  with an error status.
+- Paths: side files (OUT.verification.json ...) are never written through a symbolic link nor replaced without
+  `overwrite`; OUT is checked against SRC on routes that write.
+- Sizes: weight-file headers (.npz, .safetensors), config sizes and image pixel counts are checked against a
+  budget before anything is allocated; decompression bombs are refused by name.
+- Manifests: YAML read without alias expansion, CSV rows with extra cells refused by line number.
+
+The numbers come from environment variables so tests (and users with other machines) can set them:
+HUBVIT_CONNECT_TIMEOUT, HUBVIT_READ_TIMEOUT, HUBVIT_DEADLINE (seconds); HUBVIT_MAX_DOWNLOAD_BYTES,
+HUBVIT_MAX_WEIGHT_BYTES, HUBVIT_MAX_IMAGE_PIXELS, HUBVIT_MAX_MODEL_BYTES.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import struct
+import threading
+import time
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .errors import HubViTError, OutputExistsError
+
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
+METADATA_DEADLINE_S = 120.0
+TRANSFER_DEADLINE_S = 7200.0
+MAX_API_BODY_BYTES = 64 << 20
+MAX_DOWNLOAD_BYTES = 64 << 30
+MAX_IMAGE_PIXELS = 64_000_000
+MAX_YAML_BYTES = 1 << 20
+MAX_TOKENS = 65_536
+
+
+class NetworkError(HubViTError):
+    """A network call that failed or ran out of time; the message names the endpoint and how it failed."""
+
+
+class UnsafePathError(HubViTError):
+    """An output path that would follow a link, replace a file without --overwrite, or overwrite the source."""
+
+
+class SizeError(HubViTError):
+    """An input whose declared size exceeds what this machine can hold; refused before allocating it."""
+
+
+class ManifestError(HubViTError):
+    """A manifest (YAML or CSV) that cannot be read safely."""
+
+
+def _env_float(name, default):
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise HubViTError(f"{name}={text!r}; expected a positive number of seconds or bytes") from None
+    if not value > 0:
+        raise HubViTError(f"{name}={text!r}; expected a positive number")
+    return value
+
+
+def connect_timeout():
+    return _env_float("HUBVIT_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S)
+
+
+def read_timeout():
+    return _env_float("HUBVIT_READ_TIMEOUT", READ_TIMEOUT_S)
+
+
+def deadline_seconds(kind="metadata"):
+    """The total time one operation may take: 120 s for metadata, 2 h for transfers, or HUBVIT_DEADLINE."""
+    return _env_float("HUBVIT_DEADLINE", METADATA_DEADLINE_S if kind == "metadata" else TRANSFER_DEADLINE_S)
+
+
+def max_download_bytes():
+    return int(_env_float("HUBVIT_MAX_DOWNLOAD_BYTES", MAX_DOWNLOAD_BYTES))
+
+
+# ---------------------------------------------------------------------------------------------------- network
+
+
+class _Operation:
+    """One bounded network operation: what it is, its deadline, and the first failure the transport saw."""
+
+    def __init__(self, what, deadline_s, endpoint=None, hub=True):
+        self.what, self.hub = what, hub
+        self.deadline_s = deadline_s
+        self.deadline = time.monotonic() + deadline_s
+        self.endpoint = endpoint
+        self.failures = []
+
+    def remaining(self):
+        return self.deadline - time.monotonic()
+
+    def record(self, line, url=None):
+        self.failures.append((urlsplit(str(url)).netloc if url is not None else None, line))
+
+    @property
+    def failure(self):
+        """The first failure at the operation's own endpoint (other threads may use the client meanwhile), else the
+        first failure seen."""
+        if not self.failures:
+            return None
+        if self.endpoint:
+            host = urlsplit(str(self.endpoint)).netloc
+            for netloc, line in self.failures:
+                if netloc == host:
+                    return line
+        return self.failures[0][1]
+
+
+_LOCK = threading.Lock()
+_ACTIVE: list[_Operation] = []
+
+
+def _current():
+    with _LOCK:
+        return _ACTIVE[-1] if _ACTIVE else None
+
+
+def _where(url, operation):
+    parts = urlsplit(str(url))
+    endpoint = f"{parts.scheme}://{parts.netloc}" if parts.netloc else str(url)
+    what = f" ({operation.what})" if operation is not None else ""
+    server = "the Hub at " if operation is not None and operation.hub else ""
+    return f"{server}{endpoint}{what}"
+
+
+def describe(kind, url, operation=None, seconds=None, status=None, reason=""):
+    """The one line for a failed call: `kind` is refused, silent, slow, status, too_large or not_json."""
+    where = _where(url, operation)
+    if kind == "refused":
+        return f"cannot reach {where}: the connection was refused or failed ({reason})" if reason else (
+            f"cannot reach {where}: the connection was refused")
+    if kind == "silent":
+        return (f"{where} did not answer in time: silent for {seconds:g} s (connect or read timeout; "
+                "HUBVIT_CONNECT_TIMEOUT/HUBVIT_READ_TIMEOUT, --timeout for push)")
+    if kind == "slow":
+        return (f"{where} is too slow: the operation did not finish within its {seconds:g} s deadline "
+                "(HUBVIT_DEADLINE)")
+    if kind == "status":
+        return f"{where} answered with an error: HTTP {status}{' ' + reason if reason else ''}"
+    if kind == "too_large":
+        return f"{where} sent more than {seconds} bytes, the cap for this body (HUBVIT_MAX_DOWNLOAD_BYTES); refused"
+    if kind == "not_json":
+        return f"{where} answered with a body that is not JSON ({reason})"
+    raise ValueError(kind)
+
+
+def _httpx():
+    import httpx2
+
+    return httpx2
+
+
+def _deadline_error():
+    httpx = _httpx()
+
+    class DeadlineExceeded(httpx.ReadTimeout):
+        """The operation's total deadline passed (a subclass of the client's timeout, so callers treat it so)."""
+
+    return DeadlineExceeded
+
+
+_DEADLINE_ERROR = None
+
+
+def _raise_deadline(request, operation):
+    global _DEADLINE_ERROR
+    if _DEADLINE_ERROR is None:
+        _DEADLINE_ERROR = _deadline_error()
+    line = describe("slow", request.url, operation, seconds=operation.deadline_s)
+    operation.record(line, request.url)
+    raise _DEADLINE_ERROR(line, request=request)
+
+
+def _bounded_stream(stream, request, operation, cap):
+    """A response body that stops at the operation's deadline and at its size cap."""
+    httpx = _httpx()
+
+    class BoundedStream(httpx.SyncByteStream):
+        def __iter__(self):
+            received = 0
+            for chunk in stream:
+                received += len(chunk)
+                if received > cap:
+                    line = describe("too_large", request.url, operation, seconds=cap)
+                    if operation is not None:
+                        operation.record(line, request.url)
+                    raise httpx.RemoteProtocolError(line, request=request)
+                if operation is not None and operation.remaining() <= 0:
+                    _raise_deadline(request, operation)
+                yield chunk
+
+        def close(self):
+            stream.close()
+
+    return BoundedStream()
+
+
+def _make_transport(inner):
+    httpx = _httpx()
+
+    class BoundedTransport(httpx.BaseTransport):
+        """Wraps the client's transport: timeouts clamped to the deadline, failures classified, bodies capped."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def handle_request(self, request):
+            operation = _current()
+            connect, read = connect_timeout(), read_timeout()
+            timeout = dict(request.extensions.get("timeout") or {})
+            connect = min(connect, timeout.get("connect") or connect)
+            read = min(read, timeout.get("read") or read)
+            if operation is not None:
+                remaining = operation.remaining()
+                if remaining <= 0:
+                    _raise_deadline(request, operation)
+                connect, read = min(connect, remaining), min(read, remaining)
+            request.extensions["timeout"] = {"connect": connect, "read": read, "write": read, "pool": connect}
+            try:
+                response = self.inner.handle_request(request)
+            except httpx.TimeoutException as error:
+                if operation is not None:
+                    if operation.remaining() <= 0:
+                        _raise_deadline(request, operation)
+                    seconds = connect if isinstance(error, httpx.ConnectTimeout) else read
+                    operation.record(describe("silent", request.url, operation, seconds=seconds), request.url)
+                raise
+            except httpx.TransportError as error:
+                if operation is not None:
+                    operation.record(describe("refused", request.url, operation,
+                                              reason=str(error) or type(error).__name__), request.url)
+                raise
+            if response.status_code >= 500 and operation is not None:
+                operation.record(describe("status", request.url, operation, status=response.status_code,
+                                          reason=response.reason_phrase), request.url)
+            length = response.headers.get("Content-Length")
+            api = "/api/" in request.url.path
+            cap = max_download_bytes() if not api else MAX_API_BODY_BYTES
+            if length and length.isdigit():
+                cap = min(cap, int(length))
+            response.stream = _bounded_stream(response.stream, request, operation, cap)
+            return response
+
+        def close(self):
+            self.inner.close()
+
+    return BoundedTransport(inner)
+
+
+def install():
+    """Make huggingface_hub's shared client use the bounded transport (again, if another factory replaced it)."""
+    from huggingface_hub.utils import _http
+
+    previous = _http._GLOBAL_CLIENT_FACTORY
+    if getattr(previous, "hubvit_bounded", False):
+        return
+
+    def factory():
+        client = previous()
+        client._transport = _make_transport(client._transport)
+        client._mounts = {key: (_make_transport(value) if value is not None else None)
+                          for key, value in client._mounts.items()}
+        return client
+
+    factory.hubvit_bounded = True
+    _http.set_client_factory(factory)
+
+
+def _http_status(error):
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", None), getattr(response, "reason_phrase", "") if response is not None else ""
+
+
+@contextmanager
+def bounded(what, endpoint=None, kind="metadata", deadline=None, error=NetworkError):
+    """Run the Hub calls in this block under one total deadline; a network failure becomes `error` (one line).
+
+    `what` names the operation in the message (`model_info of x/y`, `download of x/y`, `push to x/y`).
+    """
+    install()
+    operation = _Operation(what, deadline or deadline_seconds(kind), endpoint or _default_endpoint())
+    with _LOCK:
+        _ACTIVE.append(operation)
+    try:
+        yield operation
+    except HubViTError:
+        raise
+    except Exception as failure:
+        line = classify(failure, operation)
+        if line is None:
+            raise
+        raise error(line) from None
+    finally:
+        with _LOCK:
+            _ACTIVE.remove(operation)
+
+
+def classify(failure, operation):
+    """The one line for an exception raised inside `bounded`, or None if it is not a network failure."""
+    httpx = _httpx()
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    endpoint = operation.endpoint or _default_endpoint()
+    status, reason = _http_status(failure)
+    if isinstance(failure, HfHubHTTPError) and status is not None and status >= 500:
+        return describe("status", endpoint, operation, status=status, reason=reason)
+    if operation.failure is not None and isinstance(
+        failure, (httpx.TransportError, LocalEntryNotFoundError, HfHubHTTPError, OSError)
+    ):
+        return operation.failure
+    if isinstance(failure, httpx.TimeoutException):
+        return describe("silent", endpoint, operation, seconds=read_timeout())
+    if isinstance(failure, httpx.TransportError):
+        return describe("refused", endpoint, operation, reason=str(failure) or type(failure).__name__)
+    if isinstance(failure, json.JSONDecodeError):
+        return describe("not_json", endpoint, operation, reason=f"{failure.msg} at byte {failure.pos}")
+    return None
+
+
+def _default_endpoint():
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def read_bounded(response, url, write, deadline_s=None, chunk=1 << 16, expected=None):
+    """Copy an urllib response body into `write(bytes)` under a silence timeout per read, a total deadline and a
+    size cap (Content-Length, else HUBVIT_MAX_DOWNLOAD_BYTES); returns the number of bytes."""
+    operation = _Operation(f"download of {Path(urlsplit(url).path).name}", deadline_s or deadline_seconds("transfer"),
+                           hub=False)
+    cap = expected if expected is not None else max_download_bytes()
+    sock = _socket_of(response)
+    received = 0
+    while True:
+        remaining = operation.remaining()
+        if remaining <= 0:
+            raise NetworkError(describe("slow", url, operation, seconds=operation.deadline_s))
+        if sock is not None:
+            sock.settimeout(min(read_timeout(), remaining))
+        try:
+            data = response.read1(chunk)
+        except TimeoutError:
+            if operation.remaining() <= 0:
+                raise NetworkError(describe("slow", url, operation, seconds=operation.deadline_s)) from None
+            raise NetworkError(describe("silent", url, operation, seconds=read_timeout())) from None
+        if not data:
+            return received
+        received += len(data)
+        if received > cap:
+            raise NetworkError(describe("too_large", url, operation, seconds=cap))
+        write(data)
+
+
+def _socket_of(response):
+    raw = getattr(getattr(response, "fp", None), "raw", None)
+    return getattr(raw, "_sock", None)
+
+
+# ---------------------------------------------------------------------------------------------------- paths
+
+
+def check_side_file(path, overwrite=False, what="side file"):
+    """Refuse to write `path` through a symbolic link, onto a non-file, or over an existing file without overwrite
+    (`OutputExistsError`, as for OUT)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise UnsafePathError(f"{what} {path} is a symbolic link; hubvit does not write through links (remove it)")
+    if path.exists() and not path.is_file():
+        raise UnsafePathError(f"{what} {path} exists and is not a regular file")
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{what} {path} exists; pass overwrite=True (--overwrite) to replace it")
+    return path
+
+
+def write_text_atomic(path, text):
+    """Write `text` to a temporary sibling and rename it onto `path` (a rename replaces a link, never its target)."""
+    import tempfile
+
+    path = Path(path)
+    handle, staging = tempfile.mkstemp(prefix=f".{path.name[:100]}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o666 & ~umask)
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+
+
+def check_out_is_not_source(out, src, what="OUT", source_name="SRC"):
+    """Refuse an output folder that is the source, holds it, or lies inside it (a local `src` only)."""
+    if src is None or not str(src).strip() or not Path(src).exists():
+        return
+    target, source = Path(out).resolve(), Path(src).resolve()
+    if target == source or target in source.parents:
+        raise UnsafePathError(f"{what} {out} is {source_name} or holds it ({source}); writing it would delete the source")
+
+
+def require_safetensors(folder, flag="SRC"):
+    """Refuse a local folder whose weights are only a pickle (pytorch_model.bin): hubvit reads safetensors, and
+    transformers' own error would advise weights_only=False, which runs whatever the pickle holds."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    has_safetensors = any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").exists()
+    pickles = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
+    if pickles and not has_safetensors:
+        raise HubViTError(
+            f"{flag} {folder} holds {pickles[0]} (a pickle) and no model.safetensors; hubvit does not unpickle "
+            "weights here. Convert it first (`hubvit convert transformers ...` reads it with weights_only=True)"
+        )
+
+
+def regular_files(paths, note=print):
+    """The regular files among `paths`; anything else (a named pipe, a device, a socket) is skipped with a note."""
+    kept = []
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as error:
+            note(f"skipped {path}: {error.strerror}")
+            continue
+        if stat.S_ISREG(mode):
+            kept.append(path)
+        elif not stat.S_ISDIR(mode):
+            note(f"skipped {path}: not a regular file ({_kind(mode)})")
+    return kept
+
+
+def _kind(mode):
+    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+# ---------------------------------------------------------------------------------------------------- sizes
+
+
+def memory_budget():
+    """Bytes one input may occupy in memory: HUBVIT_MAX_WEIGHT_BYTES, else the memory available now."""
+    explicit = os.environ.get("HUBVIT_MAX_WEIGHT_BYTES")
+    if explicit:
+        return int(_env_float("HUBVIT_MAX_WEIGHT_BYTES", 0))
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def _human(size):
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if size < 1000 or unit == "PB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1000
+    return str(size)
+
+
+def check_budget(nbytes, where, budget=None):
+    budget = memory_budget() if budget is None else budget
+    if nbytes > budget:
+        raise SizeError(
+            f"{where} declares {_human(nbytes)}, more than the {_human(budget)} this machine can hold "
+            "(memory available, or HUBVIT_MAX_WEIGHT_BYTES); refused before reading it"
+        )
+
+
+def check_npz(path):
+    """Read the .npy headers inside an .npz archive and refuse arrays larger than their zip entries or the budget."""
+    import numpy as np
+
+    path = Path(path)
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+                    if version not in reader:
+                        continue
+                    shape, _, dtype = reader[version](member, max_header_size=10_000)
+                    header = member.tell() if hasattr(member, "tell") else 0
+                count = 1
+                for dim in shape:
+                    count *= int(dim)
+                nbytes = count * dtype.itemsize
+                name = info.filename[:-4]
+                if dtype.hasobject:
+                    continue
+                if nbytes > info.file_size - header + 1:
+                    raise SizeError(
+                        f"{path}: array {name!r} declares shape {tuple(shape)} ({_human(nbytes)}) but its entry holds "
+                        f"{_human(info.file_size)}; the header is corrupt or hostile, refused before reading it"
+                    )
+                total += nbytes
+    except SizeError:
+        raise
+    except Exception:  # noqa: BLE001  (damage: the reader reports it in its own words)
+        return
+    check_budget(total, f"{path}: its arrays together")
+
+
+def check_safetensors(path):
+    """Check a safetensors header against the file: offsets inside it, and the total against the budget."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            if length > min(size - 8, 100 << 20):
+                raise SizeError(f"{path}: header length {length} bytes exceeds the file ({size} bytes); truncated or corrupt")
+            header = json.loads(file.read(length))
+    except SizeError:
+        raise
+    except Exception:  # noqa: BLE001  (damage: the reader reports it in its own words)
+        return
+    if not isinstance(header, dict):
+        return
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__" or not isinstance(entry, dict):
+            continue
+        offsets = entry.get("data_offsets")
+        if isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets):
+            end = max(end, offsets[1])
+    if 8 + length + end > size:
+        raise SizeError(
+            f"{path}: the header declares {_human(end)} of tensors but the file holds {_human(size - 8 - length)}; "
+            "truncated or corrupt, refused before reading it"
+        )
+    check_budget(end, f"{path}")
+
+
+def check_weights_file(path):
+    """The size checks that apply to `path` by its suffix (before any reader allocates)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npz":
+        check_npz(path)
+    elif suffix == ".safetensors":
+        check_safetensors(path)
+    elif Path(path).is_file():
+        check_budget(Path(path).stat().st_size, f"{path}")
+
+
+def estimated_model_bytes(hidden_size, num_layers, intermediate_size, tokens, num_heads=1):
+    """float32 bytes of an encoder's parameters plus one image's attention scores: a lower bound of what it needs."""
+    params = num_layers * (4 * hidden_size * hidden_size + 2 * hidden_size * intermediate_size)
+    activations = num_heads * tokens * tokens + tokens * max(hidden_size, intermediate_size)
+    return 4 * (params + activations)
+
+
+def _int_field(config, name, default=None):
+    value = config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+    return value
+
+
+def _pair(value):
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def check_config_sizes(config, where="config.json", image_size=None):
+    """Refuse a config whose model (or one image's attention at `image_size`) cannot fit this machine, naming
+    the field, before anything is built."""
+    fields = {}
+    for name in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_channels"):
+        value = _int_field(config, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise SizeError(f"{where}: {name}={value!r}; expected a positive integer")
+        fields[name] = value
+    try:
+        height, width = _pair(image_size if image_size is not None else _int_field(config, "image_size", 224))
+        ph, pw = _pair(_int_field(config, "patch_size", 16))
+    except (TypeError, ValueError):
+        return
+    if min(height, width, ph, pw) <= 0:
+        raise SizeError(f"{where}: image_size {height}x{width} and patch_size {ph}x{pw} must be positive")
+    tokens = (height // ph) * (width // pw) + 1
+    if tokens > MAX_TOKENS:
+        raise SizeError(
+            f"{where}: image_size {height}x{width} with patch_size {ph}x{pw} gives {tokens} tokens, more than "
+            f"{MAX_TOKENS} (attention grows with their square); expected a smaller image_size"
+        )
+    hidden = fields.get("hidden_size", 768)
+    nbytes = estimated_model_bytes(hidden, fields.get("num_hidden_layers", 12),
+                                   fields.get("intermediate_size", 4 * hidden), tokens,
+                                   fields.get("num_attention_heads", 12))
+    budget = int(_env_float("HUBVIT_MAX_MODEL_BYTES", 0)) or memory_budget()
+    if nbytes > budget:
+        largest = max(("hidden_size", "intermediate_size", "num_hidden_layers"), key=lambda n: fields.get(n, 0))
+        raise SizeError(
+            f"{where}: hidden_size={hidden}, intermediate_size={fields.get('intermediate_size', 4 * hidden)}, "
+            f"num_hidden_layers={fields.get('num_hidden_layers', 12)}, {tokens} tokens need at least "
+            f"{_human(nbytes)}, more than the {_human(budget)} available; check {largest}"
+        )
+
+
+def check_image_size(height, width, flag="--image-size", patch=16):
+    """A requested resolution: positive, and few enough tokens for attention to fit."""
+    if height <= 0 or width <= 0:
+        raise SizeError(f"{flag} {height}x{width}; expected positive sizes")
+    tokens = (height // patch) * (width // patch)
+    if tokens > MAX_TOKENS:
+        raise SizeError(f"{flag} {height}x{width} gives {tokens} patches of {patch}, more than {MAX_TOKENS}; "
+                        "expected a smaller size")
+
+
+def check_preprocessing(preprocessing):
+    """Refuse a source's evaluation transform that no image could go through: a size, crop size or shortest edge
+    of 0 or less (a source's preprocessor_config.json), or a crop_pct outside (0, 1] (timm)."""
+    import math
+
+    crop_pct = getattr(preprocessing, "crop_pct", None)
+    if crop_pct is not None and not (isinstance(crop_pct, (int, float)) and math.isfinite(crop_pct)
+                                     and 0 < crop_pct <= 1):
+        raise HubViTError(f"crop_pct={crop_pct!r} in the source's pretrained_cfg; expected a number in (0, 1]")
+    size = getattr(preprocessing, "size", None)
+    if size is not None and any(not isinstance(s, int) or s <= 0 for s in size):
+        raise HubViTError(f"preprocessing size {tuple(size)}; expected positive pixel counts")
+    processor = getattr(preprocessing, "processor", None)
+    for name in ("size", "crop_size"):
+        value = getattr(processor, name, None)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+        values = value.values() if isinstance(value, dict) else [value] if isinstance(value, int) else []
+        bad = [v for v in values if isinstance(v, (int, float)) and v <= 0]
+        if bad:
+            raise HubViTError(f"preprocessor_config.json: {name}={value!r}; expected positive pixel counts")
+
+
+def max_image_pixels():
+    return int(_env_float("HUBVIT_MAX_IMAGE_PIXELS", MAX_IMAGE_PIXELS))
+
+
+def open_image(path, where=None):
+    """A decoded PIL image from a regular file, its pixel count checked before decoding (decompression bombs are
+    refused by name)."""
+    from PIL import Image, UnidentifiedImageError
+
+    where = where or str(path)
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise SizeError(f"{where}: not a regular file ({_kind(mode)}); refused")
+    try:
+        with Image.open(path) as image:
+            check_pixels(image.size, where)
+            image.load()
+            return image
+    except Image.DecompressionBombError as error:
+        raise SizeError(f"{where}: a decompression bomb ({error})") from None
+    except (UnidentifiedImageError, OSError) as error:
+        raise HubViTError(f"cannot read {where} as an image: {error}") from None
+
+
+def check_pixels(size, where):
+    width, height = size
+    budget = max_image_pixels()
+    if width * height > budget:
+        raise SizeError(
+            f"{where}: {width}x{height} = {width * height} pixels, more than the {budget} allowed "
+            "(a decompression bomb?; HUBVIT_MAX_IMAGE_PIXELS)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- manifests
+
+
+def load_yaml(text, where):
+    """YAML through a safe loader that refuses aliases (`*name`), so a small file cannot expand to a huge one."""
+    import yaml
+
+    if len(text) > MAX_YAML_BYTES:
+        raise ManifestError(f"{where}: {len(text)} characters, more than the {MAX_YAML_BYTES} a manifest may have")
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise ManifestError(
+                    f"{where}: line {event.start_mark.line + 1}: YAML alias *{event.anchor} refused (aliases can "
+                    "expand a small file to billions of values; write the values out)"
+                )
+            return super().compose_node(parent, index)
+
+    loader = NoAliasLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def read_csv(text, where):
+    """Rows of a CSV with a header row, as dicts; a row with more cells than the header is refused by line."""
+    import csv
+    import io
+
+    reader = csv.DictReader(io.StringIO(text), restkey=_EXTRA)
+    rows = []
+    for row in reader:
+        if _EXTRA in row:
+            raise ManifestError(
+                f"{where}: line {reader.line_num}: {len(reader.fieldnames) + len(row[_EXTRA])} cells, but the header "
+                f"has {len(reader.fieldnames)} ({', '.join(reader.fieldnames)}); quote cells that hold commas"
+            )
+        rows.append(row)
+    return rows
+
+
+_EXTRA = "\0extra"

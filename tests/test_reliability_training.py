@@ -1,0 +1,214 @@
+"""Issue 27, POOR: fine-tuning inputs that ended in tracebacks, trained on nothing, or replaced their own source.
+
+Each case runs scripts/finetune.py's main() in this process (test_finetune.run_in_process) on a few 20x20 images
+and a 2-layer model; what is checked is exit status 2 with one `finetune.py: error:` line naming the input, and
+where something could be lost, that it is still there.
+"""
+
+import json
+import re
+import shutil
+
+import datasets
+from hubvit.conversion.folder import write_folder
+from test_reliability import TINY, checkpoint_run, data_flags, finetune, finetune_data  # noqa: F401  (fixtures)
+from utils import tiny_config
+
+from hubvit import HubViTForImageClassification
+
+
+def one_error(err):
+    lines = re.findall(r"finetune\.py: error: [^\r\n]*", err)  # a progress bar may precede it on its line
+    assert len(lines) == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def run(tmp_path, capsys, *flags):
+    return finetune([*flags, *TINY, "--max_train_steps", "1", "--output_dir", tmp_path / "out"], capsys)
+
+
+def folders(tmp_path, classes, n=4, name="train"):
+    from test_finetune import write_imagefolder
+
+    return write_imagefolder(tmp_path / name, classes, n)
+
+
+# --- image folders ----------------------------------------------------------------------------------------------------
+
+
+def test_a_missing_train_dir_is_named(tmp_path, capsys):
+    status, err = run(tmp_path, capsys, "--train_dir", tmp_path / "nope")
+    assert status == 2 and "--train_dir" in one_error(err) and "no such folder" in one_error(err)
+
+
+def test_an_empty_train_dir_is_named(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    status, err = run(tmp_path, capsys, "--train_dir", tmp_path / "empty")
+    assert status == 2 and "holds no image files" in one_error(err)
+
+
+def test_a_single_class_is_named(tmp_path, capsys):
+    train = folders(tmp_path, ["only"])
+    status, err = run(tmp_path, capsys, "--train_dir", train)
+    assert status == 2 and "1 class folder (only)" in one_error(err)
+
+
+def test_validation_classes_that_differ_from_training_are_refused(tmp_path, capsys):
+    train = folders(tmp_path, ["a", "b"])
+    validation = folders(tmp_path, ["a", "c"], name="val")
+    status, err = run(tmp_path, capsys, "--train_dir", train, "--validation_dir", validation)
+    line = one_error(err)
+    assert status == 2 and "only in training ['b']" in line and "only in validation ['c']" in line
+
+
+def test_a_decompression_bomb_image_is_refused_by_name(tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    monkeypatch.setenv("HUBVIT_MAX_IMAGE_PIXELS", str(10**6))
+    train = folders(tmp_path, ["a", "b"], n=6)
+    Image.new("RGB", (3000, 3000)).save(train / "a" / "bomb.png")
+    status, err = run(tmp_path, capsys, "--train_dir", train, "--train_val_split", "0.5",
+                      "--per_device_train_batch_size", "8")
+    line = one_error(err)
+    assert status == 2 and "3000x3000" in line and "decompression bomb" in line
+
+
+def test_a_bad_image_in_a_dataloader_worker_is_one_line(tmp_path, capsys):
+    train = folders(tmp_path, ["a", "b"], n=6)
+    (train / "b" / "3.png").write_bytes(b"garbage")
+    status, err = run(tmp_path, capsys, "--train_dir", train, "--train_val_split", "0.5",
+                      "--per_device_train_batch_size", "6", "--dataloader_num_workers", "1")
+    line = one_error(err)
+    assert status == 2 and "3.png" in line and "cannot be read" in line and "DataLoader worker" not in line
+
+
+# --- labels and images in a saved dataset -----------------------------------------------------------------------------
+
+
+def saved(tmp_path, images, labels):
+    features = datasets.Features({"img": datasets.Image(), "target": datasets.ClassLabel(names=["x", "y"])})
+    datasets.Dataset.from_dict({"img": images, "target": labels}, features=features).save_to_disk(str(tmp_path / "d"))
+    return tmp_path / "d"
+
+
+def test_a_label_of_minus_one_is_named_with_its_index(tmp_path, capsys):
+    from test_finetune import class_image
+
+    data = saved(tmp_path, [class_image(i % 2, i) for i in range(8)], [0, 1, 0, 1, -1, 1, 0, 1])
+    status, err = run(tmp_path, capsys, *data_flags(data))
+    line = one_error(err)
+    assert status == 2 and "label -1 at index 4" in line
+
+
+def test_a_none_image_is_named_with_its_index(tmp_path, capsys):
+    from test_finetune import class_image
+
+    images = [class_image(i % 2, i) for i in range(8)]
+    images[5] = None
+    data = saved(tmp_path, images, [i % 2 for i in range(8)])
+    status, err = run(tmp_path, capsys, *data_flags(data), "--train_val_split", "0.5",
+                      "--per_device_train_batch_size", "4", "--max_train_steps", "2")
+    line = one_error(err)
+    assert status == 2 and "no image (None)" in line and "image " in line
+
+
+# --- the model training starts from, and OUTPUT_DIR ----------------------------------------------------------------
+
+
+def start_folder(tmp_path, **overrides):
+    model = HubViTForImageClassification(tiny_config(num_labels=3, image_size=16, patch_size=4, **overrides))
+    return write_folder(model, tmp_path / "start")
+
+
+def test_a_one_channel_model_is_refused_before_training(tmp_path, capsys, finetune_data):  # noqa: F811
+    start = start_folder(tmp_path, num_channels=1)
+    status, err = finetune([*data_flags(finetune_data), "--model_name_or_path", start, "--max_train_steps", "1",
+                            "--output_dir", tmp_path / "out"], capsys)
+    assert status == 2 and "num_channels=1" in one_error(err)
+
+
+def test_output_model_that_is_a_symbolic_link_is_refused_before_training(tmp_path, capsys, finetune_data):  # noqa: F811
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model").symlink_to(elsewhere)
+    status, err = run(tmp_path, capsys, *data_flags(finetune_data), "--overwrite_output_dir")
+    assert status == 2 and "symbolic link" in one_error(err)
+    assert not (tmp_path / "out" / "checkpoints").exists() and list(elsewhere.iterdir()) == []
+
+
+def test_finetuning_refuses_to_replace_its_own_source_model(tmp_path, capsys, finetune_data):  # noqa: F811
+    out = tmp_path / "out"
+    source = start_folder(out)  # out/start
+    model = out / "model"
+    shutil.move(source, model)
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    status, err = finetune([*data_flags(finetune_data), "--model_name_or_path", model, "--overwrite_output_dir",
+                            "--max_train_steps", "1", "--output_dir", out], capsys)
+    assert status == 2 and "--model_name_or_path" in one_error(err)
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+def test_a_truncated_safetensors_source_is_one_line(tmp_path, capsys, finetune_data):  # noqa: F811
+    start = start_folder(tmp_path)
+    weights = start / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    status, err = finetune([*data_flags(finetune_data), "--model_name_or_path", start, "--max_train_steps", "1",
+                            "--output_dir", tmp_path / "out"], capsys)
+    line = one_error(err)
+    assert status == 2 and "model.safetensors" in line and "truncated" in line
+
+
+def test_an_image_size_whose_attention_cannot_fit_is_refused(tmp_path, capsys, finetune_data):  # noqa: F811
+    status, err = finetune([*data_flags(finetune_data), "--config_overrides",
+                            "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
+                            "--image_size", "160000", "--max_train_steps", "1", "--output_dir", tmp_path / "out"],
+                           capsys)
+    assert status == 2 and "160000" in one_error(err)
+
+
+def test_a_checkpoint_beyond_the_last_step_fails_the_resume(tmp_path, capsys, checkpoint_run, finetune_data):  # noqa: F811
+    out = tmp_path / "run"
+    shutil.copytree(checkpoint_run / "checkpoints", out / "checkpoints")
+    checkpoint = out / "checkpoints" / "checkpoint_1"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    (checkpoint / "trainer_state.json").write_text(json.dumps({**state, "global_step": 10**6}))
+    status, err = finetune([*data_flags(finetune_data), *TINY, "--max_train_steps", "2", "--output_dir", out,
+                            "--resume_from_checkpoint", checkpoint], capsys)
+    assert status == 2 and "step 1000000" in one_error(err)
+    assert not (out / "model").exists()
+
+
+def test_an_empty_train_split_is_named(tmp_path, capsys):
+    from test_finetune import class_image
+
+    data = saved(tmp_path, [class_image(0, 0), class_image(1, 1)], [0, 1])
+    datasets.load_from_disk(str(data)).select([]).save_to_disk(str(tmp_path / "empty"))
+    data = tmp_path / "empty"
+    status, err = run(tmp_path, capsys, *data_flags(data))
+    assert status == 2 and "empty split" in one_error(err)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, finetune_data):  # noqa: F811
+    """RLIMIT_FSIZE makes every write past 16 kB fail with EFBIG, as a full disk fails with ENOSPC."""
+    import subprocess
+    import sys
+
+    from test_reliability import ENV, ROOT
+
+    out = tmp_path / "out"
+    argv = [*map(str, data_flags(finetune_data)), *TINY, "--max_train_steps", "1", "--checkpointing_steps", "1",
+            "--output_dir", str(out)]
+    code = (
+        "import resource, sys\n"
+        "from hubvit.scripts.finetune import main\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 2, run.stderr[-3000:]
+    line = one_error(run.stderr)
+    assert "cannot write the checkpoint checkpoint_1" in line and "File too large" in line
+    assert not list((out / "checkpoints").glob("*")) if (out / "checkpoints").exists() else True

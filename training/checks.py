@@ -1,0 +1,196 @@
+"""Checks of fine-tuning inputs (folders, labels, images, source model, resume state) that raise one line.
+
+The arguments, data, model, loop and checkpoint modules each call these where the input is first seen; errors are
+`TrainingInputError`, a `HubViTError` (so a ValueError), reported before the first step where possible.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from hubvit.errors import HubViTError
+from hubvit.limits import (
+    SizeError,
+    check_config_sizes,
+    check_image_size,
+    check_out_is_not_source,
+    check_pixels,
+    check_safetensors,
+)
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+class TrainingInputError(HubViTError):
+    """A fine-tuning input that cannot be trained on; found before the first step where possible."""
+
+
+def class_folders(folder):
+    return sorted(p.name for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def check_image_folders(train_dir, validation_dir=None):
+    """--train_dir (and --validation_dir) exist, hold image files, at least two class folders, the same classes."""
+    found = {}
+    for flag, folder in (("--train_dir", train_dir), ("--validation_dir", validation_dir)):
+        if folder is None:
+            continue
+        path = Path(folder)
+        if not path.is_dir():
+            raise TrainingInputError(f"{flag} {folder}: " + ("not a folder" if path.exists() else "no such folder"))
+        if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.rglob("*") if p.is_file()):
+            raise TrainingInputError(
+                f"{flag} {folder} holds no image files ({', '.join(IMAGE_SUFFIXES)}); expected one folder of "
+                "images per class"
+            )
+        found[flag] = class_folders(path)
+    classes = found.get("--train_dir", [])
+    if len(classes) < 2:
+        raise TrainingInputError(
+            f"--train_dir {train_dir} has {len(classes)} class folder{'s' if len(classes) != 1 else ''} "
+            f"({', '.join(classes) or 'images at the top level'}); classification needs at least 2, one per class"
+        )
+    if "--validation_dir" in found and found["--validation_dir"] != classes:
+        only_train = sorted(set(classes) - set(found["--validation_dir"]))
+        only_val = sorted(set(found["--validation_dir"]) - set(classes))
+        raise TrainingInputError(
+            f"--validation_dir {validation_dir} has other classes than --train_dir {train_dir}: only in training "
+            f"{only_train}, only in validation {only_val}"
+        )
+
+
+def load_saved_dataset(path):
+    """`datasets.load_from_disk`, with the IndexError it raises for a saved split of no rows named as such."""
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(path))
+    except IndexError:
+        raise TrainingInputError(f"--dataset_name {path}: a saved dataset with an empty split (no rows); expected "
+                                 "at least one image per split") from None
+
+
+def check_split(dataset, label_column, name="train"):
+    """A non-empty split whose labels are all class ids (datasets uses -1 for 'no label')."""
+    if len(dataset) == 0:
+        raise TrainingInputError(f"the {name} split is empty; expected at least one image")
+    labels = dataset[label_column]
+    bad = [index for index, label in enumerate(labels) if label is None or label < 0]
+    if bad:
+        raise TrainingInputError(
+            f"the {name} split has {len(bad)} example(s) without a class (label {labels[bad[0]]!r} at index "
+            f"{bad[0]}); expected class ids 0..{max(0, len(dataset.features[label_column].names) - 1)}"
+        )
+
+
+def checked_image(image, where=None):
+    """`image` if it is a PIL image within the pixel budget; None or a bomb is refused (naming `where` if given)."""
+    prefix = f"{where}: " if where else ""
+    if image is None:
+        raise TrainingInputError(f"{prefix}no image (None) in the image column")
+    size = getattr(image, "size", None)
+    if size is None:
+        raise TrainingInputError(f"{prefix}expected an image, got {type(image).__name__}")
+    try:
+        check_pixels(size, where or "the image")
+    except SizeError as error:
+        raise TrainingInputError(str(error).removeprefix("the image: ")) from None
+    return image
+
+
+def decompression_bomb_errors():
+    """The exception PIL raises for an image declaring too many pixels (caught with the other image errors)."""
+    from PIL import Image
+
+    return (Image.DecompressionBombError,)
+
+
+def check_source_model(path, num_channels=None):
+    """--model_name_or_path: a truncated safetensors file, or a model fine-tuning cannot feed, named up front."""
+    folder = Path(path)
+    if folder.is_dir():
+        weights = folder / "model.safetensors"
+        if weights.is_file():
+            try:
+                check_safetensors(weights)
+            except SizeError as error:
+                raise TrainingInputError(f"--model_name_or_path: {error}") from None
+    if num_channels is not None and num_channels != 3:
+        raise TrainingInputError(
+            f"--model_name_or_path {path}: num_channels={num_channels}, but fine-tuning feeds RGB images; "
+            "expected num_channels=3"
+        )
+
+
+def check_config(config, image_size=None, flag="--image_size"):
+    """A model config fine-tuning can build and feed: RGB, and a size whose attention fits."""
+    if getattr(config, "num_channels", 3) != 3:
+        raise TrainingInputError(f"num_channels={config.num_channels}, but fine-tuning feeds RGB images; expected 3")
+    if image_size is not None:
+        patch = config.patch_size_2d[0] if hasattr(config, "patch_size_2d") else 16
+        try:
+            check_image_size(image_size, image_size, flag, patch)
+            check_config_sizes(config, flag, image_size)
+        except SizeError as error:
+            raise TrainingInputError(str(error)) from None
+
+
+def check_model_folder(output_dir, model_name_or_path=None):
+    """OUT/model must not be a link, nor the model training starts from (--overwrite_output_dir would delete it)."""
+    model = Path(output_dir) / "model"
+    if model.is_symlink():
+        raise TrainingInputError(f"--output_dir: {model} is a symbolic link; hubvit does not write through links")
+    if model_name_or_path:
+        try:
+            check_out_is_not_source(model, model_name_or_path, "--output_dir's model folder",
+                                    "--model_name_or_path")
+        except HubViTError as error:
+            raise TrainingInputError(str(error)) from None
+        source = Path(model_name_or_path)
+        if source.exists() and Path(os.path.realpath(source)).is_relative_to(os.path.realpath(model)):
+            raise TrainingInputError(
+                f"--model_name_or_path {model_name_or_path} lies inside {model}, which the run replaces"
+            )
+
+
+def check_resume(global_step, max_steps, path):
+    """A checkpoint beyond the run's last step would resume into no training at all and exit 0."""
+    if global_step >= max_steps:
+        raise TrainingInputError(
+            f"--resume_from_checkpoint {path} is at step {global_step}, at or beyond this run's {max_steps} "
+            "steps: nothing is left to train (raise --max_train_steps/--num_train_epochs or pick another checkpoint)"
+        )
+
+
+@contextmanager
+def writing_checkpoint(staging):
+    """A write that fails for lack of space (ENOSPC, EFBIG; torch and safetensors wrap them) becomes one line; the
+    half-written checkpoint folder (`staging`, which has no trainer state yet) is removed, so none is left."""
+    try:
+        yield
+    except Exception as error:  # torch raises RuntimeError, safetensors its own SafetensorError
+        text = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+        code = getattr(error, "errno", None)
+        match = re.search(r"os error (\d+)", text)
+        code = code or (int(match[1]) if match else None)
+        if not (code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "write" in text.lower()):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        reason = os.strerror(code) if code else text
+        raise TrainingInputError(f"cannot write the checkpoint {Path(staging).name} in "
+                                 f"{Path(staging).parent}: {reason} (disk full?); no partial checkpoint was left") from None
+
+
+def worker_error_line(error):
+    """The one line of an error raised in a DataLoader worker: torch re-raises it with the worker's traceback in
+    the message; the last line is the original message."""
+    text = str(error)
+    if "DataLoader worker" not in text:
+        return text
+    last = [line for line in text.strip().splitlines() if line.strip()][-1]
+    return last.split(": ", 1)[1] if ": " in last and last.split(": ", 1)[0].endswith("Error") else last
