@@ -27,7 +27,8 @@ number. Writes attention_distance.json, .csv (layer x head) and .png."""
 def add_commands(commands):
     """Adds `info` and `analyze` to the `hubvit` command's subparsers."""
     parser = commands.add_parser("info", help="tokens, attention memory, parameters and FLOPs of a model",
-                                 description="The design document's arithmetic for a model: patch grid, sequence "
+                                 description="The arithmetic of 'Vision Transformer (ViT) from First Principles' for a model: patch "
+                                 "grid, sequence "
                                  "length, attention-score memory beside pixel-level tokens, parameters and "
                                  "multiply-accumulates by part.")
     parser.add_argument("src", metavar="SRC", help=SRC_HELP)

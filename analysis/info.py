@@ -1,4 +1,4 @@
-"""The design document's arithmetic, from a config: tokens, attention memory, parameters and MACs by part.
+"""The arithmetic of the blog post "Vision Transformer (ViT) from First Principles", from a config: tokens, attention memory, parameters and MACs by part.
 
 Everything here is counted from the config alone (no model is built), so it works for a ViT-H as fast as for a
 ViT-Ti; the tests check the totals against `sum(p.numel())` and `torch.utils.flop_counter.FlopCounterMode` on the
@@ -76,7 +76,7 @@ def tokens(config, image_size=None):
 def attention_memory(config, image_size=None, batch_size=1, dtype="float32"):
     """Attention-score entries and bytes for patch tokens, beside the same image taken pixel by pixel.
 
-    The pixel-level sequence has one token per pixel and no prefix token, as in the design document's example
+    The pixel-level sequence has one token per pixel and no prefix token, as in the example of "ViT from First Principles"
     (224 x 224 pixels: 50,176 tokens, 50,176^2 / 197^2 = 64,872x more entries).
     """
     size = tuple(image_size) if image_size is not None else config.image_size_2d

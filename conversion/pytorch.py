@@ -1,6 +1,6 @@
 """`hubvit convert pytorch`: a plain PyTorch ViT built on `nn.TransformerEncoder(norm_first=True)` as a hubvit folder.
 
-The layout is the design document's reference class: `patch_embed` (a stride-P convolution), `cls_token`,
+The layout is the reference class of the blog post "Vision Transformer (ViT) from First Principles": `patch_embed` (a stride-P convolution), `cls_token`,
 `pos_embed` ([CLS] row first), `blocks` (an `nn.TransformerEncoder` of `nn.TransformerEncoderLayer(norm_first=True,
 batch_first=True)`), a final `norm` and a `head`. Sizes come from the shapes; the head count, the activation and the
 two LayerNorm eps values (the layers' PyTorch default 1e-5, the final norm's 1e-6) cannot be read from weights and are

@@ -37,7 +37,7 @@ class HubViTConfig(PretrainedConfig):
             checkpoints), `quick_gelu` (OpenAI CLIP).
         layer_norm_eps: 1e-6 (JAX, timm), 1e-5 (OpenAI CLIP, OpenCLIP), 1e-12 (transformers' ViT default).
         final_layer_norm_eps: eps of the final norm (or `fc_norm`) when it differs from the blocks' (`None`: the
-            same). The design document's reference ViT on `nn.TransformerEncoder` uses 1e-5 in its blocks (PyTorch's
+            same). The reference ViT of "ViT from First Principles" on `nn.TransformerEncoder` uses 1e-5 in its blocks (PyTorch's
             default) and 1e-6 in its final norm.
         qkv_bias: biases on the query/key/value projections (all but a few research variants).
         patch_bias: bias on the patch embedding (False for CLIP).

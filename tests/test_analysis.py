@@ -1,4 +1,4 @@
-"""hubvit.analysis: the design document's arithmetic (`hubvit info`) and analyses (`hubvit analyze`).
+"""hubvit.analysis: the arithmetic of "Vision Transformer (ViT) from First Principles" (`hubvit info`) and analyses (`hubvit analyze`).
 
 The document's figures are written here as the document states them; parameter and MAC totals are checked against
 the real model (`sum(p.numel())`, `torch.utils.flop_counter.FlopCounterMode`), attention distances against closed
@@ -39,7 +39,7 @@ def eager_classifier(config, seed=0):
     return randomize_(model, seed).eval()
 
 
-# hubvit info: the design document's numbers
+# hubvit info: the numbers of "ViT from First Principles"
 
 
 def test_vit_b16_at_224_gives_the_documents_token_and_attention_figures():

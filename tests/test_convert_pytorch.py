@@ -1,6 +1,6 @@
 """`hubvit convert pytorch`, proven against a plain PyTorch ViT on `nn.TransformerEncoder` written out here.
 
-`VisionTransformer` below is the design document's reference layout, with its own resize for other resolutions
+`VisionTransformer` below is the reference layout of the blog post "Vision Transformer (ViT) from First Principles", with its own resize for other resolutions
 (bicubic, no antialias, align_corners=False, [CLS] row kept). Tolerance 1e-5 relative to the logit scale at the
 native and at resized inputs: float32 on both sides and the same resize of the same table.
 """

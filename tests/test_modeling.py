@@ -259,7 +259,7 @@ def test_num_output_tokens_gives_the_same_logits_for_the_tokens_the_head_reads()
 
 
 def test_final_layer_norm_eps_applies_to_the_final_norm_only():
-    """The design document's reference ViT: blocks at PyTorch's 1e-5, final norm at 1e-6."""
+    """The reference ViT of "ViT from First Principles": blocks at PyTorch's 1e-5, final norm at 1e-6."""
     model = make(tiny_config(layer_norm_eps=1e-5, final_layer_norm_eps=1e-6), cls=HubViTModel)
     assert model.norm.eps == 1e-6
     assert {layer.norm1.eps for layer in model.encoder.layers} == {1e-5}

@@ -1,1 +1,1 @@
-"""One script per claim of the design document; each writes JSON, a PNG and markdown to docs/experiments/."""
+"""One script per claim of the blog post "Vision Transformer (ViT) from First Principles"; each writes JSON, a PNG and markdown to docs/experiments/."""

@@ -1,4 +1,4 @@
-"""Experiment 4 (design document section 6): mean attention distance per head and layer.
+"""Experiment 4 (ViT from First Principles, section 6): mean attention distance per head and layer.
 
 The experiment's ViT is trained, per position-embedding type and seed, on the digits enlarged to 56 x 56 with 4-px
 patches: a 14 x 14 grid, room for heads that stay local and heads that reach across (on the 7 x 7 grid of the other
@@ -226,7 +226,7 @@ def figure(results):
 
 def markdown(results):
     s, setup = results["summary"], results["setup"]
-    lines = [common.header("Attention distance across depth (design document section 6)", results,
+    lines = [common.header("Attention distance across depth (ViT from First Principles, section 6)", results,
                            "Even in the lowest layer some heads attend to most of the image while others stay "
                            "local; attention distance grows with depth.")]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in setup.items() if k not in ("splits", "plateau")]

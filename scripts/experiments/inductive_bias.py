@@ -1,4 +1,4 @@
-"""Experiment 2 (design document section 6): do CNNs win on small data, with the gap narrowing as data grows?
+"""Experiment 2 (ViT from First Principles, section 6): do CNNs win on small data, with the gap narrowing as data grows?
 
 A compact CNN of about the ViT's multiply-accumulates per image (MACs) and the ViT are trained by the main command's
 loop with the same recipe on 5%, 10%, 25%, 50% and 100% of the 3,400 training digits (a different stratified subset
@@ -231,7 +231,7 @@ def figure(results, fractions):
 
 def markdown(results, fractions):
     runs, summary = results["runs"], results["summary"]
-    lines = [common.header("Inductive bias: CNN vs ViT against training-set size (design document section 6)",
+    lines = [common.header("Inductive bias: CNN vs ViT against training-set size (ViT from First Principles, section 6)",
                            results, "CNNs, with their locality and translation-equivariance built in, win on small "
                            "data; with more data the ViT closes the gap.")]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in results["setup"].items() if isinstance(v, str)]

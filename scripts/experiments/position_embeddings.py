@@ -1,4 +1,4 @@
-"""Experiment 1 (design document section 3; ViT paper appendix D.4): does the kind of position embedding matter?
+"""Experiment 1 (ViT from First Principles, section 3; ViT paper appendix D.4): does the kind of position embedding matter?
 
 The same small ViT (4-px patches: a 7 x 7 grid on the 28 x 28 digits) is trained by the main command's loop with
 each `position_embedding_type`, several seeds each. Two controls make "spatial arrangement matters" measurable:
@@ -354,7 +354,7 @@ def figure(results):
 
 def markdown(results):
     summary, runs = results["summary"], results["runs"]
-    lines = [common.header("Position embeddings (design document section 3; paper appendix D.4)", results,
+    lines = [common.header("Position embeddings (ViT from First Principles, section 3; paper appendix D.4)", results,
                            "1D, 2D and relative position embeddings perform about the same (within 0.2%); "
                            "no position embedding is clearly worse (about 3 points in the paper); learned 1D tables "
                            "show rows and columns as stripes.")]

