@@ -3,6 +3,7 @@
 from setuptools import setup
 
 ONNX = ["onnx", "onnxscript", "onnxruntime"]
+BENCHMARK = ["timm>=1.0.20", "openvino>=2024.0", *ONNX]
 TEST = [
     "pytest>=8",
     "timm>=1.0.20",
@@ -63,6 +64,7 @@ setup(
         "test": TEST,
         "timm": ["timm>=1.0.20"],
         "onnx": ONNX,
+        "benchmark": BENCHMARK,
         "jax": ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"],
     },
     entry_points={"console_scripts": ["hubvit=hubvit.scripts.cli:main"]},
