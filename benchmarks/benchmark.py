@@ -701,6 +701,13 @@ def main(argv=None):
                 detail = ", ".join(f"{name} {rate:.0f}" for name, rate in per_backend.items())
             elif accelerator_peak:
                 peak, detail = accelerator_peak * 1e3, "bf16 dense, data sheet"
+            if any(route.kind == "cpu" for route in case.routes):
+                from hubvit.cpu import CHOOSER
+
+                picks = ", ".join(f"{rows}x{inner}->{outer}: {kernel}" for (rows, inner, outer, _), kernel
+                                  in sorted(CHOOSER.choices.items()))
+                case.notes.append(f"optimize_for_cpu's probe chose (rows x inner -> outer): {picks}")
+                CHOOSER.clear()
             record = case_record(case, throughput, differences, iterations, args, peak, detail)
             report["cases"].append(record)
             print_case(record, isa)
