@@ -183,7 +183,8 @@ class FastestLinear(nn.Linear):
 class BFloat16Linear(nn.Linear):
     """`nn.Linear` that multiplies in bfloat16 and returns the input's dtype; the float32 parameters stay the state.
 
-    The bfloat16 copy of the weight is cached and rebuilt when the weight changes (its version counter moves).
+    Inference only: the bfloat16 copy of the weight is detached (no weight gradients), cached, and rebuilt when the
+    weight changes (its version counter moves).
     """
 
     def _bfloat16_parameters(self):
@@ -196,7 +197,7 @@ class BFloat16Linear(nn.Linear):
         return cache[1], cache[2]
 
     def forward(self, input):
-        if input.device.type != "cpu" or torch.is_grad_enabled():
+        if input.device.type != "cpu":
             return F.linear(input, self.weight, self.bias)
         weight, bias = self._bfloat16_parameters()
         return F.linear(input.to(torch.bfloat16), weight, bias).to(input.dtype)
