@@ -272,13 +272,13 @@ def digits_model():
     train, held_out = order[:1437], order[1437:]
     torch.manual_seed(0)
     config = tiny_config(
-        image_size=8, patch_size=2, num_channels=1, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+        image_size=8, patch_size=4, num_channels=1, hidden_size=64, num_attention_heads=4, intermediate_size=128,
         num_labels=10,
     )
     model = HubViTForImageClassification(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     model.train()
-    for _ in range(15):
+    for _ in range(10):
         for batch in train[torch.randperm(len(train), generator=generator)].split(64):
             optimizer.zero_grad()
             model(images[batch], labels=labels[batch]).loss.backward()
