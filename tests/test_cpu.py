@@ -278,11 +278,16 @@ def digits_model():
     model = HubViTForImageClassification(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     model.train()
-    for _ in range(10):
-        for batch in train[torch.randperm(len(train), generator=generator)].split(64):
-            optimizer.zero_grad()
-            model(images[batch], labels=labels[batch]).loss.backward()
-            optimizer.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # products this small gain nothing from a second thread and stall on a busy machine
+    try:
+        for _ in range(10):
+            for batch in train[torch.randperm(len(train), generator=generator)].split(64):
+                optimizer.zero_grad()
+                model(images[batch], labels=labels[batch]).loss.backward()
+                optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
     return model.eval(), images[held_out], labels[held_out]
 
 
