@@ -10,6 +10,7 @@ ONNX = ["onnx", "onnxscript", "onnxruntime", "openvino"]
 PLOT = ["matplotlib"]
 PUBLISH = ["pyyaml"]
 TRAIN = ["accelerate", "datasets", "evaluate", "mlxtend>=0.23", "tensorboard", "torchdata>=0.8", *PLOT]
+BENCHMARK = ["timm>=1.0.20", *ONNX]
 JAX = ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"]
 TEST = [
     "pytest>=8",
@@ -68,6 +69,7 @@ setup(
         "plot": PLOT,
         "timm": ["timm>=1.0.20"],
         "onnx": ONNX,
+        "benchmark": BENCHMARK,
         "jax": JAX,
         "test": TEST,
     },

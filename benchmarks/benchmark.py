@@ -19,9 +19,11 @@ peak on the encoder's shapes (the faster of MKL and oneDNN per shape) and prints
 """
 
 import argparse
+import importlib.util
 import platform
 import re
 import statistics
+import sys
 import time
 
 import torch
@@ -208,30 +210,47 @@ def logits_of(library, model, images):
     return model(images) if library == "timm" else model(pixel_values=images).logits
 
 
-ROUTE_KINDS = ("eager", "cpu", "compile", "freezing", "onnx")
+ROUTE_KINDS = ("eager", "cpu", "compile", "freezing", "onnx", "openvino", "openvino-default", "int8", "onnx-int8",
+               "flash")
+CPU_ROUTES = ("eager", "cpu", "compile", "freezing", "onnx", "openvino", "openvino-default", "int8", "onnx-int8")
+CUDA_ROUTES = ("eager", "flash", "compile")
+SUFFIXES = {
+    "eager": "", "cpu": " + optimize_for_cpu", "compile": " compile", "freezing": " compile+freezing",
+    "onnx": " onnxruntime", "openvino": " openvino f32", "openvino-default": " openvino default precision",
+    "int8": " + optimize_for_cpu int8", "onnx-int8": " onnxruntime int8", "flash": " flash attention",
+}
+# Routes that do not compute in float32 (or in the case's dtype): left out of the fp32 "best route" comparisons.
+REDUCED_PRECISION = ("openvino-default", "int8", "onnx-int8")
 
 
 class Route:
     """One way to run one library's model: `logits(images)` in eval mode, and the module that a step trains."""
 
-    def __init__(self, library, kind, module=None, session=None):
-        self.library, self.kind, self.module, self.session = library, kind, module, session
-        suffix = {"eager": "", "cpu": " + optimize_for_cpu", "compile": " compile", "freezing": " compile+freezing",
-                  "onnx": " onnxruntime"}[kind]
-        self.name = library + suffix
+    def __init__(self, library, kind, module=None, session=None, compiled=None):
+        self.library, self.kind, self.module, self.session, self.compiled = library, kind, module, session, compiled
+        self.name = library + SUFFIXES[kind]
+        self.reduced_precision = kind in REDUCED_PRECISION
 
     def logits(self, images):
         if self.session is not None:
             (output,) = self.session.run(None, {self.session.get_inputs()[0].name: images.numpy()})
             return torch.from_numpy(output)
+        if self.compiled is not None:
+            return torch.from_numpy(self.compiled(images.numpy())[0])
+        if self.kind == "flash":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return logits_of(self.library, self.module, images)
         return logits_of(self.library, self.module, images)
 
 
-def onnx_session(library, model, images, folder, threads):
-    """The model exported to ONNX (hubvit: the dynamic graph `hubvit export onnx` writes; timm: a static one)."""
-    import onnxruntime
-
+def onnx_file(library, model, images, folder):
+    """The model exported to ONNX once per case (hubvit: the dynamic graph `hubvit export onnx` writes; timm: a
+    static one)."""
     path = folder / f"{library}.onnx"
+    if path.exists():
+        return path
     with torch.no_grad():
         if library == "hubvit":
             from hubvit.conversion.export_onnx import export_graph
@@ -239,9 +258,38 @@ def onnx_session(library, model, images, folder, threads):
             export_graph(model, path)
         else:
             torch.onnx.export(model, (images,), dynamo=True, input_names=["pixel_values"], verbose=False).save(str(path))
+    return path
+
+
+def onnx_session(path, threads):
+    import onnxruntime
+
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def int8_onnx_file(path):
+    """`path` with its encoder projections int8, as `hubvit export onnx --int8` writes it."""
+    from hubvit.conversion.quantize_onnx import quantize_graph
+
+    target = path.with_name(path.stem + ".int8.onnx")
+    if not target.exists():
+        quantize_graph(path, target)
+    return target
+
+
+def openvino_model(path, threads, precision):
+    """OpenVINO's CPU plugin compiling the ONNX file; precision "f32" pins float32, None keeps the plugin's default
+    (bf16 on CPUs with native bf16, f32 elsewhere)."""
+    import openvino
+
+    core = openvino.Core()
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+    return compiled, str(compiled.get_property("INFERENCE_PRECISION_HINT"))
 
 
 class Case:
@@ -270,6 +318,8 @@ class Case:
         self.labels = torch.randint(0, NUM_CLASSES, (self.batch_size,), generator=generator).to(self.device)
         cpu_float32 = args.device == "cpu" and self.dtype == torch.float32
         self.routes = []
+        self.notes = []
+        cpu_inference = cpu_float32 and mode == "infer"
         for kind in args.routes:
             for library, model in models.items():
                 if kind == "eager":
@@ -281,9 +331,28 @@ class Case:
                 elif kind == "compile" or (kind == "freezing" and mode == "infer" and args.device == "cpu"):
                     options = {"freezing": True} if kind == "freezing" else None
                     self.routes.append(Route(library, kind, torch.compile(copy.deepcopy(model), options=options)))
-                elif kind == "onnx" and library in ("hubvit", "timm") and mode == "infer" and cpu_float32:
-                    session = onnx_session(library, model.eval(), self.images, folder, args.threads)
-                    self.routes.append(Route(library, kind, session=session))
+                elif kind == "flash" and args.device == "cuda":
+                    self.routes.append(Route(library, kind, copy.deepcopy(model)))
+                elif kind == "onnx" and library in ("hubvit", "timm") and cpu_inference:
+                    path = onnx_file(library, model.eval(), self.images, folder)
+                    self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
+                elif kind in ("openvino", "openvino-default") and library in ("hubvit", "timm") and cpu_inference:
+                    if importlib.util.find_spec("openvino") is None:
+                        note = "OpenVINO routes skipped: openvino is not installed (pip install 'hubvit[benchmark]')"
+                        self.notes += [] if note in self.notes else [note]
+                        continue
+                    path = onnx_file(library, model.eval(), self.images, folder)
+                    compiled, precision = openvino_model(path, args.threads, "f32" if kind == "openvino" else None)
+                    if kind == "openvino-default":
+                        self.notes.append(f"OpenVINO's default inference precision here: {precision}")
+                    self.routes.append(Route(library, kind, compiled=compiled))
+                elif kind == "int8" and library == "hubvit" and cpu_inference:
+                    from hubvit import optimize_for_cpu
+
+                    self.routes.append(Route(library, kind, optimize_for_cpu(copy.deepcopy(model), precision="int8")))
+                elif kind == "onnx-int8" and library == "hubvit" and cpu_inference:
+                    path = int8_onnx_file(onnx_file(library, model.eval(), self.images, folder))
+                    self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
         self.optimizers = {}
         if mode == "train":
             for route in self.routes:
@@ -413,10 +482,14 @@ def describe_environment(args):
     else:
         where = f"{platform.processor() or platform.machine()}, torch threads={torch.get_num_threads()}"
     versions = f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}"
-    if "onnx" in args.routes and args.device == "cpu":
+    if any(route.startswith("onnx") for route in args.routes) and args.device == "cpu":
         import onnxruntime
 
         versions += f", onnxruntime {onnxruntime.__version__}"
+    if any(route.startswith("openvino") for route in args.routes) and importlib.util.find_spec("openvino"):
+        import openvino
+
+        versions += f", openvino {openvino.__version__.split('-')[0]}"
     dtype = "bf16 autocast" if args.device == "cuda" and args.dtype == "bfloat16" else args.dtype
     return f"{versions}; device {args.device} ({where}); dtype {dtype}; {args.clock} clock"
 
@@ -426,45 +499,111 @@ def table(header, rows):
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def report_case(case, throughput, differences, args, peak):
-    """The case's per-route table and its summary row (ratios vs timm eager and the best peer route)."""
+def case_record(case, throughput, differences, iterations, args, peak, peak_detail):
+    """Everything one case measured, as plain data: what `--json` writes and what the tables are rendered from."""
     medians = {name: statistics.median(values) for name, values in throughput.items()}
     baseline = throughput.get("timm")
-    rows = []
+    routes = []
     for route in case.routes:
         values = throughput[route.name]
-        achieved = medians[route.name] * case.flops_per_image() / 1e9
+        routes.append(dict(
+            name=route.name, library=route.library, kind=route.kind, reduced_precision=route.reduced_precision,
+            images_per_second=medians[route.name], rounds=values,
+            vs_timm_eager=paired_ratio(values, baseline) if baseline else None,
+            gflops=medians[route.name] * case.flops_per_image() / 1e9,
+            max_abs_dlogits_vs_hubvit=differences.get(route.name),
+        ))
+    record = dict(
+        case=case.title, batch=case.batch_size, rounds=args.rounds, iterations=iterations, routes=routes,
+        attention=case.backends, notes=case.notes, peak_gflops=peak, peak_detail=peak_detail,
+        flops_per_image=case.flops_per_image(),
+    )
+    ours = [r.name for r in case.routes if r.library == "hubvit" and not r.reduced_precision]
+    peers = [r.name for r in case.routes if r.library != "hubvit" and not r.reduced_precision]
+    reduced = [r.name for r in case.routes if r.library == "hubvit" and r.reduced_precision]
+    summary = record["summary"] = {}
+    if "hubvit" in throughput and baseline:
+        summary["hubvit_vs_timm_eager"] = paired_ratio(throughput["hubvit"], baseline)
+        if "transformers" in throughput:
+            summary["hubvit_vs_transformers_eager"] = paired_ratio(throughput["hubvit"], throughput["transformers"])
+        if "hubvit + optimize_for_cpu" in throughput:
+            summary["optimize_for_cpu_vs_default"] = paired_ratio(throughput["hubvit + optimize_for_cpu"], throughput["hubvit"])
+        best_ours = max(ours, key=medians.get)
+        summary["best_hubvit_fp32"] = best_ours
+        summary["best_hubvit_fp32_vs_timm_eager"] = paired_ratio(best_per_round(throughput, ours), baseline)
+        if peers:
+            summary["best_peer_fp32"] = max(peers, key=medians.get)
+            summary["best_hubvit_fp32_vs_best_peer_fp32"] = paired_ratio(
+                best_per_round(throughput, ours), best_per_round(throughput, peers)
+            )
+        if reduced:
+            summary["best_hubvit_reduced"] = max(reduced, key=medians.get)
+            summary["best_hubvit_reduced_vs_timm_eager"] = paired_ratio(best_per_round(throughput, reduced), baseline)
+        if peak:
+            summary["hubvit_percent_of_peak"] = 100 * medians["hubvit"] * case.flops_per_image() / 1e9 / peak
+            summary["best_hubvit_fp32_percent_of_peak"] = 100 * medians[best_ours] * case.flops_per_image() / 1e9 / peak
+    return record
+
+
+def ratio_text(value, suffix=""):
+    return "n/a" if value is None else f"{value:.2f}x{suffix}"
+
+
+def print_case(record, isa):
+    """The case's per-route table, rendered from its record."""
+    backends = ", ".join(f"{name} {value}" for name, value in record["attention"].items())
+    print(f"\n{record['case']}, batch {record['batch']}: {record['rounds']} rounds x {record['iterations']} steps; "
+          f"CPU ISA {isa}; attention: {backends}")
+    for note in record["notes"]:
+        print(note)
+    if record["peak_gflops"]:
+        print(f"GEMM peak on the encoder's shapes: {record['peak_gflops']:.0f} GFLOP/s ({record['peak_detail']})")
+    rows = []
+    for route in record["routes"]:
+        difference = route["max_abs_dlogits_vs_hubvit"]
         rows.append([
-            route.name,
-            f"{medians[route.name]:.1f}",
-            f"{paired_ratio(values, baseline):.2f}x" if baseline else "n/a",
-            f"{achieved:.0f}",
-            f"{differences[route.name]:.1e}" if route.name in differences else "(reference)",
+            route["name"] + (" (reduced precision)" if route["reduced_precision"] else ""),
+            f"{route['images_per_second']:.1f}",
+            ratio_text(route["vs_timm_eager"]),
+            f"{route['gflops']:.0f}",
+            "(reference)" if route["name"] == "hubvit" else ("n/a" if difference is None else f"{difference:.1e}"),
         ])
     print(table(["route", "img/s", "vs timm eager", "GFLOP/s", "max abs dlogits vs hubvit"], rows))
-    ours = [route.name for route in case.routes if route.library == "hubvit"]
-    peers = [route.name for route in case.routes if route.library != "hubvit"]
-    summary = [case.title, str(case.batch_size)]
-    if "hubvit" in throughput and baseline:
-        summary.append(f"{paired_ratio(throughput['hubvit'], baseline):.2f}x")
-        if "transformers" in throughput:
-            summary.append(f"{paired_ratio(throughput['hubvit'], throughput['transformers']):.2f}x")
-        else:
-            summary.append("n/a")
-        best_ours = max(ours, key=medians.get)
-        best_peer = max(peers, key=medians.get)
-        summary.append(f"{paired_ratio(best_per_round(throughput, ours), baseline):.2f}x ({best_ours})")
-        summary.append(
-            f"{paired_ratio(best_per_round(throughput, ours), best_per_round(throughput, peers)):.2f}x "
-            f"(vs {best_peer})"
-        )
-        if peak:
-            for name in ("hubvit", best_ours):
-                achieved = medians[name] * case.flops_per_image() / 1e9
-                summary.append(f"{100 * achieved / peak:.0f}%")
-        else:
-            summary += ["", ""]
-    return summary
+
+
+def summary_row(record):
+    summary = record["summary"]
+    row = [record["case"], str(record["batch"]), ratio_text(summary.get("hubvit_vs_timm_eager")),
+           ratio_text(summary.get("hubvit_vs_transformers_eager")), ratio_text(summary.get("optimize_for_cpu_vs_default"))]
+    best = summary.get("best_hubvit_fp32")
+    row.append(ratio_text(summary.get("best_hubvit_fp32_vs_timm_eager"), f" ({best})" if best else ""))
+    peer = summary.get("best_peer_fp32")
+    row.append(ratio_text(summary.get("best_hubvit_fp32_vs_best_peer_fp32"), f" (vs {peer})" if peer else ""))
+    reduced = summary.get("best_hubvit_reduced")
+    row.append(ratio_text(summary.get("best_hubvit_reduced_vs_timm_eager"), f" ({reduced})" if reduced else ""))
+    for key in ("hubvit_percent_of_peak", "best_hubvit_fp32_percent_of_peak"):
+        row.append(f"{summary[key]:.0f}%" if key in summary else "")
+    return row
+
+
+SUMMARY_HEADER = ["case", "batch", "hubvit / timm eager", "hubvit / transformers eager", "optimize_for_cpu / default",
+                  "best hubvit fp32 / timm eager", "best hubvit fp32 / best peer fp32",
+                  "best hubvit int8 / timm eager fp32", "hubvit % of peak", "best hubvit fp32 % of peak"]
+
+
+def render(report):
+    """Print every table of a report (a fresh run's, or one read back with --from-json)."""
+    print(report["environment"])
+    print(f"CPU ISA: {report['isa']}")
+    for record in report["cases"]:
+        print_case(record, report["isa"])
+    print(f"\nCPU ISA: {report['isa']}")
+    print(table(SUMMARY_HEADER, [summary_row(record) for record in report["cases"]]))
+    print(
+        f"\nViT-B/16 forward = {forward_flops(ARCHITECTURES['b16']) / 1e9:.1f} GFLOP per image, training step = 3x "
+        "forward. Peak: CPU float32 GEMM measured above (inference cases); CUDA: bf16 dense from the data sheet (MFU). "
+        "Reduced-precision routes (int8, OpenVINO's default precision) are left out of the fp32 comparisons."
+    )
 
 
 def main(argv=None):
@@ -490,10 +629,15 @@ def main(argv=None):
     parser.add_argument("--libraries", default=",".join(LIBRARIES))
     parser.add_argument(
         "--routes",
-        default=",".join(ROUTE_KINDS),
+        default=None,
         help="comma-separated: eager, cpu (hubvit.optimize_for_cpu), compile, freezing (compile with inductor "
-        "freezing, CPU inference), onnx (onnxruntime, CPU inference; hubvit and timm)",
+        "freezing, CPU inference), onnx (onnxruntime, CPU inference; hubvit and timm), openvino (OpenVINO f32 on "
+        "the ONNX file), openvino-default (OpenVINO's default precision), int8 (optimize_for_cpu(precision='int8')), "
+        "onnx-int8 (hubvit's ONNX quantized by `hubvit export onnx --int8`), flash (CUDA: sdpa forced to flash "
+        f"attention). CPU default {','.join(CPU_ROUTES)}; CUDA default {','.join(CUDA_ROUTES)}",
     )
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write every figure measured to PATH")
+    parser.add_argument("--from-json", metavar="PATH", default=None, help="print the tables of a --json file; measure nothing")
     parser.add_argument("--quick", action="store_true", help="a 2-layer model at 32 px, batch 2, 2 rounds of 1 step")
     parser.add_argument("--threads", type=int, default=2, help="torch (and onnxruntime) CPU threads")
     parser.add_argument(
@@ -504,7 +648,13 @@ def main(argv=None):
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="accelerator peak for MFU (bf16 dense)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        import json
+
+        render(json.loads(open(args.from_json, encoding="utf-8").read()))
+        return
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    args.routes = args.routes or ",".join(CUDA_ROUTES if args.device == "cuda" else CPU_ROUTES)
     args.libraries = [name.strip() for name in args.libraries.split(",") if name.strip()]
     args.routes = [name.strip() for name in args.routes.split(",") if name.strip()]
     if args.quick:
@@ -529,37 +679,53 @@ def main(argv=None):
     import tempfile
     from pathlib import Path
 
-    print(describe_environment(args))
+    from hubvit.cpu import cpu_isa
+
+    environment = describe_environment(args)
+    isa = cpu_isa() if args.device == "cpu" else f"{cpu_isa()} (host); GPU {torch.cuda.get_device_name()}"
+    print(environment)
+    print(f"CPU ISA: {isa}")
     accelerator_peak = peak_tflops(args)
-    summaries = []
+    report = dict(environment=environment, isa=isa, command=["benchmarks/benchmark.py", *(argv or sys.argv[1:])],
+                  threads=args.threads, clock=args.clock, cases=[])
     with tempfile.TemporaryDirectory() as folder:
         for key in cases:
-            case = Case(key, args, Path(folder))
+            (Path(folder) / key).mkdir()
+            case = Case(key, args, Path(folder) / key)
             differences = case.parity()
             throughput, iterations = run_case(case, args)
-            peak = None
+            peak, detail = None, None
             if args.device == "cpu" and case.mode == "infer":
                 clock = time.process_time if args.clock == "cpu" else time.perf_counter
                 peak, per_backend = gemm_peak(case.arch, case.batch_size, args.threads, clock)
                 detail = ", ".join(f"{name} {rate:.0f}" for name, rate in per_backend.items())
             elif accelerator_peak:
                 peak, detail = accelerator_peak * 1e3, "bf16 dense, data sheet"
-            backends = ", ".join(f"{name} {value}" for name, value in case.backends.items())
-            print(f"\n{case.title}, batch {case.batch_size}: {args.rounds} rounds x {iterations} steps; attention: {backends}")
-            if peak:
-                print(f"GEMM peak on the encoder's shapes: {peak:.0f} GFLOP/s ({detail})")
-            summaries.append(report_case(case, throughput, differences, args, peak))
+            if any(route.kind == "cpu" for route in case.routes):
+                from hubvit.cpu import CHOOSER
+
+                picks = ", ".join(f"{rows}x{inner}->{outer}: {kernel}" for (rows, inner, outer, _), kernel
+                                  in sorted(CHOOSER.choices.items()))
+                case.notes.append(f"optimize_for_cpu's probe chose (rows x inner -> outer): {picks}")
+                CHOOSER.clear()
+            record = case_record(case, throughput, differences, iterations, args, peak, detail)
+            report["cases"].append(record)
+            print_case(record, isa)
             del case
             if args.device == "cuda":
                 torch.cuda.empty_cache()
-    print()
-    header = ["case", "batch", "hubvit / timm eager", "hubvit / transformers eager", "best hubvit / timm eager",
-              "best hubvit / best peer", "hubvit % of GEMM peak", "best hubvit % of GEMM peak"]
-    print(table(header, summaries))
+    print(f"\nCPU ISA: {isa}")
+    print(table(SUMMARY_HEADER, [summary_row(record) for record in report["cases"]]))
     print(
         f"\nViT-B/16 forward = {forward_flops(ARCHITECTURES['b16']) / 1e9:.1f} GFLOP per image, training step = 3x "
-        "forward. GEMM peak: CPU measured above (inference cases); CUDA: bf16 dense from the data sheet (MFU)."
+        "forward. Peak: CPU float32 GEMM measured above (inference cases); CUDA: bf16 dense from the data sheet (MFU). "
+        "Reduced-precision routes (int8, OpenVINO's default precision) are left out of the fp32 comparisons."
     )
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Where `hubvit.optimize_for_cpu` gets its speed: `OneDNNLinear` (oneDNN) against `nn.Linear` (BLAS sgemm, MKL).
+"""The two kernels `hubvit.optimize_for_cpu` chooses between: oneDNN against `nn.Linear` (BLAS sgemm, MKL).
 
 Times the four projections of a ViT-S/16, ViT-B/16 and ViT-Ti/16 encoder block (qkv, attention output, MLP in and
 out) at the benchmark's token counts, forward under inference mode and forward + backward, on the same weights and
-inputs. Interleaved rounds, median; prints GFLOP/s of each and their ratio.
+inputs: `nn.Linear` against a `FastestLinear` whose chooser always answers oneDNN. Interleaved rounds, median;
+prints GFLOP/s of each, their ratio, and the kernel the first-use probe of `optimize_for_cpu` picks for the forward
+product on this machine.
 
     python benchmarks/projections.py --threads 1 --clock cpu
 """
@@ -14,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hubvit.cpu import OneDNNLinear
+from hubvit.cpu import CHOOSER, FastestLinear, KernelChooser
 
 TOKENS = 197
 SHAPES = (  # (name, batch, in_features, out_features)
@@ -51,10 +53,12 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, {args.clock} clock")
-    print("| projection | tokens | mode | nn.Linear GFLOP/s | OneDNNLinear GFLOP/s | ratio |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| projection | tokens | mode | nn.Linear (MKL) GFLOP/s | oneDNN GFLOP/s | ratio | probe picks (forward) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    always_onednn = KernelChooser(lambda kernel, *shape: 1.0 if kernel == "onednn" else 2.0, rounds=1)
     for name, batch, fan_in, fan_out in SHAPES:
-        layer = OneDNNLinear(fan_in, fan_out)
+        layer = FastestLinear(fan_in, fan_out)
+        layer.chooser = always_onednn
         x = torch.randn(batch, TOKENS, fan_in, requires_grad=True)
         grad = torch.randn(batch, TOKENS, fan_out)
         flops = 2 * batch * TOKENS * fan_in * fan_out
@@ -83,8 +87,10 @@ def main(argv=None):
                     times[key].append(seconds(step, args.iterations, clock))
             ratio = statistics.median(a / b for a, b in zip(times["linear"], times["hubvit"]))
             rate = {key: work / statistics.median(values) / 1e9 for key, values in times.items()}
+            pick = CHOOSER.choose(batch * TOKENS, fan_in, fan_out) if mode == "forward" else ""
             print(
-                f"| {name} | {batch}x{TOKENS} | {mode} | {rate['linear']:.0f} | {rate['hubvit']:.0f} | {ratio:.2f}x |"
+                f"| {name} | {batch}x{TOKENS} | {mode} | {rate['linear']:.0f} | {rate['hubvit']:.0f} | {ratio:.2f}x "
+                f"| {pick} |"
             )
 
 

@@ -226,12 +226,20 @@ def export_timm(src, out, *, overwrite: bool = False, tolerance: float = TOLERAN
 
 
 def export_onnx(
-    src, out, *, overwrite: bool = False, opset: int = onnx_export.OPSET, tolerance: float = onnx_export.TOLERANCE
+    src,
+    out,
+    *,
+    overwrite: bool = False,
+    opset: int = onnx_export.OPSET,
+    tolerance: float = onnx_export.TOLERANCE,
+    int8: bool = False,
 ) -> ExportResult:
     """Write the hubvit folder SRC as one ONNX graph OUT (`.onnx`) with dynamic batch, height and width, after
-    onnxruntime reproduces PyTorch within `tolerance` at three sizes (the figures also go to OUT.verification.json)."""
+    onnxruntime reproduces PyTorch within `tolerance` at three sizes (the figures also go to OUT.verification.json).
+    `int8` then quantizes the encoder projections (dynamic, onnxruntime) and records their agreement in that file."""
     options = onnx_export.Options(path_text(src, "src"), path_text(out, "out"), whole(opset, "opset", minimum=7,
-                                  optional=False), positive(tolerance, "tolerance"), flag(overwrite, "overwrite"))
+                                  optional=False), positive(tolerance, "tolerance"), flag(overwrite, "overwrite"),
+                                  flag(int8, "int8"))
     check_output_path(options.out, options.src, is_file=True)
     return onnx_export.export(options)
 

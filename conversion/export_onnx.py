@@ -20,6 +20,7 @@ import torch
 
 from ..limits import check_side_file, require_safetensors, write_text_atomic
 from .common import ConversionError, ExportResult, positive_number, read_hubvit_config
+from .quantize_onnx import quantize_in_place
 
 TOLERANCE = 1e-4
 OPSET = 18
@@ -33,6 +34,7 @@ def add_arguments(parser):
         "--tolerance", type=positive_number, default=TOLERANCE,
         help="max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)",
     )
+    parser.add_argument("--int8", action="store_true", help="quantize the encoder projections to int8 (onnxruntime, dynamic)")
     parser.set_defaults(out_is_file=True)
 
 
@@ -45,6 +47,7 @@ class Options:
     opset: int = OPSET
     tolerance: float = TOLERANCE
     overwrite: bool = False
+    int8: bool = False
 
 
 class Outputs(torch.nn.Module):
@@ -239,6 +242,7 @@ def export(args):
             entry = graph.metadata_props.add()
             entry.key, entry.value = key, value
         onnx.save(graph, str(staging))
+        int8 = quantize_in_place(staging, model) if args.int8 else None
         umask = os.umask(0)
         os.umask(umask)
         staging.chmod(0o666 & ~umask)
@@ -247,7 +251,7 @@ def export(args):
         staging.unlink(missing_ok=True)
     summary = dict(
         source=str(args.src), onnx=out.name, opset=args.opset, tolerance=args.tolerance,
-        torch=torch.__version__, onnxruntime=__import__("onnxruntime").__version__, checks=rows,
+        torch=torch.__version__, onnxruntime=__import__("onnxruntime").__version__, checks=rows, int8=int8,
     )
     write_text_atomic(report, json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out} and {report.name}")

@@ -1,52 +1,167 @@
 """`optimize_for_cpu`: the opt-in CPU speed route for an installed hubvit model.
 
-The model that travels to the Hub multiplies with `nn.Linear`, which torch sends to the BLAS sgemm (MKL). On the
-AMD Zen CPUs we measure on, oneDNN's AVX-512 kernels run the encoder's float32 products at about twice the sgemm's
-FLOP/s (`python benchmarks/projections.py`), so this module swaps each encoder projection for a `OneDNNLinear`: the
-same parameters (the state dict, and so every saved file, is unchanged) and the same function, computed by oneDNN.
+The model that travels to the Hub multiplies with `nn.Linear`, which torch sends to the BLAS sgemm (MKL). Which of
+MKL and oneDNN is faster depends on the CPU: on AMD Zen 5 (AVX-512) oneDNN runs the encoder's float32 products at
+about twice the sgemm's FLOP/s, on AMD Zen 3 (AVX2) both run AVX2 kernels and MKL is as fast or faster
+(`python benchmarks/projections.py`). So no rule is written down here: each encoder projection becomes a
+`FastestLinear`, which times both kernels on its own product shape the first time it meets it (forward, and each
+of the two backward products), remembers the winner for the process, and keeps MKL unless oneDNN is measurably
+faster. The parameters (the state dict, and so every saved file) are unchanged.
+
+`precision="int8"` quantizes the encoder's projections (weights int8, activations quantized on the fly) and keeps
+the patch embedding, LayerNorms, pooler and head in float; `precision="bf16"` runs the encoder's projections in
+bfloat16 where the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), and is refused elsewhere.
 """
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["OneDNNLinear", "optimize_for_cpu"]
+from .errors import HubViTError
+
+__all__ = ["FastestLinear", "KernelChooser", "cpu_isa", "has_native_bf16", "optimize_for_cpu", "PRECISIONS"]
+
+PRECISIONS = ("float32", "int8", "bf16")
+KERNELS = ("mkl", "onednn")
+DIRECTIONS = ("forward", "input-gradient", "weight-gradient")
 
 
 def onednn_linear(input, weight, bias):
     return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
 
 
-class _OneDNNLinearFunction(torch.autograd.Function):
-    """y = x W^T + b through oneDNN, with both backward products through oneDNN too."""
+def blas_linear(input, weight, bias):
+    return F.linear(input, weight, bias)
+
+
+LINEAR = {"mkl": blas_linear, "onednn": onednn_linear}
+
+
+def onednn_usable() -> bool:
+    return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+
+
+def time_product(kernel: str, rows: int, inner: int, outer: int, repeats: int = 3) -> float:
+    """Median seconds of one (rows x inner) @ (inner x outer) float32 product through `kernel`, after one warm-up."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, inner, generator=generator)
+    w = torch.randn(outer, inner, generator=generator) * 0.02
+    multiply = LINEAR[kernel]
+    times = []
+    with torch.no_grad():
+        multiply(x, w, None)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            multiply(x, w, None)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+Measure = Callable[[str, int, int, int], float]
+
+
+class KernelChooser:
+    """Which kernel multiplies a (rows x inner) @ (inner x outer) float32 product faster on this machine.
+
+    The first request for a shape (and thread count) times both kernels with `measure(kernel, rows, inner, outer)`
+    (seconds; interleaved over `rounds`, median), and every later one reads the cached answer. oneDNN is chosen
+    only when it beats MKL by more than `margin` (a fraction), so a tie or a noisy probe keeps the default kernel
+    and the opt-in cannot end up slower than the model it was applied to.
+    """
+
+    def __init__(self, measure: Measure | None = None, rounds: int = 3, margin: float = 0.05):
+        self.measure = measure or time_product
+        self.rounds = rounds
+        self.margin = margin
+        self.choices: dict[tuple, str] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}
+
+    def choose(self, rows: int, inner: int, outer: int) -> str:
+        key = (rows, inner, outer, torch.get_num_threads())
+        choice = self.choices.get(key)
+        if choice is None:
+            if not onednn_usable():
+                choice = "mkl"
+            else:
+                times = {kernel: [] for kernel in KERNELS}
+                for index in range(self.rounds):
+                    order = KERNELS if index % 2 == 0 else KERNELS[::-1]
+                    for kernel in order:
+                        times[kernel].append(self.measure(kernel, rows, inner, outer))
+                medians = {kernel: statistics.median(values) for kernel, values in times.items()}
+                self.timings[key] = medians
+                choice = "onednn" if medians["onednn"] * (1 + self.margin) < medians["mkl"] else "mkl"
+            self.choices[key] = choice
+        return choice
+
+    def clear(self):
+        self.choices.clear()
+        self.timings.clear()
+
+
+CHOOSER = KernelChooser()
+
+
+def product_shape(direction: str, tokens: int, fan_in: int, fan_out: int) -> tuple[int, int, int]:
+    """(rows, inner, outer) of one of a linear layer's three products over `tokens` rows."""
+    if direction == "forward":
+        return tokens, fan_in, fan_out
+    if direction == "input-gradient":
+        return tokens, fan_out, fan_in
+    if direction == "weight-gradient":
+        return fan_out, tokens, fan_in
+    raise HubViTError(f"direction={direction!r}: expected one of {DIRECTIONS}")
+
+
+class _FastestLinearFunction(torch.autograd.Function):
+    """y = x W^T + b with each of the three products (forward, dL/dx, dL/dW) on the kernel chosen for its shape."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias):
+    def forward(ctx, input, weight, bias, chooser):
         ctx.save_for_backward(input, weight)
         ctx.has_bias = bias is not None
-        return onednn_linear(input, weight, bias)
+        ctx.chooser = chooser
+        tokens = input.numel() // input.shape[-1]
+        kernel = chooser.choose(*product_shape("forward", tokens, weight.shape[1], weight.shape[0]))
+        return LINEAR[kernel](input, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_output):
         input, weight = ctx.saved_tensors
+        chooser = ctx.chooser
+        fan_out, fan_in = weight.shape
+        grad_2d = grad_output.reshape(-1, fan_out)
+        tokens = grad_2d.shape[0]
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_input = onednn_linear(grad_output, weight.t().contiguous(), None)
-        grad_2d = grad_output.reshape(-1, grad_output.shape[-1])
+            kernel = chooser.choose(*product_shape("input-gradient", tokens, fan_in, fan_out))
+            grad_input = LINEAR[kernel](grad_output, weight.t().contiguous(), None)
         if ctx.needs_input_grad[1]:
-            input_2d = input.reshape(-1, input.shape[-1])
-            grad_weight = onednn_linear(grad_2d.t().contiguous(), input_2d.t().contiguous(), None)
+            kernel = chooser.choose(*product_shape("weight-gradient", tokens, fan_in, fan_out))
+            input_2d = input.reshape(-1, fan_in)
+            grad_weight = LINEAR[kernel](grad_2d.t().contiguous(), input_2d.t().contiguous(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_2d.sum(0)
-        return grad_input, grad_weight, grad_bias
+        return grad_input, grad_weight, grad_bias, None
 
 
-class OneDNNLinear(nn.Linear):
-    """`nn.Linear` whose float32 CPU products run through oneDNN (`mkldnn._linear_pointwise`), forward and backward.
+class FastestLinear(nn.Linear):
+    """`nn.Linear` whose float32 CPU products each run on the kernel (MKL or oneDNN) measured fastest for their shape.
 
-    Anything else (other devices or dtypes, empty inputs, a build without oneDNN, a graph being compiled or
-    exported) takes `F.linear`, so the module stays an `nn.Linear` for every tool that expects one.
+    Anything else (other devices or dtypes, empty inputs, a graph being compiled or traced) takes `F.linear`, so
+    the module stays an `nn.Linear` for every tool that expects one.
     """
+
+    chooser: KernelChooser = CHOOSER
 
     def forward(self, input):
         if (
@@ -54,15 +169,74 @@ class OneDNNLinear(nn.Linear):
             or input.dtype != torch.float32
             or self.weight.dtype != torch.float32
             or input.numel() == 0
-            or not torch.backends.mkldnn.is_available()
-            or not torch.backends.mkldnn.enabled
             or torch.compiler.is_compiling()
             or torch.jit.is_tracing()
         ):
             return F.linear(input, self.weight, self.bias)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, self.weight, self.bias)):
-            return _OneDNNLinearFunction.apply(input, self.weight, self.bias)
-        return onednn_linear(input, self.weight, self.bias)
+            return _FastestLinearFunction.apply(input, self.weight, self.bias, self.chooser)
+        tokens = input.numel() // input.shape[-1]
+        kernel = self.chooser.choose(*product_shape("forward", tokens, self.in_features, self.out_features))
+        return LINEAR[kernel](input, self.weight, self.bias)
+
+
+class BFloat16Linear(nn.Linear):
+    """`nn.Linear` that multiplies in bfloat16 and returns the input's dtype; the float32 parameters stay the state.
+
+    Inference only: the bfloat16 copy of the weight is detached (no weight gradients), cached, and rebuilt when the
+    weight changes (its version counter moves).
+    """
+
+    def _bfloat16_parameters(self):
+        version = (self.weight._version, self.weight.data_ptr())
+        cache = getattr(self, "_bfloat16_cache", None)
+        if cache is None or cache[0] != version:
+            bias = None if self.bias is None else self.bias.detach().to(torch.bfloat16)
+            cache = (version, self.weight.detach().to(torch.bfloat16), bias)
+            self._bfloat16_cache = cache
+        return cache[1], cache[2]
+
+    def forward(self, input):
+        if input.device.type != "cpu":
+            return F.linear(input, self.weight, self.bias)
+        weight, bias = self._bfloat16_parameters()
+        return F.linear(input.to(torch.bfloat16), weight, bias).to(input.dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags the kernel reports (x86 `flags`, Arm `Features`); empty where it reports none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_isa(flags: frozenset[str] | None = None) -> str:
+    """The widest vector ISA of this CPU that matters for ViT's products: AMX, AVX512-BF16, AVX-512, AVX2 or other."""
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    if "avx512f" in flags:
+        return "AVX-512"
+    if "avx2" in flags:
+        return "AVX2"
+    if "bf16" in flags:
+        return "Arm BF16"
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def has_native_bf16(flags: frozenset[str] | None = None) -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX, Arm BF16)."""
+    flags = cpu_flags() if flags is None else flags
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & flags)
 
 
 def _skip_unread_tokens(module, args, kwargs):
@@ -76,24 +250,69 @@ def _skip_unread_tokens(module, args, kwargs):
     return args, kwargs
 
 
-def optimize_for_cpu(model, skip_unread_tokens=True):
-    """Make a hubvit model faster on CPU in float32, in place; returns it.
+def encoder_projections(model) -> dict[str, nn.Linear]:
+    """Qualified name -> module of every plain `nn.Linear` in the encoder (qkv, attention output, MLP in and out)."""
+    body = getattr(model, "hubvit", model)
+    prefix = "hubvit.encoder." if body is not model else "encoder."
+    return {prefix + name: module for name, module in body.encoder.named_modules() if type(module) is nn.Linear}
 
-    Every `nn.Linear` inside `model.hubvit.encoder` (or `model.encoder`) becomes a `OneDNNLinear` sharing its
-    parameters: outputs equal the default's to float32 rounding, gradients flow, and `state_dict`/`save_pretrained`
-    write exactly what they wrote before. With `skip_unread_tokens` a classifier whose head reads the [CLS] (and
-    distillation) token runs its last block for those tokens only, unless hidden states or attentions are asked
-    for; a forward hook on the last block or the final norm then sees those tokens alone, so pass False for
-    explainability tools that hook them. `quantize_dynamic` matches exact types and leaves `OneDNNLinear` alone:
-    quantize the default model instead.
+
+def quantize_int8(model) -> None:
+    """Encoder projections to int8 weights with dynamic per-batch int8 activations, in place (PyTorch's engine).
+
+    torchao's `Int8DynamicActivationInt8WeightConfig` is the maintained API, but with torch 2.14 / torchao 0.18 it
+    has no eager CPU kernel (ViT-S/16 ran 0.06 img/s against 0.8 in float32); PyTorch's quantized engine (fbgemm /
+    oneDNN, `quantize_dynamic`) runs int8 GEMMs. Its two deprecation notices (the module, and the quantized tensor
+    constructors it calls) are about that migration, so only those two are silenced.
+    """
+    from torch.ao.quantization import quantize_dynamic
+
+    names = set(encoder_projections(model))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"(?s).*torch\.ao\.quantization.*deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r"(?s).*please migrate to use torchao", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, .* are deprecated", category=UserWarning)
+        quantize_dynamic(model, qconfig_spec=names, dtype=torch.qint8, inplace=True)
+
+
+def optimize_for_cpu(model, skip_unread_tokens: bool = True, precision: str = "float32"):
+    """Make a hubvit model faster on CPU, in place; returns it.
+
+    `precision="float32"` (default): every `nn.Linear` inside the encoder becomes a `FastestLinear` sharing its
+    parameters, so outputs equal the default's to float32 rounding, gradients flow, and `state_dict` /
+    `save_pretrained` write exactly what they wrote before; each product runs on the kernel its first-use probe
+    found faster (MKL unless oneDNN wins by more than 5%). With `skip_unread_tokens` a classifier whose head reads
+    the [CLS] (and distillation) token runs its last block for those tokens only, unless hidden states or
+    attentions are asked for; a hook on the last block or the final norm then sees those tokens alone, so pass
+    False for explainability tools that hook them.
+
+    `precision="int8"`: inference only (the model is put in eval mode); encoder projections int8 with dynamic
+    activation quantization, patch embedding, LayerNorms, pooler and head in float. The state dict changes (packed
+    int8 weights): save the float model, not this one. `precision="bf16"`: inference only, encoder projections in
+    bfloat16, on CPUs with native bfloat16 (AVX512-BF16, AMX); refused with `HubViTError` on others.
     """
     body = getattr(model, "hubvit", model)
     encoder = getattr(body, "encoder", None)
     if encoder is None or not hasattr(body, "pooler"):
-        raise TypeError(f"optimize_for_cpu expects a HubViTModel or HubViTForImageClassification, got {type(model).__name__}")
-    for module in encoder.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = OneDNNLinear
+        raise HubViTError(
+            f"optimize_for_cpu expects a HubViTModel or HubViTForImageClassification, got {type(model).__name__}"
+        )
+    if precision not in PRECISIONS:
+        raise HubViTError(f"precision={precision!r}: expected one of {PRECISIONS}")
+    if precision == "bf16" and not has_native_bf16():
+        raise HubViTError(
+            f"precision='bf16' needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one has {cpu_isa()}: "
+            "use precision='int8' or 'float32'"
+        )
+    projections = encoder_projections(model)
+    if precision == "int8":
+        model.eval()
+        quantize_int8(model)
+    else:
+        for module in projections.values():
+            module.__class__ = FastestLinear if precision == "float32" else BFloat16Linear
+        if precision == "bf16":
+            model.eval()
     if skip_unread_tokens and body is not model and body.pooler.num_tokens_read is not None:
         if not getattr(model, "_hubvit_skips_unread_tokens", False):
             model.register_forward_pre_hook(_skip_unread_tokens, with_kwargs=True)
