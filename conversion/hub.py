@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .card import REPO_PLACEHOLDER, set_repo_id
 from ..errors import HubViTError
-from ..limits import bounded
+from ..network import bounded
 from .common import positive_number
 from .folder import REQUIRED_FILES
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HubViTError
-from ..limits import NetworkError, bounded, load_yaml, read_csv
+from ..limits import load_yaml, read_csv
+from ..network import NetworkError, bounded
 from . import sources
 from .common import ConversionError
 

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..limits import NetworkError, connect_timeout, describe, read_bounded
+from ..network import NetworkError, connect_timeout, describe, read_bounded
 from .common import ConversionError
 
 REPO_ID = re.compile(r"(?:hf-hub:)?([A-Za-z0-9][\w.-]*/[\w.-]+)")
@@ -84,7 +84,7 @@ def download_repo(repo_id, revision=None):
         RevisionNotFoundError,
     )
 
-    from ..limits import bounded
+    from ..network import bounded
 
     where = f"{repo_id}" + (f" at revision {revision}" if revision else "")
     local = f"; there is no local path {repo_id} either" if not Path(repo_id.split("/", 1)[0]).exists() else ""
