@@ -26,31 +26,40 @@ number. Writes attention_distance.json, .csv (layer x head) and .png."""
 
 def add_commands(commands):
     """Adds `info` and `analyze` to the `hubvit` command's subparsers."""
-    parser = commands.add_parser("info", help="tokens, attention memory, parameters and FLOPs of a model",
-                                 description="The arithmetic of 'Vision Transformer (ViT) from First Principles' for a model: patch "
-                                 "grid, sequence "
-                                 "length, attention-score memory beside pixel-level tokens, parameters and "
-                                 "multiply-accumulates by part.")
+    parser = commands.add_parser(
+        "info",
+        help="tokens, attention memory, parameters and FLOPs of a model",
+        description="The arithmetic of 'Vision Transformer (ViT) from First Principles' for a model: patch "
+        "grid, sequence "
+        "length, attention-score memory beside pixel-level tokens, parameters and "
+        "multiply-accumulates by part.",
+    )
     parser.add_argument("src", metavar="SRC", help=SRC_HELP)
     parser.add_argument("--image-size", type=counts.parse_image_size, help="int or HxW (default: the model's)")
     parser.add_argument("--batch-size", type=int, default=1, help="for the attention memory (default 1)")
     parser.add_argument("--dtype", default="float32", help="of the attention scores: float32, float16, bfloat16, ...")
     parser.add_argument("--patch-sizes", type=int_list, help="comma-separated patch sides, one row each: 32,16,14,8")
-    parser.add_argument("--accuracy", metavar="JSON", help="measured accuracy per patch side for the --patch-sizes "
-                        f"rows (default: SRC/{counts.PATCH_ACCURACY_FILE} when SRC is a folder that has one)")
+    parser.add_argument(
+        "--accuracy",
+        metavar="JSON",
+        help="measured accuracy per patch side for the --patch-sizes "
+        f"rows (default: SRC/{counts.PATCH_ACCURACY_FILE} when SRC is a folder that has one)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(run=info, show=show_info)
 
     analyze = commands.add_parser("analyze", help="attention distance, position similarity, attention maps")
     kinds = analyze.add_subparsers(dest="analysis", required=True)
 
-    distance = kinds.add_parser("attention-distance", help="mean attention distance per layer and head",
-                                description=DISTANCE_HELP)
+    distance = kinds.add_parser(
+        "attention-distance", help="mean attention distance per layer and head", description=DISTANCE_HELP
+    )
     distance.add_argument("src", metavar="SRC", help=SRC_HELP)
     data = distance.add_mutually_exclusive_group(required=True)
     data.add_argument("--images", metavar="DIR", help="a folder of image files (searched recursively)")
-    data.add_argument("--dataset", metavar="NAME_OR_PATH",
-                      help="a `datasets` Hub id, local folder or save_to_disk folder")
+    data.add_argument(
+        "--dataset", metavar="NAME_OR_PATH", help="a `datasets` Hub id, local folder or save_to_disk folder"
+    )
     distance.add_argument("--split", help="dataset split (default: validation, else test, else the first)")
     distance.add_argument("--image-column", default="image")
     distance.add_argument("--max-images", type=int, default=128, help="default 128, as in the paper")
@@ -58,21 +67,27 @@ def add_commands(commands):
     common(distance)
     distance.set_defaults(run=analyze_attention_distance, show=show_analysis)
 
-    similarity = kinds.add_parser("position-similarity", help="cosine similarity of the position embeddings",
-                                  description="Cosine similarity of each patch's position vector with every other "
-                                  "patch's, as G x G tiles (learned, learned_2d, sincos_2d); each head's bias over "
-                                  "(dy, dx) for relative_2d. Prints the stripe score: mean similarity of same-row or "
-                                  "same-column pairs minus that of other pairs at the same distance.")
+    similarity = kinds.add_parser(
+        "position-similarity",
+        help="cosine similarity of the position embeddings",
+        description="Cosine similarity of each patch's position vector with every other "
+        "patch's, as G x G tiles (learned, learned_2d, sincos_2d); each head's bias over "
+        "(dy, dx) for relative_2d. Prints the stripe score: mean similarity of same-row or "
+        "same-column pairs minus that of other pairs at the same distance.",
+    )
     similarity.add_argument("src", metavar="SRC", help=SRC_HELP)
     similarity.add_argument("--layer", type=int, default=0, help="block whose relative bias to draw (relative_2d)")
     common(similarity)
     similarity.set_defaults(run=analyze_position_similarity, show=show_analysis)
 
-    attention_map = kinds.add_parser("attention-map", help="attention rollout or one head's map over an image",
-                                     description="Attention rollout (Abnar and Zuidema, 2020: heads averaged, "
-                                     "identity added, rows renormalised, multiplied through the layers) from [CLS], "
-                                     "or from the mean of the patch queries without [CLS]; or the last layer's "
-                                     "attention (--method last-layer, one --head or their mean).")
+    attention_map = kinds.add_parser(
+        "attention-map",
+        help="attention rollout or one head's map over an image",
+        description="Attention rollout (Abnar and Zuidema, 2020: heads averaged, "
+        "identity added, rows renormalised, multiplied through the layers) from [CLS], "
+        "or from the mean of the patch queries without [CLS]; or the last layer's "
+        "attention (--method last-layer, one --head or their mean).",
+    )
     attention_map.add_argument("src", metavar="SRC", help=SRC_HELP)
     attention_map.add_argument("image", metavar="IMAGE", help="an image file")
     attention_map.add_argument("--method", choices=["rollout", "last-layer"], default="rollout")
@@ -82,8 +97,11 @@ def add_commands(commands):
 
 
 def common(parser):
-    parser.add_argument("--image-size", type=counts.parse_image_size,
-                        help="int or HxW; the position tables are resized as the model does (default: native)")
+    parser.add_argument(
+        "--image-size",
+        type=counts.parse_image_size,
+        help="int or HxW; the position tables are resized as the model does (default: native)",
+    )
     parser.add_argument("--output-dir", default="analysis", help="where the files go (default: ./analysis)")
 
 
@@ -133,8 +151,9 @@ class InfoResult:
     patch_sizes: list | None = None
 
 
-def info(src, *, image_size=None, batch_size: int = 1, dtype: str = "float32",
-         patch_sizes: list | None = None, accuracy=None) -> InfoResult:
+def info(
+    src, *, image_size=None, batch_size: int = 1, dtype: str = "float32", patch_sizes: list | None = None, accuracy=None
+) -> InfoResult:
     """Tokens, attention memory (for `batch_size` images, scores in `dtype`), parameters and multiply-accumulates of
     SRC (a hubvit folder, a Hub repo id or a preset such as 'b/16') at `image_size` (int, (h, w) or 'HxW'; default
     the model's), counted from the config alone; `patch_sizes` adds one row per patch side, with the accuracy measured
@@ -159,8 +178,11 @@ def info(src, *, image_size=None, batch_size: int = 1, dtype: str = "float32",
 
 def show_info(result, args):
     if args.json:
-        print(json.dumps({**result.summary, **({"patch_sizes": result.patch_sizes} if result.patch_sizes else {})},
-                         indent=2))
+        print(
+            json.dumps(
+                {**result.summary, **({"patch_sizes": result.patch_sizes} if result.patch_sizes else {})}, indent=2
+            )
+        )
         return
     print(counts.format_summary(result.summary, args.src))
     if result.patch_sizes:
@@ -194,8 +216,16 @@ def write_distance(result, folder, title):
 
 
 def analyze_attention_distance(
-    src, *, images=None, dataset=None, split: str | None = None, image_column: str = "image",
-    max_images: int = 128, batch_size: int = 16, image_size=None, output_dir="analysis",
+    src,
+    *,
+    images=None,
+    dataset=None,
+    split: str | None = None,
+    image_column: str = "image",
+    max_images: int = 128,
+    batch_size: int = 16,
+    image_size=None,
+    output_dir="analysis",
 ) -> AnalysisResult:
     """Mean attention distance per layer and head (the paper's Figure 7) of SRC over `max_images` images from a
     folder (`images`) or a `datasets` dataset (`dataset`, `split`, `image_column`); writes attention_distance.json,
@@ -210,9 +240,11 @@ def analyze_attention_distance(
     batches = source.pixel_batches(stream, processor, model.config, batch_size, image_size)
     result = attention.attention_distance(model, batches)
     path = write_distance(result, output_folder(output_dir), f"{src}")
-    message = (f"{result['images']} images; mean attention distance per layer (pixels, mean of heads): "
-               + ", ".join(f"{np.mean(row):.1f}" for row in result["mean_distance"])
-               + f"\nwrote {path} and its .json/.csv")
+    message = (
+        f"{result['images']} images; mean attention distance per layer (pixels, mean of heads): "
+        + ", ".join(f"{np.mean(row):.1f}" for row in result["mean_distance"])
+        + f"\nwrote {path} and its .json/.csv"
+    )
     files = [path, path.with_suffix(".json"), path.with_suffix(".csv")]
     return AnalysisResult(files, result, message)
 
@@ -227,14 +259,18 @@ def similarity_figures(model, folder, image_size=None, layer=0, title=""):
     if kind == "relative_2d":
         tables = position.relative_bias_tables(model, layer, grid)
         np.save(folder / "relative_position_bias.npy", tables.numpy())
-        path = plots.plot_relative_bias(tables, folder / "relative_position_bias.png",
-                                        f"{title} relative bias, layer {layer}, grid {grid[0]}x{grid[1]}")
+        path = plots.plot_relative_bias(
+            tables,
+            folder / "relative_position_bias.png",
+            f"{title} relative bias, layer {layer}, grid {grid[0]}x{grid[1]}",
+        )
         return f"wrote {path} ({tables.shape[0]} heads over (dy, dx))", None, [path, path.with_suffix(".npy")]
     similarity = position.cosine_similarity_grid(position.position_table(model, grid), grid)
     np.save(folder / "position_similarity.npy", similarity.numpy())
     score = position.stripe_score(similarity)
-    path = plots.plot_position_similarity(similarity, folder / "position_similarity.png",
-                                          f"{title} {kind} position embeddings, grid {grid[0]}x{grid[1]}")
+    path = plots.plot_position_similarity(
+        similarity, folder / "position_similarity.png", f"{title} {kind} position embeddings, grid {grid[0]}x{grid[1]}"
+    )
     message = f"wrote {path}; stripe score {'n/a (grid too small)' if score is None else f'{score:.3f}'}"
     return message, score, [path, path.with_suffix(".npy")]
 
@@ -266,8 +302,9 @@ def attention_map_figure(model, processor, image, path, method="rollout", head=N
     return values
 
 
-def analyze_attention_map(src, image, *, method: str = "rollout", head: int | None = None, image_size=None,
-                          output_dir="analysis") -> AnalysisResult:
+def analyze_attention_map(
+    src, image, *, method: str = "rollout", head: int | None = None, image_size=None, output_dir="analysis"
+) -> AnalysisResult:
     """Attention rollout over IMAGE (Abnar and Zuidema, 2020) from [CLS] (or the mean patch query), or the last
     layer's attention (`method='last-layer'`, one `head` or their mean), drawn over the image into `output_dir`;
     `values["map"]` is the patch-grid array."""

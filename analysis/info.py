@@ -30,8 +30,15 @@ def preset_config(name, image_size=224, num_labels=1000):
     if size not in SIZES or not patch.isdigit() or int(patch) <= 0:
         raise HubViTError(f"unknown preset {name!r}; expected SIZE/PATCH with SIZE in {sorted(SIZES)}, e.g. 'b/16'")
     hidden, depth, heads, mlp = SIZES[size]
-    return HubViTConfig(image_size=image_size, patch_size=int(patch), hidden_size=hidden, num_hidden_layers=depth,
-                        num_attention_heads=heads, intermediate_size=mlp, num_labels=num_labels)
+    return HubViTConfig(
+        image_size=image_size,
+        patch_size=int(patch),
+        hidden_size=hidden,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        intermediate_size=mlp,
+        num_labels=num_labels,
+    )
 
 
 def parse_image_size(value):
@@ -85,13 +92,24 @@ def attention_memory(config, image_size=None, batch_size=1, dtype="float32"):
     def side(sequence):
         entries = sequence * sequence
         layer = batch_size * heads * entries * itemsize
-        return {"sequence_length": sequence, "entries_per_head": entries, "bytes_per_layer": layer,
-                "bytes_all_layers": layer * depth}
+        return {
+            "sequence_length": sequence,
+            "entries_per_head": entries,
+            "bytes_per_layer": layer,
+            "bytes_all_layers": layer * depth,
+        }
 
     patches = side(tokens(config, size).sequence_length)
     pixels = side(size[0] * size[1])
-    return {"batch_size": batch_size, "dtype": dtype, "heads": heads, "layers": depth, "patches": patches,
-            "pixels": pixels, "reduction": pixels["entries_per_head"] / patches["entries_per_head"]}
+    return {
+        "batch_size": batch_size,
+        "dtype": dtype,
+        "heads": heads,
+        "layers": depth,
+        "patches": patches,
+        "pixels": pixels,
+        "reduction": pixels["entries_per_head"] / patches["entries_per_head"],
+    }
 
 
 def position_parameters(config):
@@ -131,9 +149,11 @@ def parameter_parts(config, head=True):
     (`HubViTModel`: no representation layer, no classifier)."""
     d, c = config.hidden_size, config.num_channels
     ph, pw = config.patch_size_2d
-    parts = [("patch_embedding", ph * pw * c * d + (d if config.patch_bias else 0)),
-             ("prefix_tokens", config.num_prefix_tokens * d),
-             ("position_embedding", position_parameters(config))]
+    parts = [
+        ("patch_embedding", ph * pw * c * d + (d if config.patch_bias else 0)),
+        ("prefix_tokens", config.num_prefix_tokens * d),
+        ("position_embedding", position_parameters(config)),
+    ]
     if config.pre_norm:
         parts.append(("pre_norm", 2 * d))
     depth = config.num_hidden_layers
@@ -141,14 +161,22 @@ def parameter_parts(config, head=True):
     parts.append(("final_norm", 2 * d))
     if config.pooling == "map":
         m = config.intermediate_size
-        parts.append(("pooler.map_head", d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + 2 * d
-                      + linear(d, m) + linear(m, d)))
+        parts.append(
+            (
+                "pooler.map_head",
+                d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + 2 * d + linear(d, m) + linear(m, d),
+            )
+        )
     if head and config.representation_size is not None:
         parts.append(("pre_logits", linear(config.pooled_size, config.representation_size)))
     heads = 2 if config.distillation_token and config.distillation_head else 1
     if head and config.num_labels > 0:
-        parts.append(("head" if heads == 1 else "heads (cls + distillation)",
-                      heads * linear(head_features(config), config.num_labels)))
+        parts.append(
+            (
+                "head" if heads == 1 else "heads (cls + distillation)",
+                heads * linear(head_features(config), config.num_labels),
+            )
+        )
     return [(name, count) for name, count in parts if count]
 
 
@@ -162,12 +190,14 @@ def mac_parts(config, image_size=None, head=True):
     n, seq = t.num_patches, t.sequence_length
     d, m, depth = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     ph, pw = config.patch_size_2d
-    parts = [("patch_embedding", n * ph * pw * config.num_channels * d),
-             ("qkv", depth * seq * d * 3 * d),
-             ("attention_scores (QK^T)", depth * seq * seq * d),
-             ("attention_weighted_sum (AV)", depth * seq * seq * d),
-             ("attention_output_projection", depth * seq * d * d),
-             ("mlp", depth * 2 * seq * d * m)]
+    parts = [
+        ("patch_embedding", n * ph * pw * config.num_channels * d),
+        ("qkv", depth * seq * d * 3 * d),
+        ("attention_scores (QK^T)", depth * seq * seq * d),
+        ("attention_weighted_sum (AV)", depth * seq * seq * d),
+        ("attention_output_projection", depth * seq * d * d),
+        ("mlp", depth * 2 * seq * d * m),
+    ]
     if config.pooling == "map":
         parts.append(("map_head", d * d + seq * 2 * d * d + 2 * seq * d + d * d + 2 * d * m))
     if head and config.representation_size is not None:
@@ -200,11 +230,18 @@ def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
         "num_prefix_tokens": t.num_prefix,
         "sequence_length": t.sequence_length,
         "attention": attention_memory(config, size, batch_size, dtype),
-        "parameters": {"parts": dict(params), "encoder": encoder_parameters(config),
-                       "total": sum(count for _, count in params)},
-        "macs_per_image": {"parts": dict(macs), "forward": forward, "forward_flops": 2 * forward,
-                           "training_step": training_step_macs(config, size, head),
-                           "training_step_flops": 2 * training_step_macs(config, size, head)},
+        "parameters": {
+            "parts": dict(params),
+            "encoder": encoder_parameters(config),
+            "total": sum(count for _, count in params),
+        },
+        "macs_per_image": {
+            "parts": dict(macs),
+            "forward": forward,
+            "forward_flops": 2 * forward,
+            "training_step": training_step_macs(config, size, head),
+            "training_step_flops": 2 * training_step_macs(config, size, head),
+        },
     }
 
 
@@ -221,8 +258,10 @@ def read_patch_accuracy(path):
         record = json.loads(Path(path).read_text())
         accuracy = {int(size): float(value) for size, value in record["accuracy"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{path}: not a patch-size accuracy file ({{'accuracy': {{P: value}}}} expected): "
-                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+        raise ValueError(
+            f"{path}: not a patch-size accuracy file ({{'accuracy': {{P: value}}}} expected): "
+            f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        ) from None
     return accuracy, record.get("split")
 
 
@@ -235,18 +274,25 @@ def patch_size_rows(config, patch_sizes, image_size=None, batch_size=1, dtype="f
     for patch in patch_sizes:
         if size[0] % patch or size[1] % patch:
             raise HubViTError(f"patch size {patch} does not divide the image size {size[0]}x{size[1]}")
-        variant = config.__class__.from_dict({**config.to_dict(), "patch_size": patch,
-                                              "image_size": list(size) if size[0] != size[1] else size[0]})
+        variant = config.__class__.from_dict(
+            {**config.to_dict(), "patch_size": patch, "image_size": list(size) if size[0] != size[1] else size[0]}
+        )
         info = summary(variant, size, batch_size, dtype, head)
-        rows.append({"patch_size": patch, "grid": info["grid"], "num_patches": info["num_patches"],
-                     "sequence_length": info["sequence_length"],
-                     "attention_entries_per_head": info["attention"]["patches"]["entries_per_head"],
-                     "attention_bytes_all_layers": info["attention"]["patches"]["bytes_all_layers"],
-                     "forward_macs": info["macs_per_image"]["forward"],
-                     "forward_flops": info["macs_per_image"]["forward_flops"],
-                     "accuracy": (accuracy or {}).get(patch),
-                     "encoder_parameters": info["parameters"]["encoder"],
-                     "total_parameters": info["parameters"]["total"]})
+        rows.append(
+            {
+                "patch_size": patch,
+                "grid": info["grid"],
+                "num_patches": info["num_patches"],
+                "sequence_length": info["sequence_length"],
+                "attention_entries_per_head": info["attention"]["patches"]["entries_per_head"],
+                "attention_bytes_all_layers": info["attention"]["patches"]["bytes_all_layers"],
+                "forward_macs": info["macs_per_image"]["forward"],
+                "forward_flops": info["macs_per_image"]["forward_flops"],
+                "accuracy": (accuracy or {}).get(patch),
+                "encoder_parameters": info["parameters"]["encoder"],
+                "total_parameters": info["parameters"]["total"],
+            }
+        )
     return rows
 
 
@@ -283,33 +329,79 @@ def format_summary(info, name="model"):
         f"sequence length {info['sequence_length']:,}",
         "",
         f"Attention scores ({att['heads']} heads, {att['layers']} layers, batch {att['batch_size']}, {att['dtype']}):",
-        table([["patch tokens", f"{p['sequence_length']:,}", f"{p['entries_per_head']:,}",
-                human_bytes(p["bytes_per_layer"]), human_bytes(p["bytes_all_layers"])],
-               ["pixel tokens", f"{x['sequence_length']:,}", f"{x['entries_per_head']:,}",
-                human_bytes(x["bytes_per_layer"]), human_bytes(x["bytes_all_layers"])]],
-              ["tokens", "sequence", "entries / head", "memory / layer", "memory, all layers"]),
+        table(
+            [
+                [
+                    "patch tokens",
+                    f"{p['sequence_length']:,}",
+                    f"{p['entries_per_head']:,}",
+                    human_bytes(p["bytes_per_layer"]),
+                    human_bytes(p["bytes_all_layers"]),
+                ],
+                [
+                    "pixel tokens",
+                    f"{x['sequence_length']:,}",
+                    f"{x['entries_per_head']:,}",
+                    human_bytes(x["bytes_per_layer"]),
+                    human_bytes(x["bytes_all_layers"]),
+                ],
+            ],
+            ["tokens", "sequence", "entries / head", "memory / layer", "memory, all layers"],
+        ),
         f"  pixel tokens need {att['reduction']:,.0f}x more attention entries than patches",
         "",
         "Parameters:",
-        table([[k, f"{v:,}"] for k, v in info["parameters"]["parts"].items()]
-              + [["total", f"{info['parameters']['total']:,}"]], ["part", "parameters"]),
+        table(
+            [[k, f"{v:,}"] for k, v in info["parameters"]["parts"].items()]
+            + [["total", f"{info['parameters']['total']:,}"]],
+            ["part", "parameters"],
+        ),
         "",
         "Multiply-accumulates per image (FLOPs = 2 x MACs):",
-        table([[k, f"{v:,}", human_count(v)] for k, v in info["macs_per_image"]["parts"].items()]
-              + [["forward", f"{info['macs_per_image']['forward']:,}", human_count(info["macs_per_image"]["forward"])],
-                 ["training step (fwd + bwd)", f"{info['macs_per_image']['training_step']:,}",
-                  human_count(info["macs_per_image"]["training_step"])]], ["part", "MACs", ""]),
+        table(
+            [[k, f"{v:,}", human_count(v)] for k, v in info["macs_per_image"]["parts"].items()]
+            + [
+                ["forward", f"{info['macs_per_image']['forward']:,}", human_count(info["macs_per_image"]["forward"])],
+                [
+                    "training step (fwd + bwd)",
+                    f"{info['macs_per_image']['training_step']:,}",
+                    human_count(info["macs_per_image"]["training_step"]),
+                ],
+            ],
+            ["part", "MACs", ""],
+        ),
     ]
     return "\n".join(lines)
 
 
 def format_patch_rows(rows):
     measured = any(r.get("accuracy") is not None for r in rows)
-    return table([[r["patch_size"], f"{r['grid'][0]}x{r['grid'][1]}", f"{r['num_patches']:,}",
-                   f"{r['attention_entries_per_head']:,}", human_bytes(r["attention_bytes_all_layers"]),
-                   human_count(r["forward_macs"]) + "MAC", human_count(r["forward_flops"]) + "FLOP",
-                   f"{r['encoder_parameters']:,}", f"{r['total_parameters']:,}"]
-                  + ([f"{100 * r['accuracy']:.2f}%" if r.get("accuracy") is not None else "-"] if measured else [])
-                  for r in rows],
-                 ["patch", "grid", "N", "entries / head", "attention, all layers", "forward", "forward FLOPs",
-                  "encoder params", "total params"] + (["accuracy (measured)"] if measured else []))
+    return table(
+        [
+            [
+                r["patch_size"],
+                f"{r['grid'][0]}x{r['grid'][1]}",
+                f"{r['num_patches']:,}",
+                f"{r['attention_entries_per_head']:,}",
+                human_bytes(r["attention_bytes_all_layers"]),
+                human_count(r["forward_macs"]) + "MAC",
+                human_count(r["forward_flops"]) + "FLOP",
+                f"{r['encoder_parameters']:,}",
+                f"{r['total_parameters']:,}",
+            ]
+            + ([f"{100 * r['accuracy']:.2f}%" if r.get("accuracy") is not None else "-"] if measured else [])
+            for r in rows
+        ],
+        [
+            "patch",
+            "grid",
+            "N",
+            "entries / head",
+            "attention, all layers",
+            "forward",
+            "forward FLOPs",
+            "encoder params",
+            "total params",
+        ]
+        + (["accuracy (measured)"] if measured else []),
+    )

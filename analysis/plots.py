@@ -27,8 +27,9 @@ def plot_attention_distance(result, path, title="Mean attention distance"):
         axes.scatter(np.arange(1, layers + 1), distance[:, head], s=14, label=f"head {head}" if heads <= 16 else None)
     extent = max(result["image_size"])
     axes.axhline(extent, color="0.3", linestyle="--", linewidth=1, label=f"image side ({extent} px)")
-    axes.axhline(result["uniform_attention_distance"], color="0.5", linestyle=":", linewidth=1,
-                 label="uniform attention")
+    axes.axhline(
+        result["uniform_attention_distance"], color="0.5", linestyle=":", linewidth=1, label="uniform attention"
+    )
     axes.set_xlabel("network depth (layer)")
     axes.set_ylabel("mean attention distance (pixels)")
     axes.set_ylim(0, extent * 1.05)
@@ -93,8 +94,9 @@ def plot_attention_map(image, attention, path, title="Attention"):
         axes.imshow(image, cmap="gray" if image.ndim == 2 else None)
         axes.set_xticks([])
         axes.set_yticks([])
-    right.imshow(attention, cmap="jet", alpha=0.5, extent=(-0.5, width - 0.5, height - 0.5, -0.5),
-                 interpolation="bilinear")
+    right.imshow(
+        attention, cmap="jet", alpha=0.5, extent=(-0.5, width - 0.5, height - 0.5, -0.5), interpolation="bilinear"
+    )
     left.set_title("input", fontsize=9)
     right.set_title(title, fontsize=9)
     return save(figure, path)

@@ -29,8 +29,10 @@ def load_config(src, image_size=None):
     try:
         config = AutoConfig.from_pretrained(src)
     except (OSError, ValueError) as error:
-        raise HubViTError(f"cannot read a config from {src!r} (a hubvit folder, Hub repo id or preset such as "
-                         f"'b/16' was expected): {str(error).splitlines()[0]}") from None
+        raise HubViTError(
+            f"cannot read a config from {src!r} (a hubvit folder, Hub repo id or preset such as "
+            f"'b/16' was expected): {str(error).splitlines()[0]}"
+        ) from None
     if config.model_type != "hubvit":
         raise HubViTError(f"{src!r} is a {config.model_type!r} checkpoint; convert it first (`hubvit convert ...`)")
     check_config_sizes(config, f"{src}/config.json", image_size)

@@ -65,8 +65,10 @@ def main(argv=None):
     print(f"{args.size} at {args.image_size}, batch {args.batch_size}, {args.threads} threads, {args.rounds} rounds")
     print(f"plain inference       {plain_s:.3f} s/batch ({args.batch_size / plain_s:.2f} img/s)")
     print(f"attention distance    {analysis_s:.3f} s/batch ({args.batch_size / analysis_s:.2f} img/s)")
-    print(f"analysis / inference  {statistics.median(ratios):.2f}x (median of per-round ratios; "
-          f"range {min(ratios):.2f}x-{max(ratios):.2f}x; target <= 2x)")
+    print(
+        f"analysis / inference  {statistics.median(ratios):.2f}x (median of per-round ratios; "
+        f"range {min(ratios):.2f}x-{max(ratios):.2f}x; target <= 2x)"
+    )
 
 
 if __name__ == "__main__":

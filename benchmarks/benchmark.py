@@ -34,8 +34,13 @@ ARCHITECTURES = {
     "s16": dict(name="ViT-S/16", hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
     "b16": dict(name="ViT-B/16", hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "tiny": dict(
-        name="ViT-2L/8 (tiny)", hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-        image_size=32, patch_size=8,
+        name="ViT-2L/8 (tiny)",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=8,
     ),
 }
 IMAGE_SIZE, PATCH_SIZE, NUM_CLASSES = 224, 16, 1000
@@ -210,14 +215,31 @@ def logits_of(library, model, images):
     return model(images) if library == "timm" else model(pixel_values=images).logits
 
 
-ROUTE_KINDS = ("eager", "cpu", "compile", "freezing", "onnx", "openvino", "openvino-default", "int8", "onnx-int8",
-               "flash")
+ROUTE_KINDS = (
+    "eager",
+    "cpu",
+    "compile",
+    "freezing",
+    "onnx",
+    "openvino",
+    "openvino-default",
+    "int8",
+    "onnx-int8",
+    "flash",
+)
 CPU_ROUTES = ("eager", "cpu", "compile", "freezing", "onnx", "openvino", "openvino-default", "int8", "onnx-int8")
 CUDA_ROUTES = ("eager", "flash", "compile")
 SUFFIXES = {
-    "eager": "", "cpu": " + optimize_for_cpu", "compile": " compile", "freezing": " compile+freezing",
-    "onnx": " onnxruntime", "openvino": " openvino f32", "openvino-default": " openvino default precision",
-    "int8": " + optimize_for_cpu int8", "onnx-int8": " onnxruntime int8", "flash": " flash attention",
+    "eager": "",
+    "cpu": " + optimize_for_cpu",
+    "compile": " compile",
+    "freezing": " compile+freezing",
+    "onnx": " onnxruntime",
+    "openvino": " openvino f32",
+    "openvino-default": " openvino default precision",
+    "int8": " + optimize_for_cpu int8",
+    "onnx-int8": " onnxruntime int8",
+    "flash": " flash attention",
 }
 # Routes that do not compute in float32 (or in the case's dtype): left out of the fp32 "best route" comparisons.
 REDUCED_PRECISION = ("openvino-default", "int8", "onnx-int8")
@@ -257,7 +279,9 @@ def onnx_file(library, model, images, folder):
 
             export_graph(model, path)
         else:
-            torch.onnx.export(model, (images,), dynamo=True, input_names=["pixel_values"], verbose=False).save(str(path))
+            torch.onnx.export(model, (images,), dynamo=True, input_names=["pixel_values"], verbose=False).save(
+                str(path)
+            )
     return path
 
 
@@ -506,16 +530,29 @@ def case_record(case, throughput, differences, iterations, args, peak, peak_deta
     routes = []
     for route in case.routes:
         values = throughput[route.name]
-        routes.append(dict(
-            name=route.name, library=route.library, kind=route.kind, reduced_precision=route.reduced_precision,
-            images_per_second=medians[route.name], rounds=values,
-            vs_timm_eager=paired_ratio(values, baseline) if baseline else None,
-            gflops=medians[route.name] * case.flops_per_image() / 1e9,
-            max_abs_dlogits_vs_hubvit=differences.get(route.name),
-        ))
+        routes.append(
+            dict(
+                name=route.name,
+                library=route.library,
+                kind=route.kind,
+                reduced_precision=route.reduced_precision,
+                images_per_second=medians[route.name],
+                rounds=values,
+                vs_timm_eager=paired_ratio(values, baseline) if baseline else None,
+                gflops=medians[route.name] * case.flops_per_image() / 1e9,
+                max_abs_dlogits_vs_hubvit=differences.get(route.name),
+            )
+        )
     record = dict(
-        case=case.title, batch=case.batch_size, rounds=args.rounds, iterations=iterations, routes=routes,
-        attention=case.backends, notes=case.notes, peak_gflops=peak, peak_detail=peak_detail,
+        case=case.title,
+        batch=case.batch_size,
+        rounds=args.rounds,
+        iterations=iterations,
+        routes=routes,
+        attention=case.backends,
+        notes=case.notes,
+        peak_gflops=peak,
+        peak_detail=peak_detail,
         flops_per_image=case.flops_per_image(),
     )
     ours = [r.name for r in case.routes if r.library == "hubvit" and not r.reduced_precision]
@@ -527,7 +564,9 @@ def case_record(case, throughput, differences, iterations, args, peak, peak_deta
         if "transformers" in throughput:
             summary["hubvit_vs_transformers_eager"] = paired_ratio(throughput["hubvit"], throughput["transformers"])
         if "hubvit + optimize_for_cpu" in throughput:
-            summary["optimize_for_cpu_vs_default"] = paired_ratio(throughput["hubvit + optimize_for_cpu"], throughput["hubvit"])
+            summary["optimize_for_cpu_vs_default"] = paired_ratio(
+                throughput["hubvit + optimize_for_cpu"], throughput["hubvit"]
+            )
         best_ours = max(ours, key=medians.get)
         summary["best_hubvit_fp32"] = best_ours
         summary["best_hubvit_fp32_vs_timm_eager"] = paired_ratio(best_per_round(throughput, ours), baseline)
@@ -552,8 +591,10 @@ def ratio_text(value, suffix=""):
 def print_case(record, isa):
     """The case's per-route table, rendered from its record."""
     backends = ", ".join(f"{name} {value}" for name, value in record["attention"].items())
-    print(f"\n{record['case']}, batch {record['batch']}: {record['rounds']} rounds x {record['iterations']} steps; "
-          f"CPU ISA {isa}; attention: {backends}")
+    print(
+        f"\n{record['case']}, batch {record['batch']}: {record['rounds']} rounds x {record['iterations']} steps; "
+        f"CPU ISA {isa}; attention: {backends}"
+    )
     for note in record["notes"]:
         print(note)
     if record["peak_gflops"]:
@@ -561,20 +602,27 @@ def print_case(record, isa):
     rows = []
     for route in record["routes"]:
         difference = route["max_abs_dlogits_vs_hubvit"]
-        rows.append([
-            route["name"] + (" (reduced precision)" if route["reduced_precision"] else ""),
-            f"{route['images_per_second']:.1f}",
-            ratio_text(route["vs_timm_eager"]),
-            f"{route['gflops']:.0f}",
-            "(reference)" if route["name"] == "hubvit" else ("n/a" if difference is None else f"{difference:.1e}"),
-        ])
+        rows.append(
+            [
+                route["name"] + (" (reduced precision)" if route["reduced_precision"] else ""),
+                f"{route['images_per_second']:.1f}",
+                ratio_text(route["vs_timm_eager"]),
+                f"{route['gflops']:.0f}",
+                "(reference)" if route["name"] == "hubvit" else ("n/a" if difference is None else f"{difference:.1e}"),
+            ]
+        )
     print(table(["route", "img/s", "vs timm eager", "GFLOP/s", "max abs dlogits vs hubvit"], rows))
 
 
 def summary_row(record):
     summary = record["summary"]
-    row = [record["case"], str(record["batch"]), ratio_text(summary.get("hubvit_vs_timm_eager")),
-           ratio_text(summary.get("hubvit_vs_transformers_eager")), ratio_text(summary.get("optimize_for_cpu_vs_default"))]
+    row = [
+        record["case"],
+        str(record["batch"]),
+        ratio_text(summary.get("hubvit_vs_timm_eager")),
+        ratio_text(summary.get("hubvit_vs_transformers_eager")),
+        ratio_text(summary.get("optimize_for_cpu_vs_default")),
+    ]
     best = summary.get("best_hubvit_fp32")
     row.append(ratio_text(summary.get("best_hubvit_fp32_vs_timm_eager"), f" ({best})" if best else ""))
     peer = summary.get("best_peer_fp32")
@@ -586,9 +634,18 @@ def summary_row(record):
     return row
 
 
-SUMMARY_HEADER = ["case", "batch", "hubvit / timm eager", "hubvit / transformers eager", "optimize_for_cpu / default",
-                  "best hubvit fp32 / timm eager", "best hubvit fp32 / best peer fp32",
-                  "best hubvit int8 / timm eager fp32", "hubvit % of peak", "best hubvit fp32 % of peak"]
+SUMMARY_HEADER = [
+    "case",
+    "batch",
+    "hubvit / timm eager",
+    "hubvit / transformers eager",
+    "optimize_for_cpu / default",
+    "best hubvit fp32 / timm eager",
+    "best hubvit fp32 / best peer fp32",
+    "best hubvit int8 / timm eager fp32",
+    "hubvit % of peak",
+    "best hubvit fp32 % of peak",
+]
 
 
 def render(report):
@@ -637,7 +694,9 @@ def main(argv=None):
         f"attention). CPU default {','.join(CPU_ROUTES)}; CUDA default {','.join(CUDA_ROUTES)}",
     )
     parser.add_argument("--json", metavar="PATH", default=None, help="also write every figure measured to PATH")
-    parser.add_argument("--from-json", metavar="PATH", default=None, help="print the tables of a --json file; measure nothing")
+    parser.add_argument(
+        "--from-json", metavar="PATH", default=None, help="print the tables of a --json file; measure nothing"
+    )
     parser.add_argument("--quick", action="store_true", help="a 2-layer model at 32 px, batch 2, 2 rounds of 1 step")
     parser.add_argument("--threads", type=int, default=2, help="torch (and onnxruntime) CPU threads")
     parser.add_argument(
@@ -664,7 +723,9 @@ def main(argv=None):
     for key in cases:
         arch, _, mode = key.partition("-")
         if arch not in ARCHITECTURES or mode not in ("infer", "train"):
-            parser.error(f"--models: unknown case {key!r}; expected <arch>-<infer|train> with arch in {list(ARCHITECTURES)}")
+            parser.error(
+                f"--models: unknown case {key!r}; expected <arch>-<infer|train> with arch in {list(ARCHITECTURES)}"
+            )
     for name in args.libraries:
         if name not in LIBRARIES:
             parser.error(f"--libraries: unknown library {name!r}; expected some of {list(LIBRARIES)}")
@@ -686,8 +747,14 @@ def main(argv=None):
     print(environment)
     print(f"CPU ISA: {isa}")
     accelerator_peak = peak_tflops(args)
-    report = dict(environment=environment, isa=isa, command=["benchmarks/benchmark.py", *(argv or sys.argv[1:])],
-                  threads=args.threads, clock=args.clock, cases=[])
+    report = dict(
+        environment=environment,
+        isa=isa,
+        command=["benchmarks/benchmark.py", *(argv or sys.argv[1:])],
+        threads=args.threads,
+        clock=args.clock,
+        cases=[],
+    )
     with tempfile.TemporaryDirectory() as folder:
         for key in cases:
             (Path(folder) / key).mkdir()
@@ -704,8 +771,10 @@ def main(argv=None):
             if any(route.kind == "cpu" for route in case.routes):
                 from hubvit.cpu import CHOOSER
 
-                picks = ", ".join(f"{rows}x{inner}->{outer}: {kernel}" for (rows, inner, outer, _), kernel
-                                  in sorted(CHOOSER.choices.items()))
+                picks = ", ".join(
+                    f"{rows}x{inner}->{outer}: {kernel}"
+                    for (rows, inner, outer, _), kernel in sorted(CHOOSER.choices.items())
+                )
                 case.notes.append(f"optimize_for_cpu's probe chose (rows x inner -> outer): {picks}")
                 CHOOSER.clear()
             record = case_record(case, throughput, differences, iterations, args, peak, detail)

@@ -50,8 +50,10 @@ def compare(model, pixels, labels=None):
     """Per route: top-1 agreement with float32, max |dlogits| / max |logits|, and accuracy when labels are given."""
     model = model.eval()
     reference = torch_logits(model, pixels)
-    routes = {"float32": reference,
-              "torch int8": torch_logits(optimize_for_cpu(copy.deepcopy(model), precision="int8"), pixels)}
+    routes = {
+        "float32": reference,
+        "torch int8": torch_logits(optimize_for_cpu(copy.deepcopy(model), precision="int8"), pixels),
+    }
     with tempfile.TemporaryDirectory() as folder:
         routes["onnxruntime int8"] = onnx_int8_logits(model, pixels, folder)
     scale = reference.abs().max().item()
@@ -80,8 +82,9 @@ def digits_split(model_dir):
         _, evaluation, source, name = load_splits(parse_args(["--output_dir", str(Path(out) / "unused")]))
     processor = AutoImageProcessor.from_pretrained(model_dir)
     images = [image.convert("RGB") for image in evaluation["image"]]
-    pixels = torch.cat([processor(images=images[i:i + 256], return_tensors="pt")["pixel_values"]
-                        for i in range(0, len(images), 256)])
+    pixels = torch.cat(
+        [processor(images=images[i : i + 256], return_tensors="pt")["pixel_values"] for i in range(0, len(images), 256)]
+    )
     return pixels, torch.tensor(evaluation["label"]), f"{name} of {source}"
 
 
@@ -109,12 +112,17 @@ def vit_s16():
 
 def table(title, rows):
     print(f"\n{title}")
-    keys = [key for key in ("accuracy", "top1_agreement", "max_abs_dlogits", "relative_dlogits") if key in rows["float32"]]
+    keys = [
+        key for key in ("accuracy", "top1_agreement", "max_abs_dlogits", "relative_dlogits") if key in rows["float32"]
+    ]
     print("| route | " + " | ".join(keys) + " |")
     print("| --- |" + " --- |" * len(keys))
     for name, row in rows.items():
-        print(f"| {name} | " + " | ".join(f"{row[key]:.4f}" if key != "max_abs_dlogits" else f"{row[key]:.2e}"
-                                          for key in keys) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{row[key]:.4f}" if key != "max_abs_dlogits" else f"{row[key]:.2e}" for key in keys)
+            + " |"
+        )
 
 
 def main(argv=None):
@@ -124,8 +132,10 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, CPU ISA {cpu_isa()}, quantized engine "
-          f"{torch.backends.quantized.engine}")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, CPU ISA {cpu_isa()}, quantized engine "
+        f"{torch.backends.quantized.engine}"
+    )
     report = dict(isa=cpu_isa(), torch=torch.__version__)
     if args.digits:
         from transformers import AutoModelForImageClassification

@@ -94,7 +94,9 @@ def transformers_row(architecture, headless, root):
     labels = {} if headless else dict(num_labels=1000)
     source = randomize_(cls(cls.config_class(**sizes, **labels))).eval()
     source.save_pretrained(root / architecture)
-    assert quietly(cli, ["convert", "transformers", str(root / architecture), str(root / f"{architecture}-hubvit")]) == 0
+    assert (
+        quietly(cli, ["convert", "transformers", str(root / architecture), str(root / f"{architecture}-hubvit")]) == 0
+    )
     model = load(root / f"{architecture}-hubvit", headless)
     errors = []
     resize = {} if architecture.startswith("Dinov2") else {"interpolate_pos_encoding": True}
@@ -109,10 +111,16 @@ def transformers_row(architecture, headless, root):
 
 
 JAX_CASES = (  # (label, Flax module name, module fields): ViT-S/16 and ViT-B/16 in both codebases' layouts
-    ("vision_transformer ViT-S/16, classifier=token", "VisionTransformerOrig",
-     dict(hidden_size=384, num_layers=12, num_heads=6, mlp_dim=1536, classifier="token")),
-    ("vision_transformer ViT-B/16, classifier=token, pre_logits", "VisionTransformerOrig",
-     dict(classifier="token", representation_size=768)),
+    (
+        "vision_transformer ViT-S/16, classifier=token",
+        "VisionTransformerOrig",
+        dict(hidden_size=384, num_layers=12, num_heads=6, mlp_dim=1536, classifier="token"),
+    ),
+    (
+        "vision_transformer ViT-B/16, classifier=token, pre_logits",
+        "VisionTransformerOrig",
+        dict(classifier="token", representation_size=768),
+    ),
     ("big_vision ViT-B/16, pool_type=gap", "VisionTransformerBV", dict(pool_type="gap")),
     ("big_vision ViT-B/16, pool_type=map (SigLIP-like)", "VisionTransformerBV", dict(pool_type="map")),
 )
@@ -196,8 +204,12 @@ def export_timm_row(label, fields, root):
 
 EXPORT_TIMM_CASES = (
     ("ViT-B/16, [CLS], 1000 classes", dict(num_labels=1000)),
-    ("ViT-B/16, 4 registers, layer scale, no_embed_class, headless", dict(
-        num_register_tokens=4, layer_scale_init_value=1e-5, position_embedding_includes_prefix=False, num_labels=0)),
+    (
+        "ViT-B/16, 4 registers, layer scale, no_embed_class, headless",
+        dict(
+            num_register_tokens=4, layer_scale_init_value=1e-5, position_embedding_includes_prefix=False, num_labels=0
+        ),
+    ),
     ("ViT-B/16, no [CLS], MAP pooling (SigLIP-like), headless", dict(class_token=False, pooling="map", num_labels=0)),
 )
 

@@ -15,8 +15,13 @@ def measure_differences(image_size=224, patch_size=16, width=384, depth=12, head
     """Same timm-like weights (ViT-S/16, truncated normal 0.02, eps 1e-6, bicubic + antialias resizing) run by hubvit
     and by transformers' ViT: what transformers' default eps and its position-table resizing change."""
     config = HubViTConfig(
-        image_size=image_size, patch_size=patch_size, hidden_size=width, num_hidden_layers=depth,
-        num_attention_heads=heads, intermediate_size=4 * width, num_labels=1000,
+        image_size=image_size,
+        patch_size=patch_size,
+        hidden_size=width,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        num_labels=1000,
     )
     model = HubViTForImageClassification(config).eval()
     generator = torch.Generator().manual_seed(seed)

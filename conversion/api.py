@@ -54,8 +54,9 @@ def convert_timm(
         revision=revision,
     )
     check_output_path(options.out, options.src)
-    return write_conversion(timm.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
-                            patch_size=options.patch_size)
+    return write_conversion(
+        timm.convert(options), options.out, overwrite=flag(overwrite, "overwrite"), patch_size=options.patch_size
+    )
 
 
 def convert_jax(
@@ -98,8 +99,9 @@ def convert_jax(
         sha256=sha256,
     )
     check_output_path(options.out, options.src)
-    return write_conversion(jax.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
-                            patch_size=options.patch_size)
+    return write_conversion(
+        jax.convert(options), options.out, overwrite=flag(overwrite, "overwrite"), patch_size=options.patch_size
+    )
 
 
 def convert_transformers(
@@ -126,8 +128,12 @@ def convert_transformers(
         revision=revision,
     )
     check_output_path(options.out, options.src)
-    return write_conversion(transformers.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
-                            patch_size=options.patch_size)
+    return write_conversion(
+        transformers.convert(options),
+        options.out,
+        overwrite=flag(overwrite, "overwrite"),
+        patch_size=options.patch_size,
+    )
 
 
 def convert_torchvision(
@@ -168,8 +174,9 @@ def convert_torchvision(
         patch_size=check_patch_size(patch_size),
     )
     check_output_path(options.out, options.src)
-    return write_conversion(torchvision.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
-                            patch_size=options.patch_size)
+    return write_conversion(
+        torchvision.convert(options), options.out, overwrite=flag(overwrite, "overwrite"), patch_size=options.patch_size
+    )
 
 
 def convert_pytorch(
@@ -200,8 +207,9 @@ def convert_pytorch(
         patch_size=check_patch_size(patch_size),
     )
     check_output_path(options.out, options.src)
-    return write_conversion(pytorch.convert(options), options.out, overwrite=flag(overwrite, "overwrite"),
-                            patch_size=options.patch_size)
+    return write_conversion(
+        pytorch.convert(options), options.out, overwrite=flag(overwrite, "overwrite"), patch_size=options.patch_size
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------- export
@@ -210,8 +218,9 @@ def convert_pytorch(
 def export_transformers(src, out, *, overwrite: bool = False, tolerance: float = TOLERANCE) -> ExportResult:
     """Write the hubvit folder SRC as transformers' built-in `ViTForImageClassification` (`ViTModel` when headless)
     at OUT, after both agree within `tolerance`; settings ViT cannot express are refused, all listed."""
-    options = transformers_export.Options(path_text(src, "src"), path_text(out, "out"),
-                                          positive(tolerance, "tolerance"), flag(overwrite, "overwrite"))
+    options = transformers_export.Options(
+        path_text(src, "src"), path_text(out, "out"), positive(tolerance, "tolerance"), flag(overwrite, "overwrite")
+    )
     check_output_path(options.out, options.src)
     return transformers_export.export(options)
 
@@ -219,8 +228,9 @@ def export_transformers(src, out, *, overwrite: bool = False, tolerance: float =
 def export_timm(src, out, *, overwrite: bool = False, tolerance: float = TOLERANCE) -> ExportResult:
     """Write the hubvit folder SRC as a timm Hub-layout folder (`timm.create_model("local-dir:OUT")` loads it with
     no hubvit installed), after both agree within `tolerance`; settings timm cannot express are refused."""
-    options = timm_export.Options(path_text(src, "src"), path_text(out, "out"),
-                                  positive(tolerance, "tolerance"), flag(overwrite, "overwrite"))
+    options = timm_export.Options(
+        path_text(src, "src"), path_text(out, "out"), positive(tolerance, "tolerance"), flag(overwrite, "overwrite")
+    )
     check_output_path(options.out, options.src)
     return timm_export.export(options)
 
@@ -237,9 +247,14 @@ def export_onnx(
     """Write the hubvit folder SRC as one ONNX graph OUT (`.onnx`) with dynamic batch, height and width, after
     onnxruntime reproduces PyTorch within `tolerance` at three sizes (the figures also go to OUT.verification.json).
     `int8` then quantizes the encoder projections (dynamic, onnxruntime) and records their agreement in that file."""
-    options = onnx_export.Options(path_text(src, "src"), path_text(out, "out"), whole(opset, "opset", minimum=7,
-                                  optional=False), positive(tolerance, "tolerance"), flag(overwrite, "overwrite"),
-                                  flag(int8, "int8"))
+    options = onnx_export.Options(
+        path_text(src, "src"),
+        path_text(out, "out"),
+        whole(opset, "opset", minimum=7, optional=False),
+        positive(tolerance, "tolerance"),
+        flag(overwrite, "overwrite"),
+        flag(int8, "int8"),
+    )
     check_output_path(options.out, options.src, is_file=True)
     return onnx_export.export(options)
 
@@ -275,8 +290,15 @@ def push(
     running the folder's code: use it for a folder you did not write). Each request gives up after `timeout` s."""
     folder = Path(path_text(folder, "folder"))
     info = hub.push_folder(
-        folder, repo_id, private=flag(private, "private"), revision=revision, create_pr=flag(create_pr, "create_pr"),
-        commit_message=commit_message, token=token, endpoint=endpoint, timeout=positive(timeout, "timeout"),
+        folder,
+        repo_id,
+        private=flag(private, "private"),
+        revision=revision,
+        create_pr=flag(create_pr, "create_pr"),
+        commit_message=commit_message,
+        token=token,
+        endpoint=endpoint,
+        timeout=positive(timeout, "timeout"),
         load_check=flag(load_check, "load_check"),
     )
     return PushResult(folder, info.repo_url.repo_id, info.oid, info.pr_url or info.commit_url)
@@ -302,14 +324,29 @@ def publish(manifest, *, dry_run: bool = False, force: bool = False, work_dir=No
     it), `dry_run` converts and load-checks without uploading. A failed entry does not stop the others: the
     result lists every outcome (see `PublishResult.failed`)."""
     outcomes = zoo.publish_all(
-        path_text(manifest, "manifest"), dry_run=flag(dry_run, "dry_run"), force=flag(force, "force"),
+        path_text(manifest, "manifest"),
+        dry_run=flag(dry_run, "dry_run"),
+        force=flag(force, "force"),
         work_dir=None if work_dir is None else path_text(work_dir, "work_dir"),
     )
     return PublishResult(tuple(outcomes))
 
 
 __all__ = [
-    "ConversionResult", "ExportResult", "Outcome", "PublishResult", "PushResult", "convert_jax", "convert_pytorch",
-    "convert_timm", "convert_torchvision", "convert_transformers", "export_onnx", "export_timm",
-    "export_transformers", "HubViTError", "publish", "push",
+    "ConversionResult",
+    "ExportResult",
+    "Outcome",
+    "PublishResult",
+    "PushResult",
+    "convert_jax",
+    "convert_pytorch",
+    "convert_timm",
+    "convert_torchvision",
+    "convert_transformers",
+    "export_onnx",
+    "export_timm",
+    "export_transformers",
+    "HubViTError",
+    "publish",
+    "push",
 ]

@@ -15,12 +15,16 @@ TOLERANCE = 1e-5
 def add_verify_arguments(parser):
     """`--verify/--no-verify`, `--tolerance` and `--patch-size`, the same for every converter."""
     parser.add_argument(
-        "--verify", action=argparse.BooleanOptionalAction, default=True,
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="run the source implementation and the converted model on the same input and fail above tolerance "
         "(default: on)",
     )
     parser.add_argument(
-        "--tolerance", type=positive_number, default=TOLERANCE,
+        "--tolerance",
+        type=positive_number,
+        default=TOLERANCE,
         help=f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
     )
     add_patch_size_argument(parser)

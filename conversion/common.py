@@ -20,11 +20,32 @@ from .verification import Verification, hubvit_outputs, verify
 from .weights import CORRUPT_FILE_ERRORS, WEIGHT_SUFFIXES, check_finite, read_weights, shard_files, to_tensor
 
 __all__ = [
-    "CORRUPT_FILE_ERRORS", "RESAMPLE_IDS", "RESAMPLE_NAMES", "TOLERANCE", "WEIGHT_SUFFIXES", "Conversion",
-    "ConversionError", "ConversionResult", "ExportResult", "Preprocessing", "Reference", "StrictMapping",
-    "Verification", "add_verify_arguments", "check_finite", "hubvit_outputs", "listing", "load_hubvit",
-    "make_config", "positive_number", "read_hubvit_config", "read_weights", "resample_name", "shard_files",
-    "to_tensor", "verify",
+    "CORRUPT_FILE_ERRORS",
+    "RESAMPLE_IDS",
+    "RESAMPLE_NAMES",
+    "TOLERANCE",
+    "WEIGHT_SUFFIXES",
+    "Conversion",
+    "ConversionError",
+    "ConversionResult",
+    "ExportResult",
+    "Preprocessing",
+    "Reference",
+    "StrictMapping",
+    "Verification",
+    "add_verify_arguments",
+    "check_finite",
+    "hubvit_outputs",
+    "listing",
+    "load_hubvit",
+    "make_config",
+    "positive_number",
+    "read_hubvit_config",
+    "read_weights",
+    "resample_name",
+    "shard_files",
+    "to_tensor",
+    "verify",
 ]
 
 RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}

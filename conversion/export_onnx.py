@@ -31,10 +31,14 @@ def add_arguments(parser):
     parser.add_argument("out", metavar="OUT", help="the .onnx file to write (OUT.verification.json is written beside)")
     parser.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset ({OPSET})")
     parser.add_argument(
-        "--tolerance", type=positive_number, default=TOLERANCE,
+        "--tolerance",
+        type=positive_number,
+        default=TOLERANCE,
         help="max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)",
     )
-    parser.add_argument("--int8", action="store_true", help="quantize the encoder projections to int8 (onnxruntime, dynamic)")
+    parser.add_argument(
+        "--int8", action="store_true", help="quantize the encoder projections to int8 (onnxruntime, dynamic)"
+    )
     parser.set_defaults(out_is_file=True)
 
 
@@ -101,8 +105,16 @@ def metadata(model, processor):
     }
     if processor is not None:
         props["preprocessor_config"] = json.dumps(processor, sort_keys=True, default=str)
-        for key in ("image_mean", "image_std", "size", "resample", "do_resize", "do_rescale", "rescale_factor",
-                    "do_normalize"):
+        for key in (
+            "image_mean",
+            "image_std",
+            "size",
+            "resample",
+            "do_resize",
+            "do_rescale",
+            "rescale_factor",
+            "do_normalize",
+        ):
             if key in processor:
                 props[key] = json.dumps(processor[key], default=str)
     if "logits" in props["outputs"]:
@@ -189,8 +201,15 @@ def verify(model, path, names):
                     )
                 scale = float(np.abs(theirs).max())
                 rows.append(
-                    dict(runtime=runtime, output=name, batch=batch, height=height, width=width,
-                         max_abs_difference=float(np.abs(ours - theirs).max()), max_abs_output=scale)
+                    dict(
+                        runtime=runtime,
+                        output=name,
+                        batch=batch,
+                        height=height,
+                        width=width,
+                        max_abs_difference=float(np.abs(ours - theirs).max()),
+                        max_abs_output=scale,
+                    )
                 )
     return rows
 
@@ -209,8 +228,10 @@ def export(args):
         raise ConversionError(f"OUT={str(out)!r} should end in .onnx")
     newest = onnx.defs.onnx_opset_version()
     if not OPSET <= args.opset <= newest:
-        raise ConversionError(f"opset={args.opset}; expected an integer from {OPSET} (what torch.onnx's exporter "
-                              f"writes) to {newest} (the newest the installed onnx knows)")
+        raise ConversionError(
+            f"opset={args.opset}; expected an integer from {OPSET} (what torch.onnx's exporter "
+            f"writes) to {newest} (the newest the installed onnx knows)"
+        )
     report = out.with_suffix(".verification.json")
     check_side_file(out, args.overwrite, "OUT")
     check_side_file(report, args.overwrite, "the verification report")
@@ -250,12 +271,21 @@ def export(args):
     finally:
         staging.unlink(missing_ok=True)
     summary = dict(
-        source=str(args.src), onnx=out.name, opset=args.opset, tolerance=args.tolerance,
-        torch=torch.__version__, onnxruntime=__import__("onnxruntime").__version__, checks=rows, int8=int8,
+        source=str(args.src),
+        onnx=out.name,
+        opset=args.opset,
+        tolerance=args.tolerance,
+        torch=torch.__version__,
+        onnxruntime=__import__("onnxruntime").__version__,
+        checks=rows,
+        int8=int8,
     )
     write_text_atomic(report, json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out} and {report.name}")
     worst = max(row["max_abs_difference"] for row in rows)
-    lines = [f"{row['output']} batch {row['batch']} at {row['height']}x{row['width']}: max |Δ| = "
-             f"{row['max_abs_difference']:.2e}" for row in rows]
+    lines = [
+        f"{row['output']} batch {row['batch']} at {row['height']}x{row['width']}: max |Δ| = "
+        f"{row['max_abs_difference']:.2e}"
+        for row in rows
+    ]
     return ExportResult(out, worst, tuple(lines))

@@ -10,15 +10,28 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import (RESAMPLE_NAMES, TOLERANCE, ConversionError, ExportResult, StrictMapping, load_hubvit,
-                     positive_number, read_hubvit_config, verify)
+from .common import (
+    RESAMPLE_NAMES,
+    TOLERANCE,
+    ConversionError,
+    ExportResult,
+    StrictMapping,
+    load_hubvit,
+    positive_number,
+    read_hubvit_config,
+    verify,
+)
 from .folder import staged_folder
 from .timm import RENAMES, import_timm, timm_reference
 from .transformers import read_json
 
 TIMM_INTERPOLATION = ("bicubic", True, False)
 ACTIVATIONS = {
-    "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "relu": "relu"
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+    "silu": "silu",
+    "relu": "relu",
 }
 POOLS = {"cls": "token", "mean": "avg", "map": "map"}
 # timm entry points whose code sets the LayerNorm eps (a JSON model_args cannot carry a norm_layer with another eps);
@@ -31,7 +44,9 @@ def add_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
     parser.add_argument("out", metavar="OUT", help="timm Hub-layout folder to write (config.json + model.safetensors)")
     parser.add_argument(
-        "--tolerance", type=positive_number, default=TOLERANCE,
+        "--tolerance",
+        type=positive_number,
+        default=TOLERANCE,
         help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
     )
 

@@ -10,8 +10,17 @@ from pathlib import Path
 
 import torch
 
-from .common import (TOLERANCE, ConversionError, ExportResult, Reference, StrictMapping, load_hubvit,
-                     positive_number, read_hubvit_config, verify)
+from .common import (
+    TOLERANCE,
+    ConversionError,
+    ExportResult,
+    Reference,
+    StrictMapping,
+    load_hubvit,
+    positive_number,
+    read_hubvit_config,
+    verify,
+)
 from .folder import make_image_processor, staged_folder
 
 VIT_INTERPOLATION = ("bicubic", False, False)
@@ -107,8 +116,11 @@ def map_to_vit(weights, config, prefix, description):
     if config.patch_bias:
         mapping.map(f"{patch}bias", f"{ours}patch_embedding.bias")
     else:
-        mapping.create(f"{patch}bias", torch.zeros(dim), "patch_bias=False: ViT's patch convolution has a bias; zero "
-                       "gives the same outputs")
+        mapping.create(
+            f"{patch}bias",
+            torch.zeros(dim),
+            "patch_bias=False: ViT's patch convolution has a bias; zero gives the same outputs",
+        )
     for i in range(config.num_hidden_layers):
         src, dst = f"hubvit.encoder.layers.{i}.", f"{prefix}layers.{i}."
         for part in ("weight", "bias") if config.qkv_bias else ("weight",):
@@ -144,7 +156,9 @@ def add_arguments(parser):
     parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
     parser.add_argument("out", metavar="OUT", help="folder for transformers' ViTForImageClassification / ViTModel")
     parser.add_argument(
-        "--tolerance", type=positive_number, default=TOLERANCE,
+        "--tolerance",
+        type=positive_number,
+        default=TOLERANCE,
         help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
     )
 
@@ -182,8 +196,11 @@ def export(args):
         outputs = model(pixel_values=pixels)
         return {"logits": outputs.logits} if config.num_labels else {"last_hidden_state": outputs.last_hidden_state}
 
-    exported = Reference(f"the exported transformers {transformers.__version__} `{type(model).__name__}`", forward,
-                         tolerance=args.tolerance)
+    exported = Reference(
+        f"the exported transformers {transformers.__version__} `{type(model).__name__}`",
+        forward,
+        tolerance=args.tolerance,
+    )
     result = verify(exported, hubvit_model)
     print("verify: " + "; ".join(result.lines))
 

@@ -28,17 +28,19 @@ LN_EPS = 1e-6  # both codebases use Flax's default LayerNorm epsilon
 # Shared building blocks (names are parameters so both layouts can use them)
 # --------------------------------------------------------------------------
 
+
 class MlpBlock(nn.Module):
     """Dense -> GELU -> Dense, with the sub-layer names the checkpoints use."""
+
     mlp_dim: int
     approximate_gelu: bool = True
 
     @nn.compact
     def __call__(self, x):
         d = x.shape[-1]
-        x = nn.Dense(self.mlp_dim, name='Dense_0')(x)
+        x = nn.Dense(self.mlp_dim, name="Dense_0")(x)
         x = nn.gelu(x, approximate=self.approximate_gelu)
-        return nn.Dense(d, name='Dense_1')(x)
+        return nn.Dense(d, name="Dense_1")(x)
 
 
 class EncoderBlock(nn.Module):
@@ -48,6 +50,7 @@ class EncoderBlock(nn.Module):
     number them with one shared counter (0, 1, 2, 3); big_vision numbers them
     per type (0, 0, 1, 0).
     """
+
     mlp_dim: int
     num_heads: int
     names: Tuple[str, str, str, str]
@@ -65,8 +68,8 @@ class EncoderBlock(nn.Module):
         return x + y, None
 
 
-ORIG_BLOCK_NAMES = ('LayerNorm_0', 'MultiHeadDotProductAttention_1', 'LayerNorm_2', 'MlpBlock_3')
-BV_BLOCK_NAMES = ('LayerNorm_0', 'MultiHeadDotProductAttention_0', 'LayerNorm_1', 'MlpBlock_0')
+ORIG_BLOCK_NAMES = ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3")
+BV_BLOCK_NAMES = ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0")
 
 
 def _pair(v):
@@ -76,24 +79,24 @@ def _pair(v):
 def _patchify(images, width, patch_size):
     """The stride-P convolution `embedding`, flattened to tokens: ((n, h*w, width), (h, w))."""
     p = _pair(patch_size)
-    x = nn.Conv(width, p, strides=p, padding='VALID', name='embedding')(images)
+    x = nn.Conv(width, p, strides=p, padding="VALID", name="embedding")(images)
     n, h, w, c = x.shape
     return x.reshape(n, h * w, c), (h, w)
 
 
 def _prepend_cls(module, x):
     """The learned `cls` token of `module` in front of every sequence."""
-    cls = module.param('cls', nn.initializers.zeros, (1, 1, x.shape[-1]))
+    cls = module.param("cls", nn.initializers.zeros, (1, 1, x.shape[-1]))
     return jnp.concatenate([jnp.tile(cls, (x.shape[0], 1, 1)), x], axis=1)
 
 
 def _head(module, x, num_classes, rep_size):
     """Optional ``pre_logits`` (Dense + tanh), then optional ``head``."""
-    module.sow('intermediates', 'pooled', x)
+    module.sow("intermediates", "pooled", x)
     if rep_size:
-        x = jnp.tanh(nn.Dense(rep_size, name='pre_logits')(x))
+        x = jnp.tanh(nn.Dense(rep_size, name="pre_logits")(x))
     if num_classes:
-        x = nn.Dense(num_classes, name='head')(x)
+        x = nn.Dense(num_classes, name="head")(x)
     return x
 
 
@@ -101,17 +104,19 @@ def _head(module, x, num_classes, rep_size):
 # google-research/vision_transformer layout
 # --------------------------------------------------------------------------
 
+
 class AddPositionEmbs(nn.Module):
     """Learned table over the full sequence (cls row included when present)."""
 
     @nn.compact
     def __call__(self, x):
-        pe = self.param('pos_embedding', nn.initializers.normal(0.02), (1,) + x.shape[1:])
+        pe = self.param("pos_embedding", nn.initializers.normal(0.02), (1,) + x.shape[1:])
         return x + pe
 
 
 class EncoderOrig(nn.Module):
     """``Transformer``: position embedding, blocks, ``encoder_norm``."""
+
     num_layers: int
     mlp_dim: int
     num_heads: int
@@ -119,11 +124,12 @@ class EncoderOrig(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = AddPositionEmbs(name='posembed_input')(x)
+        x = AddPositionEmbs(name="posembed_input")(x)
         for i in range(self.num_layers):
-            x, _ = EncoderBlock(self.mlp_dim, self.num_heads, ORIG_BLOCK_NAMES,
-                                self.approximate_gelu, name=f'encoderblock_{i}')(x)
-        return nn.LayerNorm(epsilon=LN_EPS, name='encoder_norm')(x)
+            x, _ = EncoderBlock(
+                self.mlp_dim, self.num_heads, ORIG_BLOCK_NAMES, self.approximate_gelu, name=f"encoderblock_{i}"
+            )(x)
+        return nn.LayerNorm(epsilon=LN_EPS, name="encoder_norm")(x)
 
 
 class VisionTransformerOrig(nn.Module):
@@ -133,27 +139,27 @@ class VisionTransformerOrig(nn.Module):
     (table has N+1 rows) and row 0 is pooled; 'gap': no cls parameter, the
     table has N rows, pooled = mean over all tokens after ``encoder_norm``.
     """
+
     num_classes: Optional[int] = 1000
     patch_size: Union[int, Sequence[int]] = 16
     hidden_size: int = 768
     num_layers: int = 12
     num_heads: int = 12
     mlp_dim: int = 3072
-    classifier: str = 'token'
+    classifier: str = "token"
     representation_size: Optional[int] = None
     approximate_gelu: bool = True
 
     @nn.compact
     def __call__(self, images):
         x, _ = _patchify(images, self.hidden_size, self.patch_size)
-        if self.classifier == 'token':
+        if self.classifier == "token":
             x = _prepend_cls(self, x)
-        elif self.classifier != 'gap':
-            raise ValueError(f'unknown classifier {self.classifier!r}')
-        x = EncoderOrig(self.num_layers, self.mlp_dim, self.num_heads,
-                        self.approximate_gelu, name='Transformer')(x)
-        self.sow('intermediates', 'encoded', x)
-        x = x[:, 0] if self.classifier == 'token' else x.mean(axis=1)
+        elif self.classifier != "gap":
+            raise ValueError(f"unknown classifier {self.classifier!r}")
+        x = EncoderOrig(self.num_layers, self.mlp_dim, self.num_heads, self.approximate_gelu, name="Transformer")(x)
+        self.sow("intermediates", "encoded", x)
+        x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
         return _head(self, x, self.num_classes, self.representation_size)
 
 
@@ -161,14 +167,15 @@ class VisionTransformerOrig(nn.Module):
 # google-research/big_vision layout
 # --------------------------------------------------------------------------
 
+
 def posemb_sincos_2d(h, w, width, temperature=10_000.0):
     """big_vision's fixed table, (1, h*w, width): [sin x, cos x, sin y, cos y].
 
     Rows run over the grid in row-major order (y outer, x inner); note the
     ``width/4 - 1`` denominator (timm's own sincos helper divides by width/4).
     """
-    assert width % 4 == 0, 'sincos2d needs width divisible by 4'
-    y, x = np.meshgrid(np.arange(h), np.arange(w), indexing='ij')
+    assert width % 4 == 0, "sincos2d needs width divisible by 4"
+    y, x = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
     omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4 - 1))
     x = x.reshape(-1)[:, None] * omega[None]
     y = y.reshape(-1)[:, None] * omega[None]
@@ -178,6 +185,7 @@ def posemb_sincos_2d(h, w, width, temperature=10_000.0):
 
 class EncoderBV(nn.Module):
     """``Transformer``: blocks (unrolled or scanned) and ``encoder_norm``."""
+
     depth: int
     mlp_dim: int
     num_heads: int
@@ -189,17 +197,17 @@ class EncoderBV(nn.Module):
         args = (self.mlp_dim, self.num_heads, BV_BLOCK_NAMES, self.approximate_gelu)
         if self.scan:
             # One module 'encoderblock' whose params carry a leading depth axis.
-            blocks = nn.scan(EncoderBlock, variable_axes={'params': 0},
-                             split_rngs={'params': True}, length=self.depth)
-            x, _ = blocks(*args, name='encoderblock')(x, None)
+            blocks = nn.scan(EncoderBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=self.depth)
+            x, _ = blocks(*args, name="encoderblock")(x, None)
         else:
             for i in range(self.depth):
-                x, _ = EncoderBlock(*args, name=f'encoderblock_{i}')(x)
-        return nn.LayerNorm(epsilon=LN_EPS, name='encoder_norm')(x)
+                x, _ = EncoderBlock(*args, name=f"encoderblock_{i}")(x)
+        return nn.LayerNorm(epsilon=LN_EPS, name="encoder_norm")(x)
 
 
 class MAPHead(nn.Module):
     """Multihead attention pooling: a learned probe attends over the tokens."""
+
     mlp_dim: int
     num_heads: int
     approximate_gelu: bool = True
@@ -207,12 +215,11 @@ class MAPHead(nn.Module):
     @nn.compact
     def __call__(self, x):
         n, _, d = x.shape
-        probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d))
+        probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d))
         probe = jnp.tile(probe, (n, 1, 1))
-        x = nn.MultiHeadDotProductAttention(
-            num_heads=self.num_heads, name='MultiHeadDotProductAttention_0')(probe, x)
-        y = nn.LayerNorm(epsilon=LN_EPS, name='LayerNorm_0')(x)
-        x = x + MlpBlock(self.mlp_dim, self.approximate_gelu, name='MlpBlock_0')(y)
+        x = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")(probe, x)
+        y = nn.LayerNorm(epsilon=LN_EPS, name="LayerNorm_0")(x)
+        x = x + MlpBlock(self.mlp_dim, self.approximate_gelu, name="MlpBlock_0")(y)
         return x[:, 0]
 
 
@@ -224,15 +231,16 @@ class VisionTransformerBV(nn.Module):
     ``pos_embedding``) or 'sincos2d' (fixed, no param). ``rep_size`` True means
     width. ``scan=True`` stores blocks under ``Transformer/encoderblock``.
     """
+
     num_classes: Optional[int] = 1000
     patch_size: Union[int, Sequence[int]] = 16
     width: int = 768
     depth: int = 12
     mlp_dim: int = 3072
     num_heads: int = 12
-    posemb: str = 'learn'
+    posemb: str = "learn"
     rep_size: Union[int, bool] = False
-    pool_type: str = 'gap'
+    pool_type: str = "gap"
     scan: bool = False
     approximate_gelu: bool = True
 
@@ -240,26 +248,25 @@ class VisionTransformerBV(nn.Module):
     def __call__(self, images):
         x, (h, w) = _patchify(images, self.width, self.patch_size)
         c = self.width
-        if self.posemb == 'learn':
-            pe = self.param('pos_embedding', nn.initializers.normal(1 / np.sqrt(c)), (1, h * w, c))
-        elif self.posemb == 'sincos2d':
+        if self.posemb == "learn":
+            pe = self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(c)), (1, h * w, c))
+        elif self.posemb == "sincos2d":
             pe = posemb_sincos_2d(h, w, c)
         else:
-            raise ValueError(f'unknown posemb {self.posemb!r}')
+            raise ValueError(f"unknown posemb {self.posemb!r}")
         x = x + pe
-        if self.pool_type == 'tok':
+        if self.pool_type == "tok":
             x = _prepend_cls(self, x)
-        x = EncoderBV(self.depth, self.mlp_dim, self.num_heads, self.scan,
-                      self.approximate_gelu, name='Transformer')(x)
-        self.sow('intermediates', 'encoded', x)
-        if self.pool_type == 'map':
-            x = MAPHead(self.mlp_dim, self.num_heads, self.approximate_gelu, name='MAPHead_0')(x)
-        elif self.pool_type == 'gap':
+        x = EncoderBV(self.depth, self.mlp_dim, self.num_heads, self.scan, self.approximate_gelu, name="Transformer")(x)
+        self.sow("intermediates", "encoded", x)
+        if self.pool_type == "map":
+            x = MAPHead(self.mlp_dim, self.num_heads, self.approximate_gelu, name="MAPHead_0")(x)
+        elif self.pool_type == "gap":
             x = x.mean(axis=1)
-        elif self.pool_type in ('tok', '0'):
+        elif self.pool_type in ("tok", "0"):
             x = x[:, 0]
         else:
-            raise ValueError(f'unknown pool_type {self.pool_type!r}')
+            raise ValueError(f"unknown pool_type {self.pool_type!r}")
         rep = self.width if self.rep_size is True else self.rep_size
         return _head(self, x, self.num_classes, rep)
 
@@ -271,14 +278,15 @@ def run(model, params, images, intermediates=False):
     seconds, a default jit about 1 s of CPU, an unoptimized one about half.
     Returns numpy logits, or (logits, encoded, pooled) with ``intermediates``.
     """
+
     def fn(p, x):
-        return model.apply({'params': p}, x, mutable=['intermediates'])
-    out, state = jax.jit(fn, compiler_options={'xla_backend_optimization_level': 0})(params, images)
+        return model.apply({"params": p}, x, mutable=["intermediates"])
+
+    out, state = jax.jit(fn, compiler_options={"xla_backend_optimization_level": 0})(params, images)
     if not intermediates:
         return np.asarray(out)
-    inter = state['intermediates']
-    return np.asarray(out), np.asarray(inter['encoded'][0]), np.asarray(inter['pooled'][0])
-
+    inter = state["intermediates"]
+    return np.asarray(out), np.asarray(inter["encoded"][0]), np.asarray(inter["pooled"][0])
 
 
 def _grid(new_grid):
@@ -288,7 +296,7 @@ def _grid(new_grid):
 def _zoom_grid(grid_rows, new_grid):
     """(N, D) square grid -> (1, gh*gw, D) with scipy linear zoom (align-corners)."""
     gs_old = int(np.sqrt(len(grid_rows)))
-    assert gs_old * gs_old == len(grid_rows), 'old grid must be square'
+    assert gs_old * gs_old == len(grid_rows), "old grid must be square"
     gh, gw = _grid(new_grid)
     grid = np.asarray(grid_rows).reshape(gs_old, gs_old, -1)
     grid = scipy.ndimage.zoom(grid, (gh / gs_old, gw / gs_old, 1), order=1)

@@ -50,7 +50,9 @@ def build_model(config: HubViTConfig, state_dict):
     prefixed = {key if key in expected else f"hubvit.{key}": value for key, value in state_dict.items()}
     missing, unexpected = model.load_state_dict(prefixed, strict=False)
     if missing or unexpected:
-        raise ConversionError(f"state dict does not fit the config: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise ConversionError(
+            f"state dict does not fit the config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
     return model.eval()
 
 

@@ -86,8 +86,10 @@ def network_error(error, endpoint):
     from huggingface_hub.utils import httpx
 
     if isinstance(error, httpx.TimeoutException):
-        return PushError(f"the Hub at {endpoint} did not answer in time ({type(error).__name__}: {error}); "
-                         "check the endpoint or raise --timeout")
+        return PushError(
+            f"the Hub at {endpoint} did not answer in time ({type(error).__name__}: {error}); "
+            "check the endpoint or raise --timeout"
+        )
     if isinstance(error, httpx.TransportError):
         return PushError(f"cannot reach the Hub at {endpoint} ({type(error).__name__}: {error})")
     return None
@@ -101,12 +103,17 @@ def add_arguments(parser):
     parser.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
     parser.add_argument("--commit-message", metavar="MSG", help="the commit (or pull request) title")
     parser.add_argument(
-        "--timeout", type=positive_number, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        "--timeout",
+        type=positive_number,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
         help=f"give up on a Hub request that makes no progress for this long (default: {DEFAULT_TIMEOUT:g} s; "
         "applies to connecting and to each read or write; huggingface_hub retries a timed-out upload a few times)",
     )
     parser.add_argument(
-        "--no-load-check", dest="load_check", action="store_false",
+        "--no-load-check",
+        dest="load_check",
+        action="store_false",
         help="skip the load check. By default the folder is loaded with trust_remote_code=True in a child Python, "
         "which RUNS the folder's own modeling_hubvit.py: use this for a folder you did not write yourself",
     )
@@ -150,8 +157,9 @@ def check_files(folder):
     except ValueError as error:
         raise PushError(f"{folder / 'config.json'} is not valid JSON: {error}") from None
     if not isinstance(config, dict):
-        raise PushError(f"{folder / 'config.json'}: expected a JSON object of config fields, got a JSON "
-                        f"{type(config).__name__}")
+        raise PushError(
+            f"{folder / 'config.json'}: expected a JSON object of config fields, got a JSON {type(config).__name__}"
+        )
     if config.get("model_type") != "hubvit":
         raise PushError(f"{folder / 'config.json'} has model_type {config.get('model_type')!r}, expected 'hubvit'")
     auto_map = config.get("auto_map") or {}

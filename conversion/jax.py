@@ -17,8 +17,17 @@ import torch
 from ..modeling import HubViTConfig
 from . import sources
 from .arguments import TOLERANCE
-from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
-                     listing, read_weights, to_tensor)
+from .common import (
+    ConversionError,
+    Conversion,
+    Preprocessing,
+    Reference,
+    StrictMapping,
+    add_verify_arguments,
+    listing,
+    read_weights,
+    to_tensor,
+)
 from .folder import build_model, expected_shapes
 
 PREFIXES = ("params/img/", "opt/target/", "params/", "")
@@ -34,33 +43,43 @@ GELUS = ("tanh", "erf")
 
 def add_arguments(parser):
     parser.add_argument(
-        "src", metavar="SRC",
+        "src",
+        metavar="SRC",
         help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// address",
     )
     parser.add_argument("out", metavar="OUT", help="folder to write")
     parser.add_argument(
-        "--image-size", type=int, metavar="S",
+        "--image-size",
+        type=int,
+        metavar="S",
         help="convert for this resolution: the position grid is resized as the original fine-tuning code does "
         "([CLS] row kept, bilinear on corners); with no position table, the native resolution (default 224)",
     )
     parser.add_argument(
-        "--position-embedding", choices=POSITION_EMBEDDINGS,
+        "--position-embedding",
+        choices=POSITION_EMBEDDINGS,
         help="for checkpoints without a position table: big_vision posemb='sincos2d', or none",
     )
     parser.add_argument(
-        "--pool-type", choices=tuple(POOL_TYPES),
+        "--pool-type",
+        choices=tuple(POOL_TYPES),
         help="big_vision pool_type; only needed for '0' (first token), which the keys cannot tell from 'gap'",
     )
     parser.add_argument(
-        "--gelu", choices=GELUS, default="tanh",
+        "--gelu",
+        choices=GELUS,
+        default="tanh",
         help="tanh (default): Flax nn.gelu, as trained; erf: what timm and transformers use with these weights",
     )
     parser.add_argument(
-        "--drop-pre-logits", action="store_true",
+        "--drop-pre-logits",
+        action="store_true",
         help="drop the representation layer (pre_logits) and the head behind it, as the original fine-tuning does",
     )
     parser.add_argument(
-        "--num-labels", type=int, metavar="N",
+        "--num-labels",
+        type=int,
+        metavar="N",
         help="replace the head with a fresh zero-initialised one over N labels (0: headless)",
     )
     add_verify_arguments(parser)
@@ -110,7 +129,7 @@ def detect_layout(source, path):
             f"{[p or '(none)' for p in PREFIXES]}. Keys found ({len(source)}):\n{listing(source)}"
         )
     prefix = prefixes[0]
-    inside = [key[len(prefix):] for key in source if key.startswith(prefix)]
+    inside = [key[len(prefix) :] for key in source if key.startswith(prefix)]
     original = any(
         key.startswith("Transformer/posembed_input/") or "/MultiHeadDotProductAttention_1/" in key for key in inside
     )
@@ -153,8 +172,10 @@ def read_config(source, layout, args, path):
     p = layout.prefix
     kernel = _shape(source, f"{p}embedding/kernel", layout, path)
     if len(kernel) != 4:
-        raise ConversionError(f"{path}: {p}embedding/kernel has shape {kernel}; expected 4 dimensions "
-                              "(patch height, patch width, channels, width)")
+        raise ConversionError(
+            f"{path}: {p}embedding/kernel has shape {kernel}; expected 4 dimensions "
+            "(patch height, patch width, channels, width)"
+        )
     ph, pw, channels, width = kernel
     names = BLOCK_NAMES[layout.name]
     first, _ = layout.block(0)
@@ -173,8 +194,8 @@ def read_config(source, layout, args, path):
     if has_map and pool_type != "map":
         raise ConversionError(f"{path}: the file has a MAP head ('{p}MAPHead_0/...'); its pool_type is map")
 
-    table_key = f"{p}Transformer/posembed_input/pos_embedding" if layout.name == "vision_transformer" else (
-        f"{p}pos_embedding"
+    table_key = (
+        f"{p}Transformer/posembed_input/pos_embedding" if layout.name == "vision_transformer" else (f"{p}pos_embedding")
     )
     fields = {}
     if table_key in source:
@@ -272,15 +293,22 @@ def map_attention(mapping, target, source_prefix, fused_qkv, index=None):
     """Flax MultiHeadDotProductAttention (separate query/key/value/out) onto hubvit's fused projections."""
     k = lambda name, kind: f"{source_prefix}/{name}/{kind}"  # noqa: E731
     if fused_qkv:
-        mapping.combine(f"{target}.qkv.weight", [k(n, "kernel") for n in ("query", "key", "value")],
-                        at(index, stacked(heads_in, heads_in, heads_in)))
-        mapping.combine(f"{target}.qkv.bias", [k(n, "bias") for n in ("query", "key", "value")],
-                        at(index, stacked(flat, flat, flat)))
+        mapping.combine(
+            f"{target}.qkv.weight",
+            [k(n, "kernel") for n in ("query", "key", "value")],
+            at(index, stacked(heads_in, heads_in, heads_in)),
+        )
+        mapping.combine(
+            f"{target}.qkv.bias",
+            [k(n, "bias") for n in ("query", "key", "value")],
+            at(index, stacked(flat, flat, flat)),
+        )
     else:
         mapping.map(f"{target}.q.weight", k("query", "kernel"), at(index, heads_in))
         mapping.map(f"{target}.q.bias", k("query", "bias"), at(index, flat))
-        mapping.combine(f"{target}.kv.weight", [k(n, "kernel") for n in ("key", "value")],
-                        at(index, stacked(heads_in, heads_in)))
+        mapping.combine(
+            f"{target}.kv.weight", [k(n, "kernel") for n in ("key", "value")], at(index, stacked(heads_in, heads_in))
+        )
         mapping.combine(f"{target}.kv.bias", [k(n, "bias") for n in ("key", "value")], at(index, stacked(flat, flat)))
     mapping.map(f"{target}.proj.weight", k("out", "kernel"), at(index, heads_out))
     mapping.map(f"{target}.proj.bias", k("out", "bias"), at(index))
@@ -336,8 +364,10 @@ def map_weights(source, layout, config, args, path):
         map_dense(mapping, "pre_logits.0", f"{p}pre_logits")
     features = config.representation_size or config.hidden_size
     if args.num_labels is not None or dropped_pre_logits:
-        reason = "head replaced by a fresh zero-initialised one (--num-labels)" if args.num_labels is not None else (
-            "head sat on the dropped representation layer (--drop-pre-logits)"
+        reason = (
+            "head replaced by a fresh zero-initialised one (--num-labels)"
+            if args.num_labels is not None
+            else ("head sat on the dropped representation layer (--drop-pre-logits)")
         )
         mapping.drop(f"{re.escape(p)}head/.*", reason)
         if config.num_labels:
@@ -379,21 +409,32 @@ def flax_reference(source, layout, config, args):
         )
     p = layout.prefix
     flat = {
-        tuple(key[len(p):].split("/")): to_tensor(value).float().numpy()
-        for key, value in source.items() if key.startswith(p)
+        tuple(key[len(p) :].split("/")): to_tensor(value).float().numpy()
+        for key, value in source.items()
+        if key.startswith(p)
     }
     params = traverse_util.unflatten_dict(flat)
     head = source.get(f"{p}head/kernel")
     num_classes = head.shape[-1] if head is not None else None
     representation = source[f"{p}pre_logits/kernel"].shape[-1] if f"{p}pre_logits/kernel" in source else None
     ph, pw = config.patch_size_2d
-    common = dict(num_classes=num_classes, patch_size=(ph, pw), num_heads=config.num_attention_heads,
-                  mlp_dim=config.intermediate_size, approximate_gelu=args.gelu == "tanh")
+    common = dict(
+        num_classes=num_classes,
+        patch_size=(ph, pw),
+        num_heads=config.num_attention_heads,
+        mlp_dim=config.intermediate_size,
+        approximate_gelu=args.gelu == "tanh",
+    )
     grid = (config.image_size_2d[0] // ph, config.image_size_2d[1] // pw)
     if layout.name == "vision_transformer":
         classifier = "token" if config.class_token else "gap"
-        model = flax_vit.VisionTransformerOrig(hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
-                                               classifier=classifier, representation_size=representation, **common)
+        model = flax_vit.VisionTransformerOrig(
+            hidden_size=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            classifier=classifier,
+            representation_size=representation,
+            **common,
+        )
         table = params["Transformer"]["posembed_input"]
         if table["pos_embedding"].shape[1] != grid[0] * grid[1] + config.class_token:
             table["pos_embedding"] = flax_vit.resize_posemb_orig(table["pos_embedding"], grid, config.class_token)
@@ -401,8 +442,13 @@ def flax_reference(source, layout, config, args):
         pool_type = {value: key for key, value in POOL_TYPES.items()}[config.pooling]
         learned = config.position_embedding_type == "learned"
         model = flax_vit.VisionTransformerBV(
-            width=config.hidden_size, depth=config.num_hidden_layers, posemb="learn" if learned else "sincos2d",
-            rep_size=representation or False, pool_type=pool_type, scan=layout.scanned, **common,
+            width=config.hidden_size,
+            depth=config.num_hidden_layers,
+            posemb="learn" if learned else "sincos2d",
+            rep_size=representation or False,
+            pool_type=pool_type,
+            scan=layout.scanned,
+            **common,
         )
         if learned and params["pos_embedding"].shape[1] != grid[0] * grid[1]:
             params["pos_embedding"] = flax_vit.resize_posemb_bv(params["pos_embedding"], grid)
@@ -444,8 +490,13 @@ def convert(args):
         model = build_model(config, state_dict).resize_position_embeddings(args.image_size)
         state_dict, fields["image_size"] = model.state_dict(), model.config.image_size
         config = model.config
-    dtypes = sorted({"bfloat16 (stored as 2-byte void)" if v.dtype.kind == "V" else str(v.dtype)
-                     for k, v in source.items() if k.startswith(layout.prefix)})
+    dtypes = sorted(
+        {
+            "bfloat16 (stored as 2-byte void)" if v.dtype.kind == "V" else str(v.dtype)
+            for k, v in source.items()
+            if k.startswith(layout.prefix)
+        }
+    )
     blocks = "scanned" if layout.scanned else "looped"
     provenance = (
         f"Converted from the original JAX checkpoint `{path.name}` ({layout.name} layout, prefix "

@@ -108,7 +108,9 @@ class StrictMapping:
             by_reason.setdefault(reason, []).append(key)
         lines = [f"mapped {len(self.used)} source tensors onto {len(self.target) - len(self.created)} target tensors"]
         for reason, keys in by_reason.items():
-            lines.append(f"dropped {len(keys)} tensors ({reason}): " + ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else ""))
+            lines.append(
+                f"dropped {len(keys)} tensors ({reason}): " + ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else "")
+            )
         for key, reason in sorted(self.created.items()):
             lines.append(f"created {key} ({reason})")
         return lines

@@ -56,7 +56,9 @@ def patch_size_argument(text):
 
 def add_patch_size_argument(parser):
     parser.add_argument(
-        "--patch-size", type=patch_size_argument, metavar="P",
+        "--patch-size",
+        type=patch_size_argument,
+        metavar="P",
         help="serve the converted model at this patch size (int or HxW): verified at the source's patch size, then "
         "the patch embedding PI-resized (FlexiViT) and the position table resized to the new grid; the card records it",
     )
@@ -127,7 +129,7 @@ def resize_converted(model, patch_size, resample):
     text = (
         f"Patch size: the source has {side(old_patch)} patches; this folder serves {side(new_patch)} patches "
         f"(`--patch-size`). The verification above ran at the source's patch size; then the patch-embedding kernel was "
-        f"PI-resized as in \"FlexiViT: One Model for All Patch Sizes\" (Beyer et al., CVPR 2023): w_hat = pinv(B^T) w, "
+        f'PI-resized as in "FlexiViT: One Model for All Patch Sizes" (Beyer et al., CVPR 2023): w_hat = pinv(B^T) w, '
         f"B the {interpolation} + antialias resize of the preprocessing, and the position table resized from the "
         f"{old_grid[0]}x{old_grid[1]} grid to {grid[0]}x{grid[1]} with the checkpoint's {config.interpolation_mode} "
         f"interpolation. `config.patch_resize` records the same."

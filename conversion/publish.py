@@ -103,9 +103,13 @@ def entry_of(row, where, base):
     unknown = sorted(set(row) - set(FIELDS))
     missing = [name for name in ("source", "converter", "repo_id") if not str(row.get(name) or "").strip()]
     if unknown or missing:
-        raise ConversionError(f"{where}: " + "; ".join(
-            ([f"unknown fields {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
-        ) + f" (fields: {', '.join(FIELDS)})")
+        raise ConversionError(
+            f"{where}: "
+            + "; ".join(
+                ([f"unknown fields {unknown}"] if unknown else []) + ([f"missing {missing}"] if missing else [])
+            )
+            + f" (fields: {', '.join(FIELDS)})"
+        )
     converter = str(row["converter"]).strip()
     if converter not in KINDS:
         raise ConversionError(f"{where}: converter {converter!r}; expected one of {sorted(KINDS)}")
@@ -208,8 +212,11 @@ def keyword_arguments(words, function, where):
     """The keyword arguments of `function` that converter flags name (`--tolerance 1e-5`, `--model-args=TEXT`,
     `--no-verify`), each typed by the function's annotations; `HubViTError` naming an unknown flag or a bad value."""
     hints = typing.get_type_hints(function)
-    names = [name for name, parameter in inspect.signature(function).parameters.items()
-             if parameter.kind is parameter.KEYWORD_ONLY and name != "overwrite"]
+    names = [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind is parameter.KEYWORD_ONLY and name != "overwrite"
+    ]
     flags = ", ".join("--" + name.replace("_", "-") for name in names)
     words, kwargs = list(words), {}
     while words:
@@ -294,8 +301,10 @@ def hubvit_version():
 def summary(outcomes):
     """A Markdown table: entry, result, parity figure (max |difference| from the source), repo commit."""
     rows = [("entry", "result", "parity", "repo commit")]
-    rows += [(o.entry.repo_id, o.result + (f" ({o.detail})" if o.result == "failed" else ""), o.parity, o.commit)
-             for o in outcomes]
+    rows += [
+        (o.entry.repo_id, o.result + (f" ({o.detail})" if o.result == "failed" else ""), o.parity, o.commit)
+        for o in outcomes
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "| " + " | ".join("-" * width for width in widths) + " |")

@@ -39,9 +39,11 @@ def is_encoder_projection(node, constants) -> bool:
     if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in constants:
         return False
     metadata = node_metadata(node)
-    return "aten.linear" in metadata.get("pkg.torch.onnx.fx_node", "") and ENCODER_SCOPE in metadata.get(
-        "pkg.torch.onnx.name_scopes", ""
-    ) or ENCODER_SCOPE in node.input[1]
+    return (
+        "aten.linear" in metadata.get("pkg.torch.onnx.fx_node", "")
+        and ENCODER_SCOPE in metadata.get("pkg.torch.onnx.name_scopes", "")
+        or ENCODER_SCOPE in node.input[1]
+    )
 
 
 def encoder_matmuls(graph) -> list[str]:
@@ -60,14 +62,21 @@ def quantize_graph(src: Path, dst: Path) -> list[str]:
     if not encoder:
         raise ConversionError(f"{src}: found no encoder projection MatMul to quantize (is it a hubvit export?)")
     quantize_dynamic(
-        model, dst, op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=encoder,
-        weight_type=QuantType.QInt8, per_channel=False,
+        model,
+        dst,
+        op_types_to_quantize=["MatMul", "Gemm"],
+        nodes_to_quantize=encoder,
+        weight_type=QuantType.QInt8,
+        per_channel=False,
     )
     quantized = onnx.load(str(dst))
     del quantized.metadata_props[:]
     quantized.metadata_props.extend(model.metadata_props)
     entry = quantized.metadata_props.add()
-    entry.key, entry.value = "quantization", "int8 dynamic (onnxruntime): encoder projections; embedding, norms, head float"
+    entry.key, entry.value = (
+        "quantization",
+        "int8 dynamic (onnxruntime): encoder projections; embedding, norms, head float",
+    )
     onnx.save(quantized, str(dst))
     return encoder
 
@@ -86,8 +95,14 @@ def compare(model, path: Path, batch: int = CHECK_BATCH) -> dict:
         outputs = model(pixel_values=pixels)
     expected = outputs[name].numpy() if name in outputs else outputs[0].numpy()
     scale = float(np.abs(expected).max())
-    row = dict(output=name, batch=batch, height=height, width=width,
-               max_abs_difference=float(np.abs(actual - expected).max()), max_abs_output=scale)
+    row = dict(
+        output=name,
+        batch=batch,
+        height=height,
+        width=width,
+        max_abs_difference=float(np.abs(actual - expected).max()),
+        max_abs_output=scale,
+    )
     if actual.ndim == 2:
         row["top1_agreement"] = float((actual.argmax(-1) == expected.argmax(-1)).mean())
     return row

@@ -67,8 +67,10 @@ def resolve(src, kind="hub", *, revision=None, sha256=None):
     match = REPO_ID.fullmatch(src)
     if kind == "hub" and match:
         return download_repo(match[1], revision)
-    expected = "a local file or folder, or a Hub repo id namespace/name" if kind == "hub" else (
-        "a local .npz file or an https:// address of one"
+    expected = (
+        "a local file or folder, or a Hub repo id namespace/name"
+        if kind == "hub"
+        else ("a local .npz file or an https:// address of one")
     )
     raise ConversionError(f"{src}: no such file or folder; expected {expected}")
 
@@ -192,9 +194,10 @@ def download(url, final):
             validator.write_text(etag)
         received = start
         try:
-            with open(part, "ab" if resumed else "wb") as file, tqdm(
-                total=total, initial=start, unit="B", unit_scale=True, desc=final.name
-            ) as bar:
+            with (
+                open(part, "ab" if resumed else "wb") as file,
+                tqdm(total=total, initial=start, unit="B", unit_scale=True, desc=final.name) as bar,
+            ):
 
                 def write(chunk):
                     nonlocal received

@@ -18,8 +18,7 @@ from ..modeling import HubViTConfig
 from .card import CITATIONS
 from . import sources
 from .arguments import TOLERANCE
-from .common import (ConversionError, Conversion, Reference, StrictMapping, add_verify_arguments, listing,
-                     read_weights)
+from .common import ConversionError, Conversion, Reference, StrictMapping, add_verify_arguments, listing, read_weights
 from .folder import expected_shapes
 from .preprocessing import timm_preprocessing
 
@@ -50,6 +49,7 @@ DROPS = [
     (r"(state_dict_ema|model_ema)(\..*)?", "EMA copy stored beside the weights; the main weights are converted"),
     (r"mask_token", "masked-image-modelling token of DINOv2/iBOT pre-training, unused at inference"),
 ]
+
 
 def add_arguments(parser):
     parser.add_argument(

@@ -103,8 +103,9 @@ def read_sizes(weights):
     """The sizes a torchvision ViT state dict shows in its shapes (everything but the head count)."""
     kernel = shape(weights, "conv_proj.weight", "patch embedding")
     if len(kernel) != 4:
-        raise ConversionError(f"conv_proj.weight has shape {kernel}; expected 4 dimensions (width, channels, "
-                              "patch, patch)")
+        raise ConversionError(
+            f"conv_proj.weight has shape {kernel}; expected 4 dimensions (width, channels, patch, patch)"
+        )
     hidden, channels, patch, patch_w = kernel
     if patch != patch_w:
         raise ConversionError(f"conv_proj.weight is {patch}x{patch_w}: torchvision's ViT has square patches")

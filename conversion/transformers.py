@@ -18,8 +18,17 @@ from ..modeling import HubViTConfig
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from . import sources
 from .arguments import TOLERANCE
-from .common import (ConversionError, Conversion, Preprocessing, Reference, StrictMapping, add_verify_arguments,
-                     read_weights, resample_name, shard_files)
+from .common import (
+    ConversionError,
+    Conversion,
+    Preprocessing,
+    Reference,
+    StrictMapping,
+    add_verify_arguments,
+    read_weights,
+    resample_name,
+    shard_files,
+)
 from .folder import expected_shapes
 from .preprocessing import from_transformers
 

@@ -17,8 +17,17 @@ from ..limits import check_weights_file
 
 # What torch's and numpy's readers raise on a truncated or bit-flipped file (found by fuzzing, tests/test_reliability.py).
 CORRUPT_FILE_ERRORS = (
-    OSError, EOFError, ValueError, RuntimeError, IndexError, KeyError, TypeError, NotImplementedError,
-    struct.error, zlib.error, zipfile.BadZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    RuntimeError,
+    IndexError,
+    KeyError,
+    TypeError,
+    NotImplementedError,
+    struct.error,
+    zlib.error,
+    zipfile.BadZipFile,
 )
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".npz")
 
@@ -36,7 +45,9 @@ def read_weights(path):
         raise ConversionError(f"{path}: not a file")
     suffix = path.suffix.lower()
     if suffix not in WEIGHT_SUFFIXES:
-        raise ConversionError(f"{path}: unknown weights format {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}")
+        raise ConversionError(
+            f"{path}: unknown weights format {suffix!r}; expected one of {', '.join(WEIGHT_SUFFIXES)}"
+        )
     if path.stat().st_size == 0:
         raise ConversionError(f"{path}: the file is empty (0 bytes)")
     if not os.access(path, os.R_OK):
@@ -67,7 +78,9 @@ def _read_safetensors(path):
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-        raise ConversionError(f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(error)}") from None
+        raise ConversionError(
+            f"{path}: not a readable safetensors file (truncated or corrupt?): {_first_line(error)}"
+        ) from None
 
 
 def _read_npz(path):
@@ -86,9 +99,13 @@ def _read_npz(path):
                 f"{path}: refused to unpickle it: an array holds Python objects (possibly executable code), and "
                 "hubvit only reads numeric arrays"
             ) from None
-        raise ConversionError(f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}") from None
+        raise ConversionError(
+            f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}"
+        ) from None
     except CORRUPT_FILE_ERRORS as error:
-        raise ConversionError(f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}") from None
+        raise ConversionError(
+            f"{path}: not a readable .npz archive (truncated or corrupt?): {_first_line(error)}"
+        ) from None
 
 
 def _unpickler_detail(error):
@@ -123,13 +140,17 @@ def _read_torch(path):
             f"read): {detail}"
         ) from None
     except CORRUPT_FILE_ERRORS as error:
-        raise ConversionError(f"{path}: not a readable torch weights file (truncated or corrupt?): {_first_line(error)}") from None
+        raise ConversionError(
+            f"{path}: not a readable torch weights file (truncated or corrupt?): {_first_line(error)}"
+        ) from None
     for wrapper in ("state_dict", "model", "module"):
         if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
             others = sorted(str(key) for key in loaded if key != wrapper)
             if others:
-                print(f"{path.name}: weights read from its '{wrapper}' entry; dropped the other top-level "
-                      f"entries {others} (training state beside the weights)")
+                print(
+                    f"{path.name}: weights read from its '{wrapper}' entry; dropped the other top-level "
+                    f"entries {others} (training state beside the weights)"
+                )
             loaded = loaded[wrapper]
     if not isinstance(loaded, dict):
         raise ConversionError(f"{path}: expected a dict of tensors, found {type(loaded).__name__}")

@@ -63,6 +63,14 @@ def __dir__():
 
 
 __all__ = [
-    "HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel", "optimize_for_cpu",
-    "HubViTError", "ConversionError", "OutputExistsError", "__version__", *_LAZY,
+    "HubViTConfig",
+    "HubViTModel",
+    "HubViTForImageClassification",
+    "HubViTPreTrainedModel",
+    "optimize_for_cpu",
+    "HubViTError",
+    "ConversionError",
+    "OutputExistsError",
+    "__version__",
+    *_LAZY,
 ]

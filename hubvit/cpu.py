@@ -269,9 +269,13 @@ def quantize_int8(model) -> None:
 
     names = set(encoder_projections(model))
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"(?s).*torch\.ao\.quantization.*deprecated", category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"(?s).*torch\.ao\.quantization.*deprecated", category=DeprecationWarning
+        )
         warnings.filterwarnings("ignore", message=r"(?s).*please migrate to use torchao", category=UserWarning)
-        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, .* are deprecated", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"torch\.quantize_per_tensor, .* are deprecated", category=UserWarning
+        )
         quantize_dynamic(model, qconfig_spec=names, dtype=torch.qint8, inplace=True)
 
 

@@ -83,7 +83,9 @@ def check_out_is_not_source(out, src, what="OUT", source_name="SRC"):
         return
     target, source = Path(out).resolve(), Path(src).resolve()
     if target == source or target in source.parents:
-        raise UnsafePathError(f"{what} {out} is {source_name} or holds it ({source}); writing it would delete the source")
+        raise UnsafePathError(
+            f"{what} {out} is {source_name} or holds it ({source}); writing it would delete the source"
+        )
 
 
 def require_safetensors(folder, flag="SRC"):
@@ -118,8 +120,12 @@ def regular_files(paths, note=print):
 
 
 def _kind(mode):
-    for test, name in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a device")):
+    for test, name in (
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
         if test(mode):
             return name
     return "a special file"
@@ -208,7 +214,9 @@ def check_safetensors(path):
         with open(path, "rb") as file:
             (length,) = struct.unpack("<Q", file.read(8))
             if length > min(size - 8, 100 << 20):
-                raise SizeError(f"{path}: header length {length} bytes exceeds the file ({size} bytes); truncated or corrupt")
+                raise SizeError(
+                    f"{path}: header length {length} bytes exceeds the file ({size} bytes); truncated or corrupt"
+                )
             header = json.loads(file.read(length))
     except SizeError:
         raise
@@ -285,9 +293,13 @@ def check_config_sizes(config, where="config.json", image_size=None):
             f"{MAX_TOKENS} (attention grows with their square); expected a smaller image_size"
         )
     hidden = fields.get("hidden_size", 768)
-    nbytes = estimated_model_bytes(hidden, fields.get("num_hidden_layers", 12),
-                                   fields.get("intermediate_size", 4 * hidden), tokens,
-                                   fields.get("num_attention_heads", 12))
+    nbytes = estimated_model_bytes(
+        hidden,
+        fields.get("num_hidden_layers", 12),
+        fields.get("intermediate_size", 4 * hidden),
+        tokens,
+        fields.get("num_attention_heads", 12),
+    )
     budget = int(_env_float("HUBVIT_MAX_MODEL_BYTES", 0)) or memory_budget()
     if nbytes > budget:
         largest = max(("hidden_size", "intermediate_size", "num_hidden_layers"), key=lambda n: fields.get(n, 0))
@@ -304,8 +316,10 @@ def check_image_size(height, width, flag="--image-size", patch=16):
         raise SizeError(f"{flag} {height}x{width}; expected positive sizes")
     tokens = (height // patch) * (width // patch)
     if tokens > MAX_TOKENS:
-        raise SizeError(f"{flag} {height}x{width} gives {tokens} patches of {patch}, more than {MAX_TOKENS}; "
-                        "expected a smaller size")
+        raise SizeError(
+            f"{flag} {height}x{width} gives {tokens} patches of {patch}, more than {MAX_TOKENS}; "
+            "expected a smaller size"
+        )
 
 
 def check_preprocessing(preprocessing):
@@ -314,8 +328,9 @@ def check_preprocessing(preprocessing):
     import math
 
     crop_pct = getattr(preprocessing, "crop_pct", None)
-    if crop_pct is not None and not (isinstance(crop_pct, (int, float)) and math.isfinite(crop_pct)
-                                     and 0 < crop_pct <= 1):
+    if crop_pct is not None and not (
+        isinstance(crop_pct, (int, float)) and math.isfinite(crop_pct) and 0 < crop_pct <= 1
+    ):
         raise HubViTError(f"crop_pct={crop_pct!r} in the source's pretrained_cfg; expected a number in (0, 1]")
     size = getattr(preprocessing, "size", None)
     if size is not None and any(not isinstance(s, int) or s <= 0 for s in size):

@@ -44,7 +44,6 @@ def _env_float(name, default):
     return value
 
 
-
 def connect_timeout():
     return _env_float("HUBVIT_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S)
 
@@ -116,14 +115,18 @@ def describe(kind, url, operation=None, seconds=None, status=None, reason=""):
     """The one line for a failed call: `kind` is refused, silent, slow, status, too_large or not_json."""
     where = _where(url, operation)
     if kind == "refused":
-        return f"cannot reach {where}: the connection was refused or failed ({reason})" if reason else (
-            f"cannot reach {where}: the connection was refused")
+        return (
+            f"cannot reach {where}: the connection was refused or failed ({reason})"
+            if reason
+            else (f"cannot reach {where}: the connection was refused")
+        )
     if kind == "silent":
-        return (f"{where} did not answer in time: silent for {seconds:g} s (connect or read timeout; "
-                "HUBVIT_CONNECT_TIMEOUT/HUBVIT_READ_TIMEOUT, --timeout for push)")
+        return (
+            f"{where} did not answer in time: silent for {seconds:g} s (connect or read timeout; "
+            "HUBVIT_CONNECT_TIMEOUT/HUBVIT_READ_TIMEOUT, --timeout for push)"
+        )
     if kind == "slow":
-        return (f"{where} is too slow: the operation did not finish within its {seconds:g} s deadline "
-                "(HUBVIT_DEADLINE)")
+        return f"{where} is too slow: the operation did not finish within its {seconds:g} s deadline (HUBVIT_DEADLINE)"
     if kind == "status":
         return f"{where} answered with an error: HTTP {status}{' ' + reason if reason else ''}"
     if kind == "too_large":
@@ -216,12 +219,18 @@ def _make_transport(inner):
                 raise
             except httpx.TransportError as error:
                 if operation is not None:
-                    operation.record(describe("refused", request.url, operation,
-                                              reason=str(error) or type(error).__name__), request.url)
+                    operation.record(
+                        describe("refused", request.url, operation, reason=str(error) or type(error).__name__),
+                        request.url,
+                    )
                 raise
             if response.status_code >= 500 and operation is not None:
-                operation.record(describe("status", request.url, operation, status=response.status_code,
-                                          reason=response.reason_phrase), request.url)
+                operation.record(
+                    describe(
+                        "status", request.url, operation, status=response.status_code, reason=response.reason_phrase
+                    ),
+                    request.url,
+                )
             length = response.headers.get("Content-Length")
             api = "/api/" in request.url.path
             cap = max_download_bytes() if not api else MAX_API_BODY_BYTES
@@ -247,8 +256,9 @@ def install():
     def factory():
         client = previous()
         client._transport = _make_transport(client._transport)
-        client._mounts = {key: (_make_transport(value) if value is not None else None)
-                          for key, value in client._mounts.items()}
+        client._mounts = {
+            key: (_make_transport(value) if value is not None else None) for key, value in client._mounts.items()
+        }
         return client
 
     factory.hubvit_bounded = True
@@ -257,7 +267,9 @@ def install():
 
 def _http_status(error):
     response = getattr(error, "response", None)
-    return getattr(response, "status_code", None), getattr(response, "reason_phrase", "") if response is not None else ""
+    return getattr(response, "status_code", None), getattr(
+        response, "reason_phrase", ""
+    ) if response is not None else ""
 
 
 @contextmanager
@@ -315,8 +327,9 @@ def _default_endpoint():
 def read_bounded(response, url, write, deadline_s=None, chunk=1 << 16, expected=None):
     """Copy an urllib response body into `write(bytes)` under a silence timeout per read, a total deadline and a
     size cap (Content-Length, else HUBVIT_MAX_DOWNLOAD_BYTES); returns the number of bytes."""
-    operation = _Operation(f"download of {Path(urlsplit(url).path).name}", deadline_s or deadline_seconds("transfer"),
-                           hub=False)
+    operation = _Operation(
+        f"download of {Path(urlsplit(url).path).name}", deadline_s or deadline_seconds("transfer"), hub=False
+    )
     cap = expected if expected is not None else max_download_bytes()
     sock = _socket_of(response)
     received = 0

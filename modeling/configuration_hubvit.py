@@ -208,7 +208,9 @@ class HubViTConfig(PretrainedConfig):
         if self.distillation_token and not self.class_token:
             raise ValueError("distillation_token=True needs class_token=True (DeiT puts it after [CLS])")
         if self.distillation_token and self.pooling != "cls":
-            raise ValueError(f"distillation_token=True reads the [CLS] and distillation tokens; needs pooling='cls', got pooling={self.pooling!r}")
+            raise ValueError(
+                f"distillation_token=True reads the [CLS] and distillation tokens; needs pooling='cls', got pooling={self.pooling!r}"
+            )
         if self.fc_norm and self.pooling != "mean":
             raise ValueError(f"fc_norm=True applies to pooling='mean' only, got pooling={self.pooling!r}")
         if self.position_embedding_type == "learned_2d" and self.hidden_size % 2:

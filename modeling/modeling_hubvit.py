@@ -98,6 +98,7 @@ except ImportError:
     capture_outputs = None
 try:
     from transformers.utils.output_capturing import selected_hidden_states as _selection_support  # noqa: F401
+
     SELECTS_HIDDEN_STATES = capture_outputs is not None
 except ImportError:
     SELECTS_HIDDEN_STATES = False
@@ -105,8 +106,10 @@ except ImportError:
 MISSING = [
     feature
     for feature, present in (
-        ("the attention-function registry (only eager and sdpa attention run; no flash, flex or paged attention)",
-         ALL_ATTENTION_FUNCTIONS is not None),
+        (
+            "the attention-function registry (only eager and sdpa attention run; no flash, flex or paged attention)",
+            ALL_ATTENTION_FUNCTIONS is not None,
+        ),
     )
     if not present
 ]
@@ -173,7 +176,8 @@ def interpolation_matrix(old, new, mode, antialias, align_corners):
         if cubic:
             a = -0.5
             weight = torch.where(
-                x < 1.0, ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0,
+                x < 1.0,
+                ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0,
                 torch.where(x < 2.0, (((x - 5.0) * x + 8.0) * x - 4.0) * a, torch.zeros_like(x)),
             )
         else:
@@ -307,13 +311,13 @@ class HubViTEmbeddings(nn.Module):
 
     def learned_2d_table(self, grid):
         """Row and column tables resized along their own axis, then concatenated per patch: (1, gh*gw, D)."""
-        rows = resize_as_configured(self.config, self.position_embedding_rows[None], (self.grid_size[0], 1), (grid[0], 1))[0]
+        rows = resize_as_configured(
+            self.config, self.position_embedding_rows[None], (self.grid_size[0], 1), (grid[0], 1)
+        )[0]
         cols = resize_as_configured(
             self.config, self.position_embedding_columns[None], (1, self.grid_size[1]), (1, grid[1])
         )[0]
-        table = torch.cat(
-            [rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1
-        )
+        table = torch.cat([rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1)
         return table.reshape(1, grid[0] * grid[1], -1)
 
     def prefix_tokens(self, batch_size):
@@ -578,8 +582,9 @@ class HubViTPreTrainedModel(PreTrainedModel):
     _can_record_outputs = {"hidden_states": HubViTLayer, "attentions": HubViTAttention}
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, patch_size=None, patch_resize_method="pi",
-                        **kwargs):
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *model_args, patch_size=None, patch_resize_method="pi", **kwargs
+    ):
         """transformers' `from_pretrained`, plus `patch_size=P`: the checkpoint loaded as saved, then
         `resize_patch_embeddings(P, method=patch_resize_method)` (timm's `create_model(..., patch_size=P)`).
 
@@ -756,7 +761,11 @@ class HubViTModel(HubViTPreTrainedModel):
 
     @record_outputs
     def forward(
-        self, pixel_values=None, interpolate_pos_encoding=None, num_output_tokens=None, patch_size=None,
+        self,
+        pixel_values=None,
+        interpolate_pos_encoding=None,
+        num_output_tokens=None,
+        patch_size=None,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized.
@@ -829,8 +838,13 @@ class HubViTModel(HubViTPreTrainedModel):
         old = embeddings.patch_embedding
         old_patch = tuple(old.kernel_size)
         conv = nn.Conv2d(
-            old.in_channels, old.out_channels, kernel_size=new_patch, stride=new_patch, bias=old.bias is not None,
-            device=old.weight.device, dtype=old.weight.dtype,
+            old.in_channels,
+            old.out_channels,
+            kernel_size=new_patch,
+            stride=new_patch,
+            bias=old.bias is not None,
+            device=old.weight.device,
+            dtype=old.weight.dtype,
         )
         conv.weight.copy_(resize_patch_kernel(old.weight, new_patch, method, interpolation, antialias))
         if old.bias is not None:
@@ -886,7 +900,12 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
 
     @can_return_tuple
     def forward(
-        self, pixel_values=None, labels=None, interpolate_pos_encoding=None, num_output_tokens=None, patch_size=None,
+        self,
+        pixel_values=None,
+        labels=None,
+        interpolate_pos_encoding=None,
+        num_output_tokens=None,
+        patch_size=None,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """Logits (and the loss for `labels`, chosen by transformers' `loss_function` from `problem_type`).
@@ -921,7 +940,9 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         self.hubvit.resize_position_embeddings(image_size)
         return self
 
-    def resize_patch_embeddings(self, patch_size, method="pi", interpolation="bicubic", antialias=True, image_size=None):
+    def resize_patch_embeddings(
+        self, patch_size, method="pi", interpolation="bicubic", antialias=True, image_size=None
+    ):
         self.hubvit.resize_patch_embeddings(patch_size, method, interpolation, antialias, image_size)
         return self
 
@@ -939,7 +960,9 @@ def register_with_optimum():
     except ImportError:
         return
 
-    @TasksManager.create_register("onnx", overwrite_existing=True)("hubvit", "feature-extraction", "image-classification")
+    @TasksManager.create_register("onnx", overwrite_existing=True)(
+        "hubvit", "feature-extraction", "image-classification"
+    )
     class HubViTOnnxConfig(ViTOnnxConfig):
         DEFAULT_ONNX_OPSET = 18
 

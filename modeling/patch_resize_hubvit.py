@@ -23,8 +23,10 @@ def patch_pair(value, name="patch_size"):
     """An int or an (h, w) pair as a tuple of two positive ints."""
     if isinstance(value, int) and not isinstance(value, bool):
         pair = (value, value)
-    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
+    elif (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
         pair = (int(value[0]), int(value[1]))
     else:
@@ -36,7 +38,9 @@ def patch_pair(value, name="patch_size"):
 
 def check_resize_options(method, interpolation, antialias):
     if method not in PATCH_RESIZE_METHODS:
-        raise ValueError(f"method={method!r} is not a patch-embedding resize; expected one of {list(PATCH_RESIZE_METHODS)}")
+        raise ValueError(
+            f"method={method!r} is not a patch-embedding resize; expected one of {list(PATCH_RESIZE_METHODS)}"
+        )
     if interpolation not in PATCH_RESIZE_INTERPOLATIONS:
         raise ValueError(
             f"interpolation={interpolation!r} is not supported for the patch embedding; expected one of "

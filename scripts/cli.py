@@ -15,23 +15,44 @@ from hubvit.conversion import api, hub, publish
 
 # name -> (module with add_arguments, its function in hubvit.conversion.api, help)
 CONVERTERS = {
-    "timm": ("hubvit.conversion.timm", "convert_timm",
-             "a timm checkpoint (Hub-layout folder, weights file or Hub repo id)"),
-    "jax": ("hubvit.conversion.jax", "convert_jax",
-            "an original JAX .npz (vision_transformer or big_vision), a file or https://"),
-    "transformers": ("hubvit.conversion.transformers", "convert_transformers",
-                     "a transformers folder or Hub repo id (ViT, DeiT, DINOv2)"),
-    "torchvision": ("hubvit.conversion.torchvision", "convert_torchvision",
-                    "a state dict of torchvision's VisionTransformer (vit_b_16 ...)"),
-    "pytorch": ("hubvit.conversion.pytorch", "convert_pytorch",
-                "a plain PyTorch ViT on nn.TransformerEncoder (norm_first=True)"),
+    "timm": (
+        "hubvit.conversion.timm",
+        "convert_timm",
+        "a timm checkpoint (Hub-layout folder, weights file or Hub repo id)",
+    ),
+    "jax": (
+        "hubvit.conversion.jax",
+        "convert_jax",
+        "an original JAX .npz (vision_transformer or big_vision), a file or https://",
+    ),
+    "transformers": (
+        "hubvit.conversion.transformers",
+        "convert_transformers",
+        "a transformers folder or Hub repo id (ViT, DeiT, DINOv2)",
+    ),
+    "torchvision": (
+        "hubvit.conversion.torchvision",
+        "convert_torchvision",
+        "a state dict of torchvision's VisionTransformer (vit_b_16 ...)",
+    ),
+    "pytorch": (
+        "hubvit.conversion.pytorch",
+        "convert_pytorch",
+        "a plain PyTorch ViT on nn.TransformerEncoder (norm_first=True)",
+    ),
 }
 EXPORTERS = {
-    "transformers": ("hubvit.conversion.export_transformers", "export_transformers",
-                     "a folder transformers' built-in ViT loads"),
+    "transformers": (
+        "hubvit.conversion.export_transformers",
+        "export_transformers",
+        "a folder transformers' built-in ViT loads",
+    ),
     "timm": ("hubvit.conversion.export_timm", "export_timm", "a timm Hub-layout folder timm.create_model loads"),
-    "onnx": ("hubvit.conversion.export_onnx", "export_onnx",
-             "an ONNX graph with dynamic batch, height and width (onnxruntime-verified)"),
+    "onnx": (
+        "hubvit.conversion.export_onnx",
+        "export_onnx",
+        "an ONNX graph with dynamic batch, height and width (onnxruntime-verified)",
+    ),
 }
 # Destinations that steer the command line itself rather than name a keyword argument of the function.
 CLI_ONLY = {"command", "source", "target", "analysis", "run", "show", "push_to_hub", "out_is_file", "json"}
@@ -62,8 +83,9 @@ def add_modules(subparsers, modules):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="hubvit",
-                                     description="Convert, export, publish and analyse hubvit checkpoints.")
+    parser = argparse.ArgumentParser(
+        prog="hubvit", description="Convert, export, publish and analyse hubvit checkpoints."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="turn another checkpoint format into a hubvit folder")

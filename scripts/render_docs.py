@@ -86,8 +86,11 @@ def main_command(root: Path) -> str:
         ("eval accuracy", f"{r['eval_accuracy']:.4f} ({correct} of {r['eval_samples']} held-out digits)"),
         ("eval top-5 accuracy", f"{r['eval_top5_accuracy']:.4f}"),
         ("eval loss", f"{r['eval_loss']:.4f}"),
-        ("training", f"{r['train_samples']} images, {r['epochs']} epochs, {r['global_step']} steps, "
-                     f"{r['num_processes']} process(es), mixed precision {r['mixed_precision']}"),
+        (
+            "training",
+            f"{r['train_samples']} images, {r['epochs']} epochs, {r['global_step']} steps, "
+            f"{r['num_processes']} process(es), mixed precision {r['mixed_precision']}",
+        ),
         ("training loop", f"{r['train_runtime_s']:.0f} s ({r['train_images_per_second']:.1f} images/s)"),
     ]
     return markdown_table(["figure", "recorded run"], rows) + "\n\n" + source_line(MAIN_COMMAND_RESULTS)
@@ -126,7 +129,9 @@ def experiment_times(root: Path) -> str:
         seconds = env["wall_time_s"]
         wall = f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
         if env.get("parallel_parts"):
-            wall += f" ({env['parallel_parts']} processes side by side, load average {env['load_average_at_end'][0]:.0f})"
+            wall += (
+                f" ({env['parallel_parts']} processes side by side, load average {env['load_average_at_end'][0]:.0f})"
+            )
         rows.append((f"[{title}](experiments/{name}.md)", wall, env["torch_threads"], env["cpu_count"]))
         sources.append(relative)
     return markdown_table(["recorded run", "wall time", "torch threads", "CPUs"], rows) + "\n\n" + source_line(*sources)
@@ -141,8 +146,10 @@ def attention_distance_mnist(root: Path) -> str:
         (layer + 1, f"{min(heads):.1f}-{max(heads):.1f}", f"{sum(heads) / len(heads):.1f}")
         for layer, heads in enumerate(r["mean_distance"])
     ]
-    note = (f"Pixels, over {r['images']} held-out images; uniform attention over the "
-            f"{r['image_size'][0]} x {r['image_size'][1]} image gives {r['uniform_attention_distance']:.1f} px.")
+    note = (
+        f"Pixels, over {r['images']} held-out images; uniform attention over the "
+        f"{r['image_size'][0]} x {r['image_size'][1]} image gives {r['uniform_attention_distance']:.1f} px."
+    )
     return markdown_table(["layer", "heads (px)", "mean (px)"], rows) + "\n\n" + note + " " + source_line(relative)
 
 
@@ -162,8 +169,17 @@ def compatibility_releases(root: Path) -> tuple[list[tuple], dict]:
             notes.append("`pipeline` needs `image_processor=` the folder")
         notes += sorted({warning.split(":")[0] for row in found for warning in row["warnings"]})
         notes += ["the installed release"] if found[0]["installed"] else []
-        rows.append((release, found[0]["python"], found[0]["torch"], len(found), sum(row["outputs"] for row in found),
-                     f"{max(row['worst_relative_difference'] for row in found):.1e}", "; ".join(notes)))
+        rows.append(
+            (
+                release,
+                found[0]["python"],
+                found[0]["torch"],
+                len(found),
+                sum(row["outputs"] for row in found),
+                f"{max(row['worst_relative_difference'] for row in found):.1e}",
+                "; ".join(notes),
+            )
+        )
     return rows, data
 
 
@@ -175,17 +191,29 @@ def compatibility_exports(root: Path) -> list[str]:
         if not (root / relative).is_file():
             continue
         data = read_json(root, relative)
-        title = "today's export (resize as matrix products)" if resize == "matrices" else \
-            "for comparison, the export before (ONNX `Resize`)"
+        title = (
+            "today's export (resize as matrix products)"
+            if resize == "matrices"
+            else "for comparison, the export before (ONNX `Resize`)"
+        )
         cells: dict[tuple, dict] = {}
         for row in data["rows"]:
             cells.setdefault((row["model"], row["height"], row["width"]), {})[row["runtime"]] = row["relative"]
-        rows = [(model, f"{h}x{w}", f"{found.get('onnxruntime', float('nan')):.1e}",
-                 f"{found.get('openvino', float('nan')):.1e}") for (model, h, w), found in cells.items()]
-        parts.append(f"ONNX, {title}: max |runtime - PyTorch| / max |PyTorch| on the logits, torch {data['torch']}, "
-                     f"onnxruntime {data['onnxruntime']}, OpenVINO {data['openvino']} (f32), {data['cpu']}:\n\n"
-                     + markdown_table(["model", "size", "onnxruntime", "OpenVINO"], rows)
-                     + f"\n\nRecorded by `python tests/compatibility_report.py exports --resize {resize}`.")
+        rows = [
+            (
+                model,
+                f"{h}x{w}",
+                f"{found.get('onnxruntime', float('nan')):.1e}",
+                f"{found.get('openvino', float('nan')):.1e}",
+            )
+            for (model, h, w), found in cells.items()
+        ]
+        parts.append(
+            f"ONNX, {title}: max |runtime - PyTorch| / max |PyTorch| on the logits, torch {data['torch']}, "
+            f"onnxruntime {data['onnxruntime']}, OpenVINO {data['openvino']} (f32), {data['cpu']}:\n\n"
+            + markdown_table(["model", "size", "onnxruntime", "OpenVINO"], rows)
+            + f"\n\nRecorded by `python tests/compatibility_report.py exports --resize {resize}`."
+        )
     return parts
 
 
@@ -193,10 +221,13 @@ def compatibility_exports(root: Path) -> list[str]:
 def compatibility(root: Path) -> str:
     """The full compatibility page's tables: every release, then the ONNX runtimes."""
     rows, data = compatibility_releases(root)
-    releases = markdown_table(["transformers", "Python", "torch", "folders", "outputs compared",
-                               "worst relative difference", "notes"], rows)
-    recorded = (f"Recorded by `python tests/compatibility_report.py releases` ({data['seconds']} s wall clock, "
-                f"{data['cpu_seconds']} s of CPU, on {data['cpu']}).")
+    releases = markdown_table(
+        ["transformers", "Python", "torch", "folders", "outputs compared", "worst relative difference", "notes"], rows
+    )
+    recorded = (
+        f"Recorded by `python tests/compatibility_report.py releases` ({data['seconds']} s wall clock, "
+        f"{data['cpu_seconds']} s of CPU, on {data['cpu']})."
+    )
     return "\n\n".join([releases, recorded, *compatibility_exports(root)])
 
 
@@ -204,20 +235,31 @@ def compatibility(root: Path) -> str:
 def compatibility_summary(root: Path) -> str:
     """The README's short table: what a published folder was run on, and the worst difference seen."""
     rows, _ = compatibility_releases(root)
-    summary = [(f"transformers {release}", f"Python {python}, torch {torch_version}", worst)
-               for release, python, torch_version, _, _, worst, _ in rows]
+    summary = [
+        (f"transformers {release}", f"Python {python}, torch {torch_version}", worst)
+        for release, python, torch_version, _, _, worst, _ in rows
+    ]
     for part in ("matrices",):
         relative = f"{COMPATIBILITY}/exports-{part}.json"
         if (root / relative).is_file():
             data = read_json(root, relative)
             for runtime, version in (("onnxruntime", data["onnxruntime"]), ("openvino", data["openvino"])):
                 worst = max(row["relative"] for row in data["rows"] if row["runtime"] == runtime)
-                sizes = len({(row["model"], row["height"], row["width"]) for row in data["rows"]
-                             if row["runtime"] == runtime})
-                summary.append((f"{'OpenVINO' if runtime == 'openvino' else runtime} {version} (ONNX export)",
-                                f"{sizes} model sizes, non-square included", f"{worst:.1e}"))
-    return (markdown_table(["runs on", "tested with", "worst relative difference to installed hubvit (PyTorch)"], summary) + "\n\n"
-            + source_line(f"{COMPATIBILITY}/releases.json", f"{COMPATIBILITY}/exports-matrices.json"))
+                sizes = len(
+                    {(row["model"], row["height"], row["width"]) for row in data["rows"] if row["runtime"] == runtime}
+                )
+                summary.append(
+                    (
+                        f"{'OpenVINO' if runtime == 'openvino' else runtime} {version} (ONNX export)",
+                        f"{sizes} model sizes, non-square included",
+                        f"{worst:.1e}",
+                    )
+                )
+    return (
+        markdown_table(["runs on", "tested with", "worst relative difference to installed hubvit (PyTorch)"], summary)
+        + "\n\n"
+        + source_line(f"{COMPATIBILITY}/releases.json", f"{COMPATIBILITY}/exports-matrices.json")
+    )
 
 
 # ---------------------------------------------------------------------------------------------- rendering
@@ -241,8 +283,12 @@ def render(text: str, root: Path = ROOT, where: str = "<text>") -> str:
 
 def documents(root: Path = ROOT) -> list[Path]:
     """The markdown files the renderer looks at: README.md, docs/*.md, docs/*/README.md and benchmarks/README.md."""
-    candidates = [root / "README.md", *sorted((root / "docs").glob("*.md")),
-                  *sorted((root / "docs").glob("*/README.md")), root / "benchmarks" / "README.md"]
+    candidates = [
+        root / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+        *sorted((root / "docs").glob("*/README.md")),
+        root / "benchmarks" / "README.md",
+    ]
     return [path for path in candidates if path.is_file()]
 
 

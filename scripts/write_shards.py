@@ -1,7 +1,7 @@
 """Write the embedded digits (or an imagefolder) as N train shards plus validation shards, for `--streaming`.
 
-    python scripts/write_shards.py --output_dir shards --num_shards 10
-    python scripts/finetune.py --streaming --dataset_name shards --output_dir out
+python scripts/write_shards.py --output_dir shards --num_shards 10
+python scripts/finetune.py --streaming --dataset_name shards --output_dir out
 """
 
 import argparse
@@ -14,8 +14,9 @@ from hubvit.training.shards import FORMATS, embedded_digits, imagefolder, write_
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="write_shards.py", description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--num_shards", type=int, required=True,
-                        help="training shards (a multiple of the process count)")
+    parser.add_argument(
+        "--num_shards", type=int, required=True, help="training shards (a multiple of the process count)"
+    )
     parser.add_argument("--validation_shards", type=int, default=1)
     parser.add_argument("--validation_fraction", type=float, default=0.15)
     parser.add_argument("--train_dir", help="an imagefolder (one subfolder per class); default: the embedded digits")
@@ -24,8 +25,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         dataset = imagefolder(args.train_dir) if args.train_dir else embedded_digits()
-        written = write_dataset_shards(dataset, args.output_dir, args.num_shards, args.format,
-                                       args.validation_fraction, args.validation_shards, args.seed)
+        written = write_dataset_shards(
+            dataset,
+            args.output_dir,
+            args.num_shards,
+            args.format,
+            args.validation_fraction,
+            args.validation_shards,
+            args.seed,
+        )
     except HubViTError as error:
         print(f"write_shards.py: error: {error}", file=sys.stderr)
         return 2

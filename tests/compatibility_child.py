@@ -77,14 +77,18 @@ def main(path):
                 pipeline=classify(request["image"]),
                 pipeline_needs_image_processor=needs_processor,
             )
-    print(json.dumps(dict(
-        transformers=transformers.__version__,
-        transformers_path=transformers.__file__,
-        torch=torch.__version__,
-        python=".".join(map(str, sys.version_info[:3])),
-        warnings=[str(w.message) for w in caught if "HubViT" in str(w.message)],
-        folders=seen,
-    )))
+    print(
+        json.dumps(
+            dict(
+                transformers=transformers.__version__,
+                transformers_path=transformers.__file__,
+                torch=torch.__version__,
+                python=".".join(map(str, sys.version_info[:3])),
+                warnings=[str(w.message) for w in caught if "HubViT" in str(w.message)],
+                folders=seen,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

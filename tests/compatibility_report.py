@@ -27,9 +27,19 @@ PAGE = REPO / "docs" / "compatibility.md"
 
 
 def cpu_isa():
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0] if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
+    flags = (
+        Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return f"{model}, {'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'no AVX2'}"
 
 
@@ -38,13 +48,26 @@ def releases():
     record = DATA / "releases.json"
     env = {**os.environ, "HUBVIT_COMPATIBILITY_RECORD": str(record)}
     started, cpu = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_compatibility.py")]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        str(REPO / "tests" / "test_compatibility.py"),
+    ]
     subprocess.run(command, cwd=REPO, env=env, check=True)
     rows = json.loads(record.read_text())
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_seconds = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
-    record.write_text(json.dumps(dict(seconds=round(time.time() - started), cpu_seconds=round(cpu_seconds), cpu=cpu_isa(),
-                                      rows=rows), indent=2) + "\n")
+    record.write_text(
+        json.dumps(
+            dict(seconds=round(time.time() - started), cpu_seconds=round(cpu_seconds), cpu=cpu_isa(), rows=rows),
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def exports(resize):
@@ -58,11 +81,25 @@ def exports(resize):
     from hubvit.conversion import export_onnx
 
     models = {
-        "ViT-S/16": dict(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
-                         intermediate_size=1536, num_labels=1000),
-        "digits (28 px, patch 7)": dict(image_size=28, patch_size=7, num_channels=1, hidden_size=64,
-                                        num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
-                                        num_labels=10),
+        "ViT-S/16": dict(
+            image_size=224,
+            patch_size=16,
+            hidden_size=384,
+            num_hidden_layers=12,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            num_labels=1000,
+        ),
+        "digits (28 px, patch 7)": dict(
+            image_size=28,
+            patch_size=7,
+            num_channels=1,
+            hidden_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=128,
+            num_labels=10,
+        ),
     }
     extra = {"digits (28 px, patch 7)": [(21, 21), (42, 21)]}
     results, default_sizes = [], export_onnx.check_sizes
@@ -77,15 +114,33 @@ def exports(resize):
         rows = export_onnx.verify(model, path, names)
         path.unlink()
         for row in rows:
-            results.append(dict(model=name, resize=resize, runtime=row["runtime"], height=row["height"],
-                                width=row["width"], relative=row["max_abs_difference"] / row["max_abs_output"]))
+            results.append(
+                dict(
+                    model=name,
+                    resize=resize,
+                    runtime=row["runtime"],
+                    height=row["height"],
+                    width=row["width"],
+                    relative=row["max_abs_difference"] / row["max_abs_output"],
+                )
+            )
     import openvino
 
     DATA.mkdir(parents=True, exist_ok=True)
     out = DATA / f"exports-{resize}.json"
-    out.write_text(json.dumps(dict(
-        torch=torch.__version__, onnxruntime=onnxruntime.__version__, openvino=openvino.__version__.split("-")[0],
-        cpu=cpu_isa(), rows=results), indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            dict(
+                torch=torch.__version__,
+                onnxruntime=onnxruntime.__version__,
+                openvino=openvino.__version__.split("-")[0],
+                cpu=cpu_isa(),
+                rows=results,
+            ),
+            indent=2,
+        )
+        + "\n"
+    )
     for row in results:
         print(f"{row['model']:24s} {row['runtime']:12s} {row['height']}x{row['width']}: {row['relative']:.1e}")
 

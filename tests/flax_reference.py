@@ -9,25 +9,35 @@ Build a tiny model, fill it with random values (:func:`randomize`), write it exa
     flatten_to_npz(params, 'w.npz')
     logits = run(model, params, images_nhwc)   # = model.apply({'params': params}, x)
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from hubvit.conversion.flax_vit import (BV_BLOCK_NAMES, ORIG_BLOCK_NAMES, VisionTransformerBV, _grid,  # noqa: F401
-                                        VisionTransformerOrig, posemb_sincos_2d, resize_posemb_bv,
-                                        resize_posemb_orig, run)
+from hubvit.conversion.flax_vit import (
+    BV_BLOCK_NAMES,
+    ORIG_BLOCK_NAMES,
+    VisionTransformerBV,
+    _grid,
+    VisionTransformerOrig,
+    posemb_sincos_2d,
+    resize_posemb_bv,
+    resize_posemb_orig,
+    run,
+)
+
 
 def _fan_in(path, shape):
     """Input size of a kernel, read from the end so a scan depth axis is ignored."""
-    parent = path[-2] if len(path) > 1 else ''
-    if parent == 'embedding':                           # conv HWIO
+    parent = path[-2] if len(path) > 1 else ""
+    if parent == "embedding":  # conv HWIO
         return int(np.prod(shape[-4:-1]))
-    if parent in ('query', 'key', 'value'):             # (D, H, D/H)
+    if parent in ("query", "key", "value"):  # (D, H, D/H)
         return shape[-3]
-    if parent == 'out':                                 # (H, D/H, D)
+    if parent == "out":  # (H, D/H, D)
         return shape[-3] * shape[-2]
-    return shape[-2]                                    # Dense (in, out)
+    return shape[-2]  # Dense (in, out)
 
 
 def randomize(params, seed=0):
@@ -47,11 +57,11 @@ def randomize(params, seed=0):
         shape = tuple(flat[path].shape)
         z = rng.standard_normal(shape)
         name = path[-1]
-        if name == 'scale':
+        if name == "scale":
             v = 1.0 + 0.1 * z
-        elif name == 'bias':
+        elif name == "bias":
             v = 0.1 * z
-        elif name == 'kernel':
+        elif name == "kernel":
             v = z / np.sqrt(_fan_in(path, shape))
         else:  # cls, pos_embedding, probe
             v = 0.5 * z
@@ -67,25 +77,27 @@ def random_params(model, image_size, seed=0, channels=3):
     """
     h, w = _grid(image_size)
     x = jax.ShapeDtypeStruct((1, h, w, channels), jnp.float32)
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)['params']
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)["params"]
     return randomize(shapes, seed)
 
 
-def flatten_params(params, prefix=''):
+def flatten_params(params, prefix=""):
     """Nested params -> {'prefix' + 'a/b/c': np.ndarray}."""
-    flat = traverse_util.flatten_dict(params, sep='/')
+    flat = traverse_util.flatten_dict(params, sep="/")
     return {prefix + k: np.asarray(v) for k, v in flat.items()}
 
 
 def to_bfloat16(params):
     """Round every array to bfloat16 and back to float32 (what a bf16 file holds)."""
     import ml_dtypes
+
     flat = traverse_util.flatten_dict(params)
     return traverse_util.unflatten_dict(
-        {k: np.asarray(v).astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in flat.items()})
+        {k: np.asarray(v).astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in flat.items()}
+    )
 
 
-def flatten_to_npz(params, path, prefix='', bfloat16_as_void=False):
+def flatten_to_npz(params, path, prefix="", bfloat16_as_void=False):
     """Write params as the released checkpoints do: ``np.savez``, '/'-joined keys.
 
     prefix: '' (vision_transformer), 'params/' (big_vision), 'opt/target/'
@@ -97,6 +109,7 @@ def flatten_to_npz(params, path, prefix='', bfloat16_as_void=False):
     flat = flatten_params(params, prefix)
     if bfloat16_as_void:
         import ml_dtypes
-        flat = {k: v.astype(ml_dtypes.bfloat16).view(np.dtype('V2')) for k, v in flat.items()}
+
+        flat = {k: v.astype(ml_dtypes.bfloat16).view(np.dtype("V2")) for k, v in flat.items()}
     np.savez(path, **flat)
     return flat

@@ -119,10 +119,40 @@ DEFAULT_USER = "test-user"
 
 # Suffixes that the default HF `.gitattributes` sends to LFS (subset of the real list).
 LFS_PATTERNS = (
-    "*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gguf", "*.gz", "*.h5", "*.joblib", "*.lfs.*",
-    "*.mlmodel", "*.model", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb", "*.pickle",
-    "*.pkl", "*.pt", "*.pth", "*.rar", "*.safetensors", "*.tar", "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip",
-    "*.zst", "*tfevents*",
+    "*.7z",
+    "*.arrow",
+    "*.bin",
+    "*.bz2",
+    "*.ckpt",
+    "*.ftz",
+    "*.gguf",
+    "*.gz",
+    "*.h5",
+    "*.joblib",
+    "*.lfs.*",
+    "*.mlmodel",
+    "*.model",
+    "*.msgpack",
+    "*.npy",
+    "*.npz",
+    "*.onnx",
+    "*.ot",
+    "*.parquet",
+    "*.pb",
+    "*.pickle",
+    "*.pkl",
+    "*.pt",
+    "*.pth",
+    "*.rar",
+    "*.safetensors",
+    "*.tar",
+    "*.tflite",
+    "*.tgz",
+    "*.wasm",
+    "*.xz",
+    "*.zip",
+    "*.zst",
+    "*tfevents*",
 )
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS).encode()
 
@@ -218,6 +248,7 @@ class Repo:
             out.append(commit)
             commit = self.commits.get(commit.parent) if commit.parent else None
         return out
+
 
 class HTTPError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None):
@@ -699,7 +730,9 @@ class _Handler(BaseHTTPRequestHandler):
             cfg = commit.files.get("config.json")
             if cfg is not None:
                 with contextlib.suppress(Exception):
-                    info["config"] = {k: v for k, v in json.loads(cfg).items() if k in ("architectures", "model_type", "auto_map")}
+                    info["config"] = {
+                        k: v for k, v in json.loads(cfg).items() if k in ("architectures", "model_type", "auto_map")
+                    }
         if repo_type == "space":
             info["sdk"] = "static"
         self._json(info)
@@ -923,7 +956,12 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             repo.branches[branch] = commit.oid
         self._json(
-            {"success": True, "commitOid": commit.oid, "commitUrl": f"{base}/commit/{commit.oid}", "pullRequestUrl": pr_url}
+            {
+                "success": True,
+                "commitOid": commit.oid,
+                "commitUrl": f"{base}/commit/{commit.oid}",
+                "pullRequestUrl": pr_url,
+            }
         )
 
     def _branch(self, method, repo_type, repo_id, branch):
@@ -941,6 +979,7 @@ class _Handler(BaseHTTPRequestHandler):
         oid = self._resolve(repo, start).oid if start else repo.branches["main"]
         repo.branches[branch] = oid
         self._json({})
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Client configuration + pytest fixture

@@ -28,8 +28,9 @@ VARIANTS = {
     "relative_2d": dict(position_embedding_type="relative_2d", layer_scale_init_value=0.1),
     "sincos_2d_map": dict(position_embedding_type="sincos_2d", class_token=False, pooling="map"),
     "distilled": dict(distillation_token=True),
-    "cls_mean_pre_norm_pre_logits": dict(pooling="cls_mean", pre_norm=True, image_size=[32, 48],
-                                         representation_size=24),
+    "cls_mean_pre_norm_pre_logits": dict(
+        pooling="cls_mean", pre_norm=True, image_size=[32, 48], representation_size=24
+    ),
     "mean_fc_norm_no_head": dict(pooling="mean", class_token=False, fc_norm=True, num_labels=0),
 }
 
@@ -315,8 +316,19 @@ def decodes(path):
 
 
 def test_cli_attention_distance_writes_decodable_png_json_and_csv(model_folder, photo_folder, tmp_path):
-    code = cli.main(["analyze", "attention-distance", str(model_folder), "--images", str(photo_folder),
-                     "--batch-size", "2", "--output-dir", str(tmp_path)])
+    code = cli.main(
+        [
+            "analyze",
+            "attention-distance",
+            str(model_folder),
+            "--images",
+            str(photo_folder),
+            "--batch-size",
+            "2",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert code == 0 and decodes(tmp_path / "attention_distance.png")
     result = json.loads((tmp_path / "attention_distance.json").read_text())
     assert result["images"] == 3 and np.asarray(result["mean_distance"]).shape == (2, 4)
@@ -330,8 +342,21 @@ def test_cli_attention_distance_reads_a_saved_dataset(model_folder, photo_folder
     photos = [Image.open(path).convert("RGB") for path in sorted(photo_folder.glob("*.png"))]
     data = datasets.Dataset.from_dict({"picture": photos}, features=datasets.Features({"picture": datasets.Image()}))
     data.save_to_disk(str(tmp_path / "saved"))
-    code = cli.main(["analyze", "attention-distance", str(model_folder), "--dataset", str(tmp_path / "saved"),
-                     "--image-column", "picture", "--max-images", "2", "--output-dir", str(tmp_path / "out")])
+    code = cli.main(
+        [
+            "analyze",
+            "attention-distance",
+            str(model_folder),
+            "--dataset",
+            str(tmp_path / "saved"),
+            "--image-column",
+            "picture",
+            "--max-images",
+            "2",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 0 and json.loads((tmp_path / "out" / "attention_distance.json").read_text())["images"] == 2
 
 
@@ -342,8 +367,23 @@ def test_cli_position_similarity_and_attention_map(model_folder, photo_folder, t
     assert np.load(tmp_path / "position_similarity.npy").shape == (4, 4, 4, 4)
     image = str(photo_folder / "chelsea.png")
     assert cli.main(["analyze", "attention-map", str(model_folder), image, "--output-dir", str(tmp_path)]) == 0
-    assert cli.main(["analyze", "attention-map", str(model_folder), image, "--method", "last-layer", "--head", "1",
-                     "--output-dir", str(tmp_path)]) == 0
+    assert (
+        cli.main(
+            [
+                "analyze",
+                "attention-map",
+                str(model_folder),
+                image,
+                "--method",
+                "last-layer",
+                "--head",
+                "1",
+                "--output-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert decodes(tmp_path / "attention_map_chelsea_rollout.png")
     assert decodes(tmp_path / "attention_map_chelsea_last-layer.png")
 
@@ -368,11 +408,14 @@ def test_cli_info_table_names_the_reduction(capsys):
     assert "64,872x more attention entries" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["info", "b/16", "--image-size", "230"], "230, 230"),
-    (["info", "b/16", "--dtype", "int8"], "dtype 'int8' is not supported"),
-    (["info", "b/16", "--patch-sizes", "16,15"], "patch size 15 does not divide"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["info", "b/16", "--image-size", "230"], "230, 230"),
+        (["info", "b/16", "--dtype", "int8"], "dtype 'int8' is not supported"),
+        (["info", "b/16", "--patch-sizes", "16,15"], "patch size 15 does not divide"),
+    ],
+)
 def test_cli_bad_values_fail_with_one_line(argv, message, capsys):
     assert cli.main(argv) == 2
     error = capsys.readouterr().err
@@ -382,16 +425,34 @@ def test_cli_bad_values_fail_with_one_line(argv, message, capsys):
 def test_cli_position_similarity_draws_relative_bias_per_head(tmp_path):
     folder = tmp_path / "model"
     randomize_(HubViTModel(tiny_config(position_embedding_type="relative_2d"))).save_pretrained(folder)
-    assert cli.main(["analyze", "position-similarity", str(folder), "--layer", "1", "--image-size", "48",
-                     "--output-dir", str(tmp_path / "out")]) == 0
+    assert (
+        cli.main(
+            [
+                "analyze",
+                "position-similarity",
+                str(folder),
+                "--layer",
+                "1",
+                "--image-size",
+                "48",
+                "--output-dir",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     assert decodes(tmp_path / "out" / "relative_position_bias.png")
     assert np.load(tmp_path / "out" / "relative_position_bias.npy").shape == (4, 11, 11)  # 6x6 grid at 48
 
 
 def test_cli_attention_map_refuses_a_file_that_is_not_an_image(model_folder, tmp_path, capsys):
     (tmp_path / "notes.png").write_text("not an image")
-    assert cli.main(["analyze", "attention-map", str(model_folder), str(tmp_path / "notes.png"),
-                     "--output-dir", str(tmp_path)]) == 2
+    assert (
+        cli.main(
+            ["analyze", "attention-map", str(model_folder), str(tmp_path / "notes.png"), "--output-dir", str(tmp_path)]
+        )
+        == 2
+    )
     assert "cannot read" in capsys.readouterr().err
 
 
@@ -414,8 +475,10 @@ def test_cli_reads_a_hub_repo_id(hub_server, model_folder, photo_folder, tmp_pat
     assert cli.main(["info", repo_id, "--json"]) == 0
     model = HubViTForImageClassification.from_pretrained(model_folder)
     assert json.loads(capsys.readouterr().out)["parameters"]["total"] == sum(p.numel() for p in model.parameters())
-    assert cli.main(["analyze", "attention-map", repo_id, str(photo_folder / "coffee.png"),
-                     "--output-dir", str(tmp_path)]) == 0
+    assert (
+        cli.main(["analyze", "attention-map", repo_id, str(photo_folder / "coffee.png"), "--output-dir", str(tmp_path)])
+        == 0
+    )
     assert decodes(tmp_path / "attention_map_coffee_rollout.png")
 
 

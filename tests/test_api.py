@@ -160,12 +160,16 @@ def test_export_transformers_reads_the_folder_with_from_pretrained(tmp_path):
 
 
 def test_manifest_flags_become_the_converters_keyword_arguments():
-    words = ["--tolerance", "1e-4", "--no-verify", "--model-args={\"img_size\": 48}", "--revision", "v1"]
+    words = ["--tolerance", "1e-4", "--no-verify", '--model-args={"img_size": 48}', "--revision", "v1"]
     assert keyword_arguments(words, hubvit.convert_timm, "entry") == {
-        "tolerance": 1e-4, "verify": False, "model_args": '{"img_size": 48}', "revision": "v1"
+        "tolerance": 1e-4,
+        "verify": False,
+        "model_args": '{"img_size": 48}',
+        "revision": "v1",
     }
     assert keyword_arguments(["--num-labels", "10", "--drop-pre-logits"], hubvit.convert_jax, "entry") == {
-        "num_labels": 10, "drop_pre_logits": True
+        "num_labels": 10,
+        "drop_pre_logits": True,
     }
     with pytest.raises(hubvit.HubViTError, match="'--archtecture' is not an option of convert_timm; expected"):
         keyword_arguments(["--archtecture", "vit"], hubvit.convert_timm, "entry")

@@ -102,8 +102,9 @@ def run_release(release, root, named_folders):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     env.pop("PYTHONPATH", None)
     child = Path(__file__).with_name("compatibility_child.py")
-    result = subprocess.run([sys.executable, str(child), str(path)], cwd=root, env=env, capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(
+        [sys.executable, str(child), str(path)], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
     if result.returncode != 0:
         raise AssertionError(f"transformers {release} could not load or run the folders:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1]), {name: load_file(file) for name, file in out.items()}
@@ -140,11 +141,19 @@ def test_folder_written_today_gives_the_same_outputs_under_the_release(folders, 
     assert seen["pipeline_needs_image_processor"] == (release == "4.46.3")
     expected_warnings = 1 if release == "4.46.3" else 0  # one message, once per folder's module
     assert len(set(seen["warnings"])) == expected_warnings, seen["warnings"]
-    RECORD.append(dict(
-        release=seen["transformers"], installed=release == INSTALLED, config=name, python=seen["python"],
-        torch=seen["torch"], outputs=len(expected), worst_relative_difference=worst,
-        pipeline_needs_image_processor=seen["pipeline_needs_image_processor"], warnings=sorted(set(seen["warnings"])),
-    ))
+    RECORD.append(
+        dict(
+            release=seen["transformers"],
+            installed=release == INSTALLED,
+            config=name,
+            python=seen["python"],
+            torch=seen["torch"],
+            outputs=len(expected),
+            worst_relative_difference=worst,
+            pipeline_needs_image_processor=seen["pipeline_needs_image_processor"],
+            warnings=sorted(set(seen["warnings"])),
+        )
+    )
 
 
 EARLIER = Path(__file__).parent / "fixtures" / "earlier-2026-12-03"
@@ -184,8 +193,14 @@ def test_optimum_cli_exports_a_folder_that_runs_in_onnxruntime_at_any_size(folde
     root, made = folders
     folder, out = made["relative-registers-layerscale-mean"]["folder"], root / "optimum"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    result = subprocess.run([sys.executable, "-c", OPTIMUM_EXPORT, str(ensure_optimum()), str(folder), str(out)],
-                            cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", OPTIMUM_EXPORT, str(ensure_optimum()), str(folder), str(out)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     model = HubViTForImageClassification.from_pretrained(str(folder)).eval()

@@ -28,12 +28,27 @@ from hubvit.scripts import cli  # noqa: E402
 from utils import relative_error  # noqa: E402
 
 try:
-    from flax_reference import (VisionTransformerBV, VisionTransformerOrig, flatten_params,  # noqa: E402
-                                flatten_to_npz, random_params, resize_posemb_bv, resize_posemb_orig, to_bfloat16)
+    from flax_reference import (
+        VisionTransformerBV,
+        VisionTransformerOrig,
+        flatten_params,  # noqa: E402
+        flatten_to_npz,
+        random_params,
+        resize_posemb_bv,
+        resize_posemb_orig,
+        to_bfloat16,
+    )
 except ImportError:  # tests/ imported as a package
-    from tests.flax_reference import (VisionTransformerBV, VisionTransformerOrig, flatten_params,  # noqa: E402
-                                      flatten_to_npz, random_params, resize_posemb_bv, resize_posemb_orig,
-                                      to_bfloat16)
+    from tests.flax_reference import (
+        VisionTransformerBV,
+        VisionTransformerOrig,
+        flatten_params,  # noqa: E402
+        flatten_to_npz,
+        random_params,
+        resize_posemb_bv,
+        resize_posemb_orig,
+        to_bfloat16,
+    )
 
 IMG, P, D, DEPTH, H, MLP, NC = 32, 8, 32, 2, 4, 64, 10
 ORIG = dict(num_classes=NC, patch_size=P, hidden_size=D, num_layers=DEPTH, num_heads=H, mlp_dim=MLP)
@@ -218,7 +233,9 @@ def test_image_size_matches_the_original_resize(reference, tmp_path, layout):
     config = model.config
     assert config.image_size == size
     assert (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners) == (
-        "bilinear", False, True
+        "bilinear",
+        False,
+        True,
     )
     assert relative_error(run(model, images(size)), big.logits) <= TOL
     on_the_fly = load(convert(src, tmp_path / "native"))
@@ -271,7 +288,7 @@ def test_refuses_pickled_arrays(tmp_path, capsys):
 
 def card_verification(folder):
     card = (folder / "README.md").read_text()
-    return card[card.index("## Verification"):card.index("## Preprocessing")]
+    return card[card.index("## Verification") : card.index("## Preprocessing")]
 
 
 def test_card_states_the_flax_check_measured_on_this_file(reference, tmp_path, capsys):

@@ -158,10 +158,15 @@ def test_vit_b_32_by_architecture_name(tmp_path, capsys):
     assert "resize 256 (bilinear), centre crop 224" in (tmp_path / "out" / "README.md").read_text()
 
 
-@pytest.mark.parametrize("architecture, image_size, enum", [
-    ("vit_b_16", 224, "IMAGENET1K_V1"), ("vit_b_16", 384, "IMAGENET1K_SWAG_E2E_V1"),
-    ("vit_l_16", 512, "IMAGENET1K_SWAG_E2E_V1"), ("vit_h_14", 518, "IMAGENET1K_SWAG_E2E_V1"),
-])
+@pytest.mark.parametrize(
+    "architecture, image_size, enum",
+    [
+        ("vit_b_16", 224, "IMAGENET1K_V1"),
+        ("vit_b_16", 384, "IMAGENET1K_SWAG_E2E_V1"),
+        ("vit_l_16", 512, "IMAGENET1K_SWAG_E2E_V1"),
+        ("vit_h_14", 518, "IMAGENET1K_SWAG_E2E_V1"),
+    ],
+)
 def test_preprocessing_is_the_weights_own_transform(architecture, image_size, enum):
     """Without --weights, the weights of the builder whose crop is the native size; their transform's values."""
     from hubvit.conversion.torchvision import preprocessing

@@ -118,6 +118,7 @@ def spy_kernels(monkeypatch):
     """Replace both kernels by logging wrappers; returns the log of (kernel, input shape)."""
     log = []
     for name, kernel in list(cpu.LINEAR.items()):
+
         def spy(input, weight, bias, name=name, kernel=kernel):
             log.append((name, tuple(input.shape)))
             return kernel(input, weight, bias)
@@ -272,7 +273,12 @@ def digits_model():
     train, held_out = order[:1437], order[1437:]
     torch.manual_seed(0)
     config = tiny_config(
-        image_size=8, patch_size=4, num_channels=1, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+        image_size=8,
+        patch_size=4,
+        num_channels=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
         num_labels=10,
     )
     model = HubViTForImageClassification(config)
@@ -367,8 +373,12 @@ def test_an_unknown_precision_is_refused(precision):
 
 @pytest.mark.parametrize(
     "flags, isa",
-    [({"avx2"}, "AVX2"), ({"avx2", "avx512f"}, "AVX-512"), ({"avx512f", "avx512_bf16"}, "AVX512-BF16"),
-     ({"avx512f", "avx512_bf16", "amx_bf16"}, "AMX")],
+    [
+        ({"avx2"}, "AVX2"),
+        ({"avx2", "avx512f"}, "AVX-512"),
+        ({"avx512f", "avx512_bf16"}, "AVX512-BF16"),
+        ({"avx512f", "avx512_bf16", "amx_bf16"}, "AMX"),
+    ],
 )
 def test_the_isa_is_named_from_the_cpu_flags(flags, isa):
     assert cpu.cpu_isa(frozenset(flags)) == isa

@@ -19,15 +19,31 @@ from hubvit import HubViTConfig, HubViTForImageClassification
 from hubvit.scripts.experiments import attention_distance, common, position_embeddings, resolution
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-       "OMP_NUM_THREADS": "1"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "OMP_NUM_THREADS": "1",
+}
 
 
 def digit_vit(kind, **fields):
     torch.manual_seed(0)
-    config = HubViTConfig(image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, pooling="mean", class_token=False, fc_norm=True, num_labels=10,
-                          position_embedding_type=kind, **fields)
+    config = HubViTConfig(
+        image_size=28,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        pooling="mean",
+        class_token=False,
+        fc_norm=True,
+        num_labels=10,
+        position_embedding_type=kind,
+        **fields,
+    )
     model = HubViTForImageClassification(config).eval()
     for name, param in model.named_parameters():  # trained-looking: non-zero position tables, biases and head
         if "position" in name or "classifier" in name:
@@ -42,8 +58,9 @@ def test_permute_patches_moves_whole_patches_to_their_new_places():
     assert not torch.equal(permutation, torch.arange(49))
     for i, source in enumerate(permutation.tolist()):
         (r, c), (sr, sc) = divmod(i, 7), divmod(source, 7)
-        assert torch.equal(shuffled[..., 4 * r : 4 * r + 4, 4 * c : 4 * c + 4],
-                           pixels[..., 4 * sr : 4 * sr + 4, 4 * sc : 4 * sc + 4])
+        assert torch.equal(
+            shuffled[..., 4 * r : 4 * r + 4, 4 * c : 4 * c + 4], pixels[..., 4 * sr : 4 * sr + 4, 4 * sc : 4 * sc + 4]
+        )
 
 
 def test_model_without_position_embedding_predicts_the_same_on_shuffled_patches():
@@ -90,8 +107,10 @@ def test_paired_interval_is_the_t_interval_of_the_per_seed_differences():
 
 
 def test_paired_interval_matches_arms_by_seed_not_by_position():
-    runs = {"a": {"seeds": [0, 1, 2], "accuracy": [0.5, 0.6, 0.7]},
-            "b": {"seeds": [2, 0, 1], "accuracy": [0.69, 0.49, 0.59]}}
+    runs = {
+        "a": {"seeds": [0, 1, 2], "accuracy": [0.5, 0.6, 0.7]},
+        "b": {"seeds": [2, 0, 1], "accuracy": [0.69, 0.49, 0.59]},
+    }
     diff = common.paired(runs, "a", "b")
     assert diff["difference"] == pytest.approx(0.01) and diff["half_width"] == pytest.approx(0.0, abs=1e-12)
 
@@ -102,8 +121,15 @@ def test_one_pair_gives_an_infinite_interval_and_no_verdict():
     assert common.equivalence(diff, 0.002) == "not resolved"
 
 
-@pytest.mark.parametrize("low, high, expected", [(-0.001, 0.0015, "equivalent"), (0.0025, 0.01, "different"),
-                                                 (-0.004, 0.001, "not resolved"), (-0.01, -0.002, "different")])
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [
+        (-0.001, 0.0015, "equivalent"),
+        (0.0025, 0.01, "different"),
+        (-0.004, 0.001, "not resolved"),
+        (-0.01, -0.002, "different"),
+    ],
+)
 def test_equivalence_compares_the_whole_interval_with_the_margin(low, high, expected):
     diff = {"difference": (low + high) / 2, "low": low, "high": high, "half_width": (high - low) / 2, "pairs": 5}
     assert common.equivalence(diff, 0.002) == expected
@@ -144,12 +170,20 @@ def test_mean_attention_distance_matches_a_direct_computation():
 
 def test_stretched_cls_control_runs_at_the_new_size_and_is_the_identity_at_the_old():
     torch.manual_seed(0)
-    config = HubViTConfig(image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                          intermediate_size=64, num_labels=10)
+    config = HubViTConfig(
+        image_size=28,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=10,
+    )
     model = HubViTForImageClassification(config).eval()
     same = resolution.cls_stretched_with_grid(model, 28)
-    torch.testing.assert_close(same.hubvit.embeddings.position_embedding, model.hubvit.embeddings.position_embedding,
-                               rtol=0, atol=1e-7)
+    torch.testing.assert_close(
+        same.hubvit.embeddings.position_embedding, model.hubvit.embeddings.position_embedding, rtol=0, atol=1e-7
+    )
     stretched = resolution.cls_stretched_with_grid(model, 56)
     assert stretched.hubvit.embeddings.position_embedding.shape == (1, 1 + 14 * 14, 32)
     assert model.hubvit.embeddings.position_embedding.shape == (1, 1 + 7 * 7, 32)
@@ -159,8 +193,16 @@ def test_stretched_cls_control_runs_at_the_new_size_and_is_the_identity_at_the_o
 
 def test_cls_in_grid_control_is_the_identity_at_the_old_size_and_moves_every_row_one_cell():
     torch.manual_seed(0)
-    config = HubViTConfig(image_size=28, patch_size=4, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                          intermediate_size=64, num_labels=10, interpolation_mode="nearest")
+    config = HubViTConfig(
+        image_size=28,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=10,
+        interpolation_mode="nearest",
+    )
     model = HubViTForImageClassification(config).eval()
     table = model.hubvit.embeddings.position_embedding
     same = resolution.cls_in_grid_2d(model, 28)
@@ -175,8 +217,14 @@ def test_cls_in_grid_control_is_the_identity_at_the_old_size_and_moves_every_row
 
 
 def run(name, *argv):
-    return subprocess.Popen([sys.executable, str(ROOT / "scripts" / "experiments" / f"{name}.py"), *map(str, argv)],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "experiments" / f"{name}.py"), *map(str, argv)],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(process, timeout=900):
@@ -189,10 +237,12 @@ def quick_results(tmp_path_factory):
     """Every experiment's --quick run into one folder (the independent ones side by side), then the summary."""
     out = tmp_path_factory.mktemp("experiments")
     models = out / "models"
-    started = [run("position_embeddings", "--quick", "--output_dir", out, "--models_dir", models),
-               run("inductive_bias", "--quick", "--output_dir", out),
-               run("resolution", "--quick", "--output_dir", out),
-               run("attention_distance", "--quick", "--output_dir", out, "--models_dir", out / "distance_models")]
+    started = [
+        run("position_embeddings", "--quick", "--output_dir", out, "--models_dir", models),
+        run("inductive_bias", "--quick", "--output_dir", out),
+        run("resolution", "--quick", "--output_dir", out),
+        run("attention_distance", "--quick", "--output_dir", out, "--models_dir", out / "distance_models"),
+    ]
     for process in started:
         finish(process)
     finish(run("summary", "--output_dir", out))
@@ -216,7 +266,8 @@ def test_quick_position_run_records_the_exact_invariance_and_saves_every_model(q
     runs = json.loads((quick_results / "position_embeddings.json").read_text())["runs"]
     assert runs["none"]["changed_predictions"] == [0]
     assert sorted(p.name for p in (quick_results / "models").iterdir()) == sorted(
-        f"{kind}-seed0" for kind in position_embeddings.TYPES)
+        f"{kind}-seed0" for kind in position_embeddings.TYPES
+    )
 
 
 @pytest.mark.heavy
@@ -243,6 +294,8 @@ def test_quick_position_run_records_validation_accuracy_and_updates_per_seed(qui
 def test_summary_has_one_row_per_verdict_and_marks_quick_runs(quick_results):
     text = (quick_results / "README.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| [")]
-    expected = sum(len(json.loads((quick_results / f"{n}.json").read_text())["verdicts"])
-                   for n in ("position_embeddings", "inductive_bias", "resolution", "attention_distance"))
+    expected = sum(
+        len(json.loads((quick_results / f"{n}.json").read_text())["verdicts"])
+        for n in ("position_embeddings", "inductive_bias", "resolution", "attention_distance")
+    )
     assert len(rows) == expected and all("quick run only" in row for row in rows)

@@ -64,7 +64,9 @@ def exported(tmp_path_factory):
     """A tiny classifier folder with a non-default image processor, exported once by the CLI."""
     root = tmp_path_factory.mktemp("onnx")
     model = classifier()
-    processor = make_image_processor(model.config, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), resample="bicubic")
+    processor = make_image_processor(
+        model.config, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), resample="bicubic"
+    )
     write_folder(model, root / "src", processor)
     assert cli(["export", "onnx", str(root / "src"), str(root / "out" / "model.onnx")]) == 0
     return model, root

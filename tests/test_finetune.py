@@ -26,10 +26,19 @@ from utils import run_without_hubvit, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "finetune.py"
-TINY_MODEL = ["--image_size", "16", "--config_overrides",
-              "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-       "TOKENIZERS_PARALLELISM": "false"}
+TINY_MODEL = [
+    "--image_size",
+    "16",
+    "--config_overrides",
+    "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
+]
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def class_image(label, index, size=20):
@@ -51,12 +60,15 @@ def write_imagefolder(root, names, per_class):
 
 def saved_dataset(path, n=30, class_label=True, image="img", label="target"):
     labels = [i % 3 for i in range(n)]
-    features = datasets.Features({
-        image: datasets.Image(),
-        label: datasets.ClassLabel(names=["red", "green", "blue"]) if class_label else datasets.Value("int64"),
-    })
-    data = datasets.Dataset.from_dict({image: [class_image(y, i) for i, y in enumerate(labels)], label: labels},
-                                      features=features)
+    features = datasets.Features(
+        {
+            image: datasets.Image(),
+            label: datasets.ClassLabel(names=["red", "green", "blue"]) if class_label else datasets.Value("int64"),
+        }
+    )
+    data = datasets.Dataset.from_dict(
+        {image: [class_image(y, i) for i, y in enumerate(labels)], label: labels}, features=features
+    )
     data.save_to_disk(str(path))
     return path
 
@@ -78,8 +90,9 @@ def run_in_process(argv):
 
 def run_script(argv, launcher=(), extra_env=None, timeout=600):
     command = [sys.executable, *launcher, str(SCRIPT), *argv] if launcher else [sys.executable, str(SCRIPT), *argv]
-    return subprocess.run(command, cwd=ROOT, env={**ENV, **(extra_env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        command, cwd=ROOT, env={**ENV, **(extra_env or {})}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def results(out):
@@ -153,8 +166,23 @@ def imagefolder_run(tmp_path_factory):
     write_imagefolder(root / "train", names, 8)
     write_imagefolder(root / "val", names, 3)
     out = root / "out"
-    run_in_process(["--train_dir", str(root / "train"), "--validation_dir", str(root / "val"), "--output_dir", str(out),
-                    *TINY_MODEL, "--max_train_steps", "4", "--per_device_train_batch_size", "8", "--seed", "1"])
+    run_in_process(
+        [
+            "--train_dir",
+            str(root / "train"),
+            "--validation_dir",
+            str(root / "val"),
+            "--output_dir",
+            str(out),
+            *TINY_MODEL,
+            "--max_train_steps",
+            "4",
+            "--per_device_train_batch_size",
+            "8",
+            "--seed",
+            "1",
+        ]
+    )
     return root, out, names
 
 
@@ -203,7 +231,7 @@ def test_output_loads_with_trust_remote_code_without_hubvit(imagefolder_run):
         model = AutoModelForImageClassification.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
         processor = AutoImageProcessor.from_pretrained({str(folder)!r})
         pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-        batch = processor(images=[Image.open({str(root / 'val' / 'star' / '0.png')!r}).convert("RGB")],
+        batch = processor(images=[Image.open({str(root / "val" / "star" / "0.png")!r}).convert("RGB")],
                           return_tensors="pt")
         with torch.no_grad():
             logits = model(pixel_values=pixels).logits
@@ -223,15 +251,57 @@ def test_output_loads_with_trust_remote_code_without_hubvit(imagefolder_run):
 @pytest.mark.heavy
 def test_saved_dataset_run_with_paper_recipe_options(digits_like, tmp_path):
     out = tmp_path / "out"
-    run_in_process([
-        "--dataset_name", str(digits_like), "--image_column_name", "img", "--label_column_name", "target",
-        "--train_val_split", "0.3", "--max_train_samples", "16", "--max_eval_samples", "7", "--output_dir", str(out),
-        *TINY_MODEL, "--optimizer", "sgd", "--learning_rate", "0.03", "--layer_decay", "0.75",
-        "--lr_scheduler_type", "cosine", "--num_warmup_steps", "1", "--max_train_steps", "3",
-        "--gradient_accumulation_steps", "2", "--per_device_train_batch_size", "4", "--label_smoothing", "0.1",
-        "--mixup_alpha", "0.2", "--cutmix_alpha", "1.0", "--randaugment", "2", "--augment", "inception",
-        "--checkpointing_steps", "epoch", "--report_to", "tensorboard", "--mixed_precision", "bf16",
-    ])
+    run_in_process(
+        [
+            "--dataset_name",
+            str(digits_like),
+            "--image_column_name",
+            "img",
+            "--label_column_name",
+            "target",
+            "--train_val_split",
+            "0.3",
+            "--max_train_samples",
+            "16",
+            "--max_eval_samples",
+            "7",
+            "--output_dir",
+            str(out),
+            *TINY_MODEL,
+            "--optimizer",
+            "sgd",
+            "--learning_rate",
+            "0.03",
+            "--layer_decay",
+            "0.75",
+            "--lr_scheduler_type",
+            "cosine",
+            "--num_warmup_steps",
+            "1",
+            "--max_train_steps",
+            "3",
+            "--gradient_accumulation_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "4",
+            "--label_smoothing",
+            "0.1",
+            "--mixup_alpha",
+            "0.2",
+            "--cutmix_alpha",
+            "1.0",
+            "--randaugment",
+            "2",
+            "--augment",
+            "inception",
+            "--checkpointing_steps",
+            "epoch",
+            "--report_to",
+            "tensorboard",
+            "--mixed_precision",
+            "bf16",
+        ]
+    )
     summary = results(out)
     assert summary["eval_samples"] == 7 and summary["global_step"] == 3 and summary["train_samples"] == 16
     assert summary["mixed_precision"] == "bf16"
@@ -249,12 +319,31 @@ def test_pretrained_start_gets_a_new_head_and_a_resized_position_table(imagefold
     from hubvit import HubViTForImageClassification
 
     source = HubViTForImageClassification.from_pretrained(out / "model")
-    run_in_process(["--model_name_or_path", str(out / "model"), "--dataset_name", str(digits_like),
-                    "--image_column_name", "img", "--label_column_name", "target", "--image_size", "24",
-                    "--max_train_steps", "1", "--output_dir", str(new), "--learning_rate", "0"])
+    run_in_process(
+        [
+            "--model_name_or_path",
+            str(out / "model"),
+            "--dataset_name",
+            str(digits_like),
+            "--image_column_name",
+            "img",
+            "--label_column_name",
+            "target",
+            "--image_size",
+            "24",
+            "--max_train_steps",
+            "1",
+            "--output_dir",
+            str(new),
+            "--learning_rate",
+            "0",
+        ]
+    )
     tuned = HubViTForImageClassification.from_pretrained(new / "model")
     assert tuned.config.image_size == 24
-    assert tuned.hubvit.embeddings.position_embedding.shape[1] == (24 // 4) ** 2  # patch 4, no prefix row (mean pooling)
+    assert (
+        tuned.hubvit.embeddings.position_embedding.shape[1] == (24 // 4) ** 2
+    )  # patch 4, no prefix row (mean pooling)
     body = source.hubvit.embeddings.patch_embedding.weight
     # learning rate 0: the body is the checkpoint's, bit for bit
     assert torch.equal(tuned.hubvit.embeddings.patch_embedding.weight, body)
@@ -265,8 +354,9 @@ def test_pretrained_start_gets_a_new_head_and_a_resized_position_table(imagefold
 def kill_after_first_checkpoint(argv, checkpoints, timeout=600):
     """Start the script, SIGKILL it from outside as soon as a complete checkpoint (one whose trainer_state.json, written
     last, exists) appears; its exit status."""
-    process = subprocess.Popen([sys.executable, str(SCRIPT), *argv], cwd=ROOT, env=ENV,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *argv], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + timeout
     try:
         while process.poll() is None and time.monotonic() < deadline:
@@ -282,11 +372,34 @@ def kill_after_first_checkpoint(argv, checkpoints, timeout=600):
 
 @pytest.mark.heavy
 def test_sigkill_after_checkpoint_then_resume_matches_uninterrupted(digits_like, tmp_path):
-    common = ["--dataset_name", str(digits_like), "--image_column_name", "img", "--label_column_name", "target",
-              "--max_train_samples", "12", "--max_eval_samples", "6", *TINY_MODEL[:-1],
-              TINY_MODEL[-1] + ",drop_path_rate=0.2,hidden_dropout_prob=0.1", "--per_device_train_batch_size", "4",
-              "--max_train_steps", "6", "--checkpointing_steps", "2", "--checkpoints_total_limit", "2",
-              "--mixup_alpha", "0.4", "--cpu_threads", "1", "--seed", "5"]
+    common = [
+        "--dataset_name",
+        str(digits_like),
+        "--image_column_name",
+        "img",
+        "--label_column_name",
+        "target",
+        "--max_train_samples",
+        "12",
+        "--max_eval_samples",
+        "6",
+        *TINY_MODEL[:-1],
+        TINY_MODEL[-1] + ",drop_path_rate=0.2,hidden_dropout_prob=0.1",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_steps",
+        "6",
+        "--checkpointing_steps",
+        "2",
+        "--checkpoints_total_limit",
+        "2",
+        "--mixup_alpha",
+        "0.4",
+        "--cpu_threads",
+        "1",
+        "--seed",
+        "5",
+    ]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     done = run_script([*common, "--output_dir", str(whole)])
     assert done.returncode == 0, done.stderr[-3000:]
@@ -324,14 +437,44 @@ def free_port():
 @pytest.mark.heavy
 def test_two_ddp_processes_on_cpu(digits_like, tmp_path):
     out = tmp_path / "ddp"
-    launcher = ("-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                "--main_process_port", str(free_port()))
-    run = run_script(["--dataset_name", str(digits_like), "--image_column_name", "img", "--label_column_name",
-                      "target", "--train_val_split", "0.3", "--max_train_samples", "16", "--max_eval_samples", "7",
-                      *TINY_MODEL,
-                      "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "2",
-                      "--max_train_steps", "2", "--output_dir", str(out)],
-                     launcher=launcher, extra_env={"ACCELERATE_USE_CPU": "1"})
+    launcher = (
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(free_port()),
+    )
+    run = run_script(
+        [
+            "--dataset_name",
+            str(digits_like),
+            "--image_column_name",
+            "img",
+            "--label_column_name",
+            "target",
+            "--train_val_split",
+            "0.3",
+            "--max_train_samples",
+            "16",
+            "--max_eval_samples",
+            "7",
+            *TINY_MODEL,
+            "--per_device_train_batch_size",
+            "4",
+            "--per_device_eval_batch_size",
+            "2",
+            "--max_train_steps",
+            "2",
+            "--output_dir",
+            str(out),
+        ],
+        launcher=launcher,
+        extra_env={"ACCELERATE_USE_CPU": "1"},
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     summary = results(out)
     assert summary["num_processes"] == 2
@@ -355,7 +498,7 @@ def test_help_shows_the_default_each_run_uses(capsys, data):
     args = training.resolve_defaults(training.parse_args([*data, "--output_dir", "unused"]))
     for key in DEFAULTS["dataset"]:
         value = getattr(args, key)
-        help_text = text[text.index(f"--{key} {key.upper()},"):]
+        help_text = text[text.index(f"--{key} {key.upper()},") :]
         assert f"{value:g}" in help_text[:400], (key, value)
 
 
@@ -392,8 +535,23 @@ def test_integer_labels_are_refused_with_a_cast_hint(tmp_path, capsys):
 def test_push_to_hub_publishes_the_model_folder(hub_server, digits_like, tmp_path):
     repo_id = f"{hub_server.user}/tiny-finetuned"
     out = tmp_path / "out"
-    run_in_process(["--dataset_name", str(digits_like), "--image_column_name", "img", "--label_column_name", "target",
-                    *TINY_MODEL, "--max_train_steps", "1", "--output_dir", str(out), "--push_to_hub", repo_id])
+    run_in_process(
+        [
+            "--dataset_name",
+            str(digits_like),
+            "--image_column_name",
+            "img",
+            "--label_column_name",
+            "target",
+            *TINY_MODEL,
+            "--max_train_steps",
+            "1",
+            "--output_dir",
+            str(out),
+            "--push_to_hub",
+            repo_id,
+        ]
+    )
     files = hub_server.files(repo_id)
     assert files["model.safetensors"] == (out / "model" / "model.safetensors").read_bytes()
     assert {"config.json", "modeling_hubvit.py", "preprocessor_config.json", "README.md"} <= set(files)
@@ -425,15 +583,21 @@ def test_train_with_a_bad_argument_raises_a_hubvit_error_naming_it(tmp_path, opt
 def test_train_takes_the_argument_dataclasses_and_keywords_alike():
     from hubvit.training import Arguments, DataArguments, OutputArguments, TrainingArguments
 
-    built = Arguments.build(DataArguments(max_train_samples=8), TrainingArguments(seed=3),
-                            OutputArguments(output_dir="out"), learning_rate=0.5)
+    built = Arguments.build(
+        DataArguments(max_train_samples=8),
+        TrainingArguments(seed=3),
+        OutputArguments(output_dir="out"),
+        learning_rate=0.5,
+    )
     assert (built.max_train_samples, built.seed, built.output_dir, built.learning_rate) == (8, 3, "out", 0.5)
     parsed = Arguments.build(*built.groups())
     assert parsed == built
 
 
 def test_importing_hubvit_does_not_import_the_training_stack():
-    code = "import sys, hubvit; print(sorted(m for m in ('datasets', 'hubvit.training', 'evaluate') if m in sys.modules))"
+    code = (
+        "import sys, hubvit; print(sorted(m for m in ('datasets', 'hubvit.training', 'evaluate') if m in sys.modules))"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]"
@@ -457,23 +621,44 @@ def test_hubvit_train_help_works_from_the_installed_wheel(tmp_path):
     # venv's own ensurepip setuptools may be older, its base interpreter's is the one installed with the project.
     probe = [sys.executable, "-c", "import setuptools.command.bdist_wheel"]
     builder = sys.executable if subprocess.run(probe, capture_output=True).returncode == 0 else sys._base_executable
-    built = subprocess.run([builder, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                            str(wheels), str(ROOT)], capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [builder, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("hubvit-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
-                   timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=300
+    )
     python = venv / "bin" / "python"
-    installed = subprocess.run([builder, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                                "--force-reinstall", str(wheel)], capture_output=True, text=True, timeout=600)
+    installed = subprocess.run(
+        [builder, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run = subprocess.run([str(venv / "bin" / "hubvit"), "train", "--help"], cwd=elsewhere, env=ENV,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [str(venv / "bin" / "hubvit"), "train", "--help"],
+        cwd=elsewhere,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("usage: hubvit train") and "--per_device_train_batch_size" in run.stdout
-    where = subprocess.run([str(python), "-c", "import hubvit.training.evaluation as e; print(e.METRICS_DIR)"],
-                           cwd=elsewhere, env=ENV, capture_output=True, text=True, timeout=300)
+    where = subprocess.run(
+        [str(python), "-c", "import hubvit.training.evaluation as e; print(e.METRICS_DIR)"],
+        cwd=elsewhere,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     metrics = Path(where.stdout.strip())
     assert str(venv) in str(metrics) and (metrics / "accuracy" / "accuracy.py").is_file()

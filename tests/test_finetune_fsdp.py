@@ -15,16 +15,38 @@ from safetensors.torch import load_file
 
 from test_finetune import TINY_MODEL, free_port, results, run_script, saved_dataset
 
-FSDP2 = ("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
-         "--fsdp_transformer_layer_cls_to_wrap", "HubViTLayer", "--fsdp_state_dict_type", "SHARDED_STATE_DICT",
-         "--fsdp_sync_module_states", "false", "--fsdp_cpu_ram_efficient_loading", "false",
-         "--fsdp_use_orig_params", "true")
+FSDP2 = (
+    "--use_fsdp",
+    "--fsdp_version",
+    "2",
+    "--fsdp_auto_wrap_policy",
+    "TRANSFORMER_BASED_WRAP",
+    "--fsdp_transformer_layer_cls_to_wrap",
+    "HubViTLayer",
+    "--fsdp_state_dict_type",
+    "SHARDED_STATE_DICT",
+    "--fsdp_sync_module_states",
+    "false",
+    "--fsdp_cpu_ram_efficient_loading",
+    "false",
+    "--fsdp_use_orig_params",
+    "true",
+)
 TWO_GPUS = torch.cuda.device_count() >= 2
 
 
 def launcher():
-    return ("-m", "accelerate.commands.launch", *FSDP2, "--num_processes", "2", "--num_machines", "1",
-            "--main_process_port", str(free_port()))
+    return (
+        "-m",
+        "accelerate.commands.launch",
+        *FSDP2,
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(free_port()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +55,41 @@ def data(tmp_path_factory):
 
 
 def arguments(data, out, *extra):
-    return ["--dataset_name", str(data), "--image_column_name", "img", "--label_column_name", "target",
-            "--max_train_samples", "16", "--max_eval_samples", "6", *TINY_MODEL, "--per_device_train_batch_size", "4",
-            "--max_train_steps", "4", "--checkpointing_steps", "2", "--seed", "3", "--output_dir", str(out), *extra]
+    return [
+        "--dataset_name",
+        str(data),
+        "--image_column_name",
+        "img",
+        "--label_column_name",
+        "target",
+        "--max_train_samples",
+        "16",
+        "--max_eval_samples",
+        "6",
+        *TINY_MODEL,
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_steps",
+        "4",
+        "--checkpointing_steps",
+        "2",
+        "--seed",
+        "3",
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.mark.heavy
 @pytest.mark.skipif(TWO_GPUS, reason="FSDP is available with 2 GPUs; the refusal is for CPU")
 @pytest.mark.parametrize("use_cpu", ["1", "0"], ids=["ACCELERATE_USE_CPU=1", "default"])
 def test_fsdp_on_cpu_is_refused_with_the_reason(data, tmp_path, use_cpu):
-    run = run_script(arguments(data, tmp_path / "out"), launcher=launcher(),
-                     extra_env={"ACCELERATE_USE_CPU": use_cpu} if use_cpu == "1" else None)
+    run = run_script(
+        arguments(data, tmp_path / "out"),
+        launcher=launcher(),
+        extra_env={"ACCELERATE_USE_CPU": use_cpu} if use_cpu == "1" else None,
+    )
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if line.startswith("finetune.py: error:")]
     assert errors and "FSDP was requested but Accelerate set up" in errors[0], run.stderr[-3000:]
@@ -52,8 +98,9 @@ def test_fsdp_on_cpu_is_refused_with_the_reason(data, tmp_path, use_cpu):
 
 
 @pytest.mark.heavy
-@pytest.mark.xfail(not TWO_GPUS, strict=True,
-                   reason="Accelerate 1.16 runs FSDP only on GPU-like devices; on CPU the script refuses it")
+@pytest.mark.xfail(
+    not TWO_GPUS, strict=True, reason="Accelerate 1.16 runs FSDP only on GPU-like devices; on CPU the script refuses it"
+)
 def test_fsdp2_trains_checkpoints_and_resumes(data, tmp_path):
     whole = tmp_path / "whole"
     run = run_script(arguments(data, whole), launcher=launcher())

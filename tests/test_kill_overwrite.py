@@ -92,8 +92,11 @@ def drive(workdir, seed):
         raise SystemExit("an uninterrupted replacement did not give the new folder")
 
     rng = random.Random(seed)
-    points = [(signum, rng.randint(1, phase_lines)) for signum in (signal.SIGKILL, signal.SIGINT)
-              for _ in range(KILLS_PER_SIGNAL)]
+    points = [
+        (signum, rng.randint(1, phase_lines))
+        for signum in (signal.SIGKILL, signal.SIGINT)
+        for _ in range(KILLS_PER_SIGNAL)
+    ]
     rng.shuffle(points)
     results = []
     for signum, kill_at in points:
@@ -115,9 +118,16 @@ def drive(workdir, seed):
         _, status = os.waitpid(pid, 0)
         state = snapshot(out)
         left = "old" if state == old else "new" if state == new else "missing" if state is None else "mixed"
-        results.append({"signal": signal.Signals(signum).name, "line": kill_at, "left": left,
-                        "killed": os.WIFSIGNALED(status), "exit": os.waitstatus_to_exitcode(status),
-                        "files": None if state is None else sorted(state)})
+        results.append(
+            {
+                "signal": signal.Signals(signum).name,
+                "line": kill_at,
+                "left": left,
+                "killed": os.WIFSIGNALED(status),
+                "exit": os.waitstatus_to_exitcode(status),
+                "files": None if state is None else sorted(state),
+            }
+        )
     reset()
     write_folder(new_model, out, overwrite=True)
     leftovers = sorted(p.name for p in workdir.iterdir() if p.name.startswith("."))
@@ -129,8 +139,14 @@ def test_overwrite_killed_at_random_points_leaves_the_old_or_the_new_folder(tmp_
     seed = int(os.environ.get("HUBVIT_KILL_SEED", "0"))
     print(f"kill points drawn with seed {seed} (set HUBVIT_KILL_SEED to try others)")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, __file__, str(tmp_path), str(seed)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, __file__, str(tmp_path), str(seed)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, f"seed {seed}: {run.stderr[-3000:]}"
     report = json.loads(run.stdout.strip().splitlines()[-1])
     results = report["results"]

@@ -15,6 +15,7 @@ from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
 from hubvit.modeling.modeling_hubvit import resize_position_grid, sincos_2d_position_table
 from utils import assert_close, randomize_, tiny_config
 
+
 def make(config, seed=0, cls=HubViTForImageClassification):
     torch.manual_seed(seed)
     return randomize_(cls(config), seed).eval()
@@ -133,8 +134,13 @@ def test_sincos_table_matches_big_vision_formula():
 
 @pytest.mark.parametrize(
     "mode, antialias, align_corners",
-    [("bicubic", True, False), ("bicubic", False, False), ("bilinear", False, True), ("bilinear", False, False),
-     ("nearest", False, False)],
+    [
+        ("bicubic", True, False),
+        ("bicubic", False, False),
+        ("bilinear", False, True),
+        ("bilinear", False, False),
+        ("nearest", False, False),
+    ],
 )
 @pytest.mark.parametrize("grid", [(4, 4), (3, 5), (1, 7)])
 def test_resize_to_the_same_grid_is_the_identity_bit_for_bit(mode, antialias, align_corners, grid):
@@ -158,23 +164,27 @@ def test_permanent_resize_equals_on_the_fly_resize(kind):
 
 # --- every option runs, on every backend ---------------------------------------------------------------------------
 
-OPTIONS = [
-    dict(position_embedding_type=kind, pooling=pool, **tokens)
-    for kind, pool, tokens in itertools.product(
-        ["learned", "learned_2d", "relative_2d", "sincos_2d", "none"],
-        ["cls", "mean", "map"],
-        [dict(), dict(num_register_tokens=2)],
-    )
-] + [dict(position_embedding_type=kind, distillation_token=True) for kind in ["learned", "relative_2d"]] + [
-    dict(class_token=False, pooling="mean", position_embedding_type="sincos_2d"),
-    dict(class_token=False, pooling="first"),
-    dict(pooling="cls_mean", num_register_tokens=2, layer_scale_init_value=0.1),
-    dict(class_token=False, pooling="map", position_embedding_includes_prefix=False),
-    dict(pooling="mean", fc_norm=True, layer_scale_init_value=0.1),
-    dict(pre_norm=True, patch_bias=False, hidden_act="quick_gelu", layer_norm_eps=1e-5),
-    dict(representation_size=24, hidden_act="gelu_pytorch_tanh"),
-    dict(num_register_tokens=4, position_embedding_includes_prefix=False, layer_scale_init_value=1e-5),
-]
+OPTIONS = (
+    [
+        dict(position_embedding_type=kind, pooling=pool, **tokens)
+        for kind, pool, tokens in itertools.product(
+            ["learned", "learned_2d", "relative_2d", "sincos_2d", "none"],
+            ["cls", "mean", "map"],
+            [dict(), dict(num_register_tokens=2)],
+        )
+    ]
+    + [dict(position_embedding_type=kind, distillation_token=True) for kind in ["learned", "relative_2d"]]
+    + [
+        dict(class_token=False, pooling="mean", position_embedding_type="sincos_2d"),
+        dict(class_token=False, pooling="first"),
+        dict(pooling="cls_mean", num_register_tokens=2, layer_scale_init_value=0.1),
+        dict(class_token=False, pooling="map", position_embedding_includes_prefix=False),
+        dict(pooling="mean", fc_norm=True, layer_scale_init_value=0.1),
+        dict(pre_norm=True, patch_bias=False, hidden_act="quick_gelu", layer_norm_eps=1e-5),
+        dict(representation_size=24, hidden_act="gelu_pytorch_tanh"),
+        dict(num_register_tokens=4, position_embedding_includes_prefix=False, layer_scale_init_value=1e-5),
+    ]
+)
 
 
 def option_id(options):

@@ -19,15 +19,37 @@ from test_finetune import ENV, ROOT, SCRIPT, TINY_MODEL, class_image, free_port
 
 from hubvit.training import shards
 
-STEPS_AND_BATCH = ["--max_train_steps", "4", "--optimizer", "sgd", "--learning_rate", "0.1", "--augment", "none",
-                   "--shuffle_buffer", "0", "--seed", "5", "--max_eval_samples", "6", "--warmup_ratio", "0"]
+STEPS_AND_BATCH = [
+    "--max_train_steps",
+    "4",
+    "--optimizer",
+    "sgd",
+    "--learning_rate",
+    "0.1",
+    "--augment",
+    "none",
+    "--shuffle_buffer",
+    "0",
+    "--seed",
+    "5",
+    "--max_eval_samples",
+    "6",
+    "--warmup_ratio",
+    "0",
+]
 
 
 def labelled(ids):
-    features = datasets.Features({"id": datasets.Value("int64"), "img": datasets.Image(),
-                                  "target": datasets.ClassLabel(names=["red", "green", "blue"])})
-    return datasets.Dataset.from_dict({"id": ids, "img": [class_image(i % 3, i) for i in ids],
-                                       "target": [i % 3 for i in ids]}, features=features)
+    features = datasets.Features(
+        {
+            "id": datasets.Value("int64"),
+            "img": datasets.Image(),
+            "target": datasets.ClassLabel(names=["red", "green", "blue"]),
+        }
+    )
+    return datasets.Dataset.from_dict(
+        {"id": ids, "img": [class_image(i % 3, i) for i in ids], "target": [i % 3 for i in ids]}, features=features
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,29 +67,67 @@ def data(tmp_path_factory):
 
 
 def arguments(folder, out, batch):
-    return ["--streaming", "--dataset_name", str(folder), "--image_column_name", "img", "--label_column_name",
-            "target", *TINY_MODEL, "--per_device_train_batch_size", str(batch), *STEPS_AND_BATCH,
-            "--output_dir", str(out)]
+    return [
+        "--streaming",
+        "--dataset_name",
+        str(folder),
+        "--image_column_name",
+        "img",
+        "--label_column_name",
+        "target",
+        *TINY_MODEL,
+        "--per_device_train_batch_size",
+        str(batch),
+        *STEPS_AND_BATCH,
+        "--output_dir",
+        str(out),
+    ]
 
 
 def launch_machines(argv, port, config=None):
     """Two launches, as two machines would run them (docs/fine-tuning-at-scale.md shows the command)."""
     machines = []
     for rank in (0, 1):
-        launcher = [sys.executable, "-m", "accelerate.commands.launch",
-                    *(["--config_file", str(config), "--mixed_precision", "no"] if config else ["--multi_gpu"]),
-                    "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
-                    "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+        launcher = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            *(["--config_file", str(config), "--mixed_precision", "no"] if config else ["--multi_gpu"]),
+            "--num_machines",
+            "2",
+            "--num_processes",
+            "2",
+            "--machine_rank",
+            str(rank),
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+        ]
         env = {**ENV, "ACCELERATE_USE_CPU": "1"} if config is None else {**ENV, "CUDA_VISIBLE_DEVICES": str(rank)}
-        machines.append(subprocess.Popen([*launcher, str(SCRIPT), *argv], cwd=ROOT, env=env, text=True,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        machines.append(
+            subprocess.Popen(
+                [*launcher, str(SCRIPT), *argv],
+                cwd=ROOT,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     return machines
 
 
 def one_process(argv, gpu=False):
     env = {**ENV, "CUDA_VISIBLE_DEVICES": "0"} if gpu else ENV
-    return subprocess.Popen([sys.executable, str(SCRIPT), *argv], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), *argv],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def finish(processes, timeout=600):
@@ -87,13 +147,16 @@ def assert_same_weights(path, reference):
 @pytest.mark.heavy
 def test_two_loopback_machines_train_the_model_one_process_trains(data, tmp_path):
     two, one = data
-    runs = [*launch_machines(arguments(two, tmp_path / "machines", 4), free_port()),
-            one_process(arguments(one, tmp_path / "single", 8))]
+    runs = [
+        *launch_machines(arguments(two, tmp_path / "machines", 4), free_port()),
+        one_process(arguments(one, tmp_path / "single", 8)),
+    ]
     machine0, _, single = finish(runs)
     assert "2 process(es), batch 8, 4 updates" in machine0
     assert "1 process(es), batch 8, 4 updates" in single
-    assert_same_weights(tmp_path / "machines" / "model" / "model.safetensors",
-                        tmp_path / "single" / "model" / "model.safetensors")
+    assert_same_weights(
+        tmp_path / "machines" / "model" / "model.safetensors", tmp_path / "single" / "model" / "model.safetensors"
+    )
 
 
 @pytest.mark.parametrize("config, kind", [("fsdp2.yaml", "FSDP"), ("deepspeed_zero2.yaml", "DEEPSPEED")])
@@ -127,9 +190,12 @@ def test_two_loopback_gpu_machines_with_sharded_configs(data, tmp_path, config):
     if config.startswith("deepspeed"):
         pytest.importorskip("deepspeed")
     two, one = data
-    runs = [*launch_machines(arguments(two, tmp_path / "machines", 4), free_port(),
-                             config=ROOT / "configs" / "accelerate" / config),
-            one_process(arguments(one, tmp_path / "single", 8), gpu=True)]
+    runs = [
+        *launch_machines(
+            arguments(two, tmp_path / "machines", 4), free_port(), config=ROOT / "configs" / "accelerate" / config
+        ),
+        one_process(arguments(one, tmp_path / "single", 8), gpu=True),
+    ]
     finish(runs)
     saved, expected = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("machines", "single"))
     assert saved.keys() == expected.keys()

@@ -35,7 +35,11 @@ NOT_MAPPED = ("hubvit.tests", "hubvit.setup", "hubvit.hubvit", "hubvit.benchmark
 def found():
     """Where each module name resolves (its file), or None, in a fresh Python started at the repository root."""
     result = subprocess.run(
-        [sys.executable, "-c", PROBE, *MAPPED, *NOT_MAPPED], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", PROBE, *MAPPED, *NOT_MAPPED],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         check=True,
     )
     return json.loads(result.stdout)

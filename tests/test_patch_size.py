@@ -128,8 +128,12 @@ def test_saved_resized_model_loads_as_a_normal_folder(tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(pixels).logits, model(pixels).logits)
     assert loaded.config.patch_size == 16
-    assert loaded.config.patch_resize == {"from_patch_size": [8, 8], "method": "pi", "interpolation": "bilinear",
-                                          "antialias": True}
+    assert loaded.config.patch_resize == {
+        "from_patch_size": [8, 8],
+        "method": "pi",
+        "interpolation": "bilinear",
+        "antialias": True,
+    }
 
 
 def test_from_pretrained_patch_size_equals_load_then_resize(tmp_path):
@@ -175,12 +179,27 @@ def test_training_with_random_patch_sizes_serves_every_size(tmp_path):
 
     data = saved_dataset(tmp_path / "data", n=24)
     out = tmp_path / "out"
-    run_in_process([
-        "--dataset_name", str(data), "--image_column_name", "img", "--label_column_name", "target",
-        "--output_dir", str(out), *TINY_MODEL[:2], "--config_overrides",
-        "image_size=16,patch_size=8,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
-        "--patch_sizes", "2,4,8", "--max_train_steps", "6", "--per_device_train_batch_size", "4",
-    ])
+    run_in_process(
+        [
+            "--dataset_name",
+            str(data),
+            "--image_column_name",
+            "img",
+            "--label_column_name",
+            "target",
+            "--output_dir",
+            str(out),
+            *TINY_MODEL[:2],
+            "--config_overrides",
+            "image_size=16,patch_size=8,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
+            "--patch_sizes",
+            "2,4,8",
+            "--max_train_steps",
+            "6",
+            "--per_device_train_batch_size",
+            "4",
+        ]
+    )
     draw = patch_sizes.sampler([2, 4, 8], tiny_config(image_size=16), seed=0)
     assert {draw(step)["patch_size"] for step in range(6)} == {2, 4, 8}
     summary = json.loads((out / "all_results.json").read_text())
@@ -320,9 +339,21 @@ def test_experiment_quick_run_writes_every_arm_at_every_patch_size(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, str(root / "scripts" / "experiments" / "patch_size.py"), "--quick",
-                          "--output_dir", str(tmp_path)], check=False, cwd=root, env=env, capture_output=True, text=True,
-                         timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(root / "scripts" / "experiments" / "patch_size.py"),
+            "--quick",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        check=False,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads((tmp_path / "patch_size.json").read_text())
     assert set(results["runs"]) == {"pi", "interpolate", "native", "random"}

@@ -49,8 +49,14 @@ SETTINGS = {
     "torchvision_v1_bilinear": (ViT_B_16_Weights.IMAGENET1K_V1, "torchvision"),
     "torchvision_swag_e2e_bicubic": (ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1, "torchvision"),
     "jax_plain_resize": (
-        dict(input_size=(3, 224, 224), crop_pct=1.0, crop_mode="squash", interpolation="bilinear",
-             mean=(0.5,) * 3, std=(0.5,) * 3),
+        dict(
+            input_size=(3, 224, 224),
+            crop_pct=1.0,
+            crop_mode="squash",
+            interpolation="bilinear",
+            mean=(0.5,) * 3,
+            std=(0.5,) * 3,
+        ),
         "jax",
     ),
 }
@@ -145,13 +151,19 @@ def test_a_transformers_source_keeps_its_own_processor(tmp_path):
 
     config = Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
     Dinov2Model(config).save_pretrained(tmp_path / "src")
-    BitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}, resample=3,
-                      image_mean=list(preprocessing.IMAGENET_MEAN), image_std=list(preprocessing.IMAGENET_STD),
-                      ).save_pretrained(tmp_path / "src")
+    BitImageProcessor(
+        size={"shortest_edge": 36},
+        crop_size={"height": 32, "width": 32},
+        resample=3,
+        image_mean=list(preprocessing.IMAGENET_MEAN),
+        image_std=list(preprocessing.IMAGENET_STD),
+    ).save_pretrained(tmp_path / "src")
     assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
     source, ours = (AutoImageProcessor.from_pretrained(tmp_path / name) for name in ("src", "out"))
     for photo in PHOTOS:
         image = Image.fromarray(getattr(data, photo)())
-        assert torch.equal(ours(images=image, return_tensors="pt")["pixel_values"],
-                           source(images=image, return_tensors="pt")["pixel_values"])
+        assert torch.equal(
+            ours(images=image, return_tensors="pt")["pixel_values"],
+            source(images=image, return_tensors="pt")["pixel_values"],
+        )
     assert "Resize the shorter side to 36 (bicubic), centre crop 32x32" in (tmp_path / "out" / "README.md").read_text()

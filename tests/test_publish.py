@@ -55,8 +55,16 @@ def seed_timm(server, tmp_path, seed):
 def seed_transformers(server, tmp_path):
     from transformers import ViTConfig, ViTForImageClassification
 
-    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, num_labels=3, layer_norm_eps=1e-6)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=3,
+        layer_norm_eps=1e-6,
+    )
     ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
     server.create_repo("google/tiny-vit")
     return server.commit("google/tiny-vit", files_of(tmp_path / "vit"))
@@ -136,14 +144,19 @@ def test_yaml_and_csv_manifests_read_the_same(tmp_path):
         "source,converter,options,repo_id,private\n"
         "timm/tiny_vit.augreg_in1k,timm,,test-user/zoo-timm,false\n"
         "google/tiny-vit,transformers,--tolerance 1e-5,test-user/zoo-vit,private\n"
-        "timm/tiny_vit.augreg_in1k,timm,\"--model-args '{\"\"img_size\"\": 48}'\",test-user/zoo-broken,\n"
+        'timm/tiny_vit.augreg_in1k,timm,"--model-args \'{""img_size"": 48}\'",test-user/zoo-broken,\n'
     )
-    assert read_manifest(tmp_path / "zoo.yaml") == read_manifest(tmp_path / "zoo.csv") == [
-        Entry("timm/tiny_vit.augreg_in1k", "timm", "test-user/zoo-timm", [], False),
-        Entry("google/tiny-vit", "transformers", "test-user/zoo-vit", ["--tolerance", "1e-5"], True),
-        Entry("timm/tiny_vit.augreg_in1k", "timm", "test-user/zoo-broken",
-              ["--model-args", '{"img_size": 48}'], False),
-    ]
+    assert (
+        read_manifest(tmp_path / "zoo.yaml")
+        == read_manifest(tmp_path / "zoo.csv")
+        == [
+            Entry("timm/tiny_vit.augreg_in1k", "timm", "test-user/zoo-timm", [], False),
+            Entry("google/tiny-vit", "transformers", "test-user/zoo-vit", ["--tolerance", "1e-5"], True),
+            Entry(
+                "timm/tiny_vit.augreg_in1k", "timm", "test-user/zoo-broken", ["--model-args", '{"img_size": 48}'], False
+            ),
+        ]
+    )
 
 
 @pytest.mark.parametrize(
@@ -152,8 +165,10 @@ def test_yaml_and_csv_manifests_read_the_same(tmp_path):
         ("- {source: a, converter: timm}\n", r"entry 1: missing \['repo_id'\]"),
         ("- {source: a, converter: onnx, repo_id: u/a}\n", r"entry 1: converter 'onnx'; expected one of"),
         ("- {source: a, converter: timm, repo_id: u/a, privte: true}\n", r"unknown fields \['privte'\]"),
-        ("- {source: a, converter: timm, repo_id: u/a}\n- {source: b, converter: jax, repo_id: u/a}\n",
-         "several entries push to u/a"),
+        (
+            "- {source: a, converter: timm, repo_id: u/a}\n- {source: b, converter: jax, repo_id: u/a}\n",
+            "several entries push to u/a",
+        ),
         ("- {source: a, converter: timm, repo_id: u/a, private: maybe}\n", "private 'maybe'; expected true/false"),
     ],
 )

@@ -63,7 +63,7 @@ def test_random_erasing_replaces_one_rectangle_and_nothing_else():
     rows, cols = changed.any(1).nonzero().flatten(), changed.any(0).nonzero().flatten()
     assert 0 < changed.sum() < 16 * 16
     assert changed.sum() == len(rows) * len(cols), "the erased pixels form one rectangle"
-    assert changed[rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()
+    assert changed[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1].all()
 
 
 def test_drop_path_rate_grows_linearly_and_makes_training_forwards_random():
@@ -74,7 +74,8 @@ def test_drop_path_rate_grows_linearly_and_makes_training_forwards_random():
     recipes.set_drop_path_rate(model, 0.3)
     depth = model.config.num_hidden_layers
     assert [layer.drop_path_rate for layer in model.hubvit.encoder.layers] == pytest.approx(
-        [0.3 * i / (depth - 1) for i in range(depth)])
+        [0.3 * i / (depth - 1) for i in range(depth)]
+    )
     assert model.config.drop_path_rate == 0.3
     torch.manual_seed(1)
     assert not torch.allclose(model(pixel_values=pixels).logits, model(pixel_values=pixels).logits)
@@ -109,12 +110,28 @@ def test_torch_compile_flag_compiles_the_prepared_model_and_keeps_its_outputs(fr
 
 # The published values each preset must carry (sources in training/recipes.py).
 PUBLISHED = {
-    "deit": {"optimizer": "adamw", "weight_decay": 0.05, "label_smoothing": 0.1, "mixup_alpha": 0.8,
-             "cutmix_alpha": 1.0, "random_erasing": 0.25, "drop_path_rate": 0.1, "ema_decay": 0.99996,
-             "randaugment_magnitude": 9},
+    "deit": {
+        "optimizer": "adamw",
+        "weight_decay": 0.05,
+        "label_smoothing": 0.1,
+        "mixup_alpha": 0.8,
+        "cutmix_alpha": 1.0,
+        "random_erasing": 0.25,
+        "drop_path_rate": 0.1,
+        "ema_decay": 0.99996,
+        "randaugment_magnitude": 9,
+    },
     "augreg": {"optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.0, "max_grad_norm": 1.0, "mixup_alpha": 0.0},
-    "mae": {"optimizer": "adamw", "layer_decay": 0.65, "weight_decay": 0.05, "mixup_alpha": 0.8, "cutmix_alpha": 1.0,
-            "drop_path_rate": 0.1, "random_erasing": 0.25, "label_smoothing": 0.1},
+    "mae": {
+        "optimizer": "adamw",
+        "layer_decay": 0.65,
+        "weight_decay": 0.05,
+        "mixup_alpha": 0.8,
+        "cutmix_alpha": 1.0,
+        "drop_path_rate": 0.1,
+        "random_erasing": 0.25,
+        "label_smoothing": 0.1,
+    },
 }
 
 
@@ -149,9 +166,28 @@ def test_a_run_with_ema_evaluates_and_saves_the_average_beside_the_model(tmp_pat
 
     data = saved_dataset(tmp_path / "data", n=24)
     out = tmp_path / "out"
-    assert run_in_process(["--dataset_name", str(data), "--image_column_name", "img", "--label_column_name", "target",
-                           *TINY_MODEL, "--per_device_train_batch_size", "4", "--max_train_steps", "4",
-                           "--ema_decay", "0.5", "--output_dir", str(out)]) == 0
+    assert (
+        run_in_process(
+            [
+                "--dataset_name",
+                str(data),
+                "--image_column_name",
+                "img",
+                "--label_column_name",
+                "target",
+                *TINY_MODEL,
+                "--per_device_train_batch_size",
+                "4",
+                "--max_train_steps",
+                "4",
+                "--ema_decay",
+                "0.5",
+                "--output_dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     found = results(out)
     assert {"ema_eval_accuracy", "ema_eval_loss"} <= set(found)
     model, averaged = load_file(out / "model" / "model.safetensors"), load_file(out / "model_ema" / "model.safetensors")
@@ -159,12 +195,15 @@ def test_a_run_with_ema_evaluates_and_saves_the_average_beside_the_model(tmp_pat
     assert any(not torch.equal(model[k], averaged[k]) for k in model)
 
 
-@pytest.mark.parametrize("flag, value, expected", [
-    ("--random_erasing", "1.5", "--random_erasing must be a finite number in [0, 1], got 1.5"),
-    ("--ema_decay", "1", "--ema_decay must be a finite number in (0, 1), got 1.0"),
-    ("--drop_path_rate", "nan", "--drop_path_rate must be a finite number in [0, 1), got nan"),
-    ("--shuffle_buffer", "-1", "--shuffle_buffer must be >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "flag, value, expected",
+    [
+        ("--random_erasing", "1.5", "--random_erasing must be a finite number in [0, 1], got 1.5"),
+        ("--ema_decay", "1", "--ema_decay must be a finite number in (0, 1), got 1.0"),
+        ("--drop_path_rate", "nan", "--drop_path_rate must be a finite number in [0, 1), got nan"),
+        ("--shuffle_buffer", "-1", "--shuffle_buffer must be >= 0, got -1"),
+    ],
+)
 def test_bad_recipe_values_fail_before_training_with_the_value(tmp_path, capsys, flag, value, expected):
     from hubvit.scripts.finetune import main
 
@@ -204,7 +243,7 @@ def test_cutmix_pastes_one_rectangle_and_weights_labels_by_its_area():
     torch.manual_seed(3)
     pixels = torch.stack([torch.full((3, 16, 16), float(i)) for i in range(2)])
     mixed, targets = make_mixer(0.0, 1.0, 2)(pixels, torch.tensor([0, 1]))
-    pasted = (mixed[1, 0] != 1.0)
+    pasted = mixed[1, 0] != 1.0
     assert 0 < pasted.sum() < 256
     torch.testing.assert_close(targets[1, 1], 1 - pasted.float().mean(), rtol=0, atol=1e-6)
 
@@ -217,8 +256,9 @@ def test_randaugment_changes_training_images_and_leaves_evaluation_alone():
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
     plain_train, plain_eval = make_transforms((16, 16), Preprocessing(resample="bilinear"), "none")
-    rand_train, rand_eval = make_transforms((16, 16), Preprocessing(resample="bilinear"), "none", randaugment=2,
-                                            magnitude=9)
+    rand_train, rand_eval = make_transforms(
+        (16, 16), Preprocessing(resample="bilinear"), "none", randaugment=2, magnitude=9
+    )
     torch.manual_seed(0)
     assert any(not torch.equal(rand_train(image), plain_train(image)) for _ in range(5))
     torch.testing.assert_close(rand_eval(image), plain_eval(image), rtol=0, atol=0)

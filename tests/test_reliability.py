@@ -29,8 +29,13 @@ from hubvit.scripts.cli import main as cli
 from utils import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONPATH": str(ROOT),
-       "PYTHONDONTWRITEBYTECODE": "1"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PYTHONPATH": str(ROOT),
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -43,16 +48,24 @@ def jax_arrays(seed=0, width=8, heads=2, mlp=16, patch=4, image=8, classes=3):
     grid = (image // patch) ** 2
     block = "Transformer/encoderblock_0"
     arrays = {
-        "embedding/kernel": n(patch, patch, 3, width), "embedding/bias": n(width), "cls": n(1, 1, width),
+        "embedding/kernel": n(patch, patch, 3, width),
+        "embedding/bias": n(width),
+        "cls": n(1, 1, width),
         "Transformer/posembed_input/pos_embedding": n(1, grid + 1, width),
-        f"{block}/LayerNorm_0/scale": 1 + n(width), f"{block}/LayerNorm_0/bias": n(width),
-        f"{block}/LayerNorm_2/scale": 1 + n(width), f"{block}/LayerNorm_2/bias": n(width),
+        f"{block}/LayerNorm_0/scale": 1 + n(width),
+        f"{block}/LayerNorm_0/bias": n(width),
+        f"{block}/LayerNorm_2/scale": 1 + n(width),
+        f"{block}/LayerNorm_2/bias": n(width),
         f"{block}/MultiHeadDotProductAttention_1/out/kernel": n(heads, width // heads, width),
         f"{block}/MultiHeadDotProductAttention_1/out/bias": n(width),
-        f"{block}/MlpBlock_3/Dense_0/kernel": n(width, mlp), f"{block}/MlpBlock_3/Dense_0/bias": n(mlp),
-        f"{block}/MlpBlock_3/Dense_1/kernel": n(mlp, width), f"{block}/MlpBlock_3/Dense_1/bias": n(width),
-        "Transformer/encoder_norm/scale": 1 + n(width), "Transformer/encoder_norm/bias": n(width),
-        "head/kernel": n(width, classes), "head/bias": n(classes),
+        f"{block}/MlpBlock_3/Dense_0/kernel": n(width, mlp),
+        f"{block}/MlpBlock_3/Dense_0/bias": n(mlp),
+        f"{block}/MlpBlock_3/Dense_1/kernel": n(mlp, width),
+        f"{block}/MlpBlock_3/Dense_1/bias": n(width),
+        "Transformer/encoder_norm/scale": 1 + n(width),
+        "Transformer/encoder_norm/bias": n(width),
+        "head/kernel": n(width, classes),
+        "head/bias": n(classes),
     }
     for name in ("query", "key", "value"):
         arrays[f"{block}/MultiHeadDotProductAttention_1/{name}/kernel"] = n(width, heads, width // heads)
@@ -182,8 +195,20 @@ def test_timm_weights_with_nan_are_refused_before_any_verification(tmp_path, cap
     weights = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TIMM_ARGS).state_dict()
     weights["blocks.0.mlp.fc1.weight"][3, 2] = float("nan")
     save_file(weights, tmp_path / "nan.safetensors")
-    status, err = hubvit(["convert", "timm", tmp_path / "nan.safetensors", tmp_path / "out", "--architecture",
-                          "vit_tiny_patch16_224", "--model-args", json.dumps(TIMM_ARGS), verify], capsys)
+    status, err = hubvit(
+        [
+            "convert",
+            "timm",
+            tmp_path / "nan.safetensors",
+            tmp_path / "out",
+            "--architecture",
+            "vit_tiny_patch16_224",
+            "--model-args",
+            json.dumps(TIMM_ARGS),
+            verify,
+        ],
+        capsys,
+    )
     assert status == 2
     assert "blocks.0.mlp.fc1.weight" in err and "NaN" in err and "does not reproduce" not in err
     assert not (tmp_path / "out").exists()
@@ -255,8 +280,11 @@ def test_hubvit_push_with_a_silent_endpoint_exits_2_with_one_line(push_folder_pa
     with SilentServer() as server:
         run = subprocess.run(
             [sys.executable, "-m", "hubvit.scripts.cli", "push", str(push_folder_path), "me/tiny", "--timeout", "1"],
-            cwd=ROOT, env={**ENV, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": server.endpoint, "HF_TOKEN": "hf_test"},
-            capture_output=True, text=True, timeout=120,
+            cwd=ROOT,
+            env={**ENV, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": server.endpoint, "HF_TOKEN": "hf_test"},
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert run.returncode == 2, run.stderr[-2000:]
     assert "Traceback" not in run.stderr and server.endpoint in run.stderr
@@ -302,8 +330,12 @@ def data_flags(data):
     return ["--dataset_name", data, "--image_column_name", "img", "--label_column_name", "target"]
 
 
-TINY = ["--config_overrides", "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
-        "--image_size", "16"]
+TINY = [
+    "--config_overrides",
+    "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
+    "--image_size",
+    "16",
+]
 
 
 def edited_folder(tmp_path, **config_changes):
@@ -329,8 +361,10 @@ def test_finetuning_from_weights_that_do_not_fit_their_config_stops_before_train
 ):
     folder = edited_folder(tmp_path, **change)
     out = tmp_path / "out"
-    status, err = finetune([*data_flags(finetune_data), "--model_name_or_path", folder, "--max_train_steps", "1",
-                            "--output_dir", out], capsys)
+    status, err = finetune(
+        [*data_flags(finetune_data), "--model_name_or_path", folder, "--max_train_steps", "1", "--output_dir", out],
+        capsys,
+    )
     assert status == 2
     assert "do not fit its config" in err
     for name in names:
@@ -399,12 +433,15 @@ def test_a_class_too_small_for_the_held_out_split_is_named(tmp_path, capsys):
     import datasets
 
     labels = [0] * 10 + [1] * 10 + [2]
-    features = datasets.Features({"img": datasets.Image(),
-                                  "target": datasets.ClassLabel(names=["red", "green", "blue"])})
-    datasets.Dataset.from_dict({"img": [class_image(y, i) for i, y in enumerate(labels)], "target": labels},
-                               features=features).save_to_disk(str(tmp_path / "thin"))
-    status, err = finetune([*data_flags(tmp_path / "thin"), *TINY, "--max_train_steps", "1",
-                            "--output_dir", tmp_path / "out"], capsys)
+    features = datasets.Features(
+        {"img": datasets.Image(), "target": datasets.ClassLabel(names=["red", "green", "blue"])}
+    )
+    datasets.Dataset.from_dict(
+        {"img": [class_image(y, i) for i, y in enumerate(labels)], "target": labels}, features=features
+    ).save_to_disk(str(tmp_path / "thin"))
+    status, err = finetune(
+        [*data_flags(tmp_path / "thin"), *TINY, "--max_train_steps", "1", "--output_dir", tmp_path / "out"], capsys
+    )
     assert status == 2 and "'blue' (1 images)" in err and "--train_val_split" in err
 
 
@@ -416,8 +453,22 @@ def test_an_unreadable_image_is_named_with_its_index(tmp_path, capsys, damage):
     bad = train / "b" / "3.png"
     data = bad.read_bytes()
     bad.write_bytes({"zero bytes": b"", "truncated": data[: len(data) // 2], "garbage": os.urandom(len(data))}[damage])
-    status, err = finetune(["--train_dir", train, *TINY, "--train_val_split", "0.5", "--max_train_steps", "3",
-                            "--per_device_train_batch_size", "6", "--output_dir", tmp_path / "out"], capsys)
+    status, err = finetune(
+        [
+            "--train_dir",
+            train,
+            *TINY,
+            "--train_val_split",
+            "0.5",
+            "--max_train_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "6",
+            "--output_dir",
+            tmp_path / "out",
+        ],
+        capsys,
+    )
     assert status == 2
     assert str(bad) in err and "cannot be read" in err
     index = int(err.split("image ")[1].split(" ")[0])
@@ -432,8 +483,18 @@ def checkpoint_run(tmp_path_factory, finetune_data):
     from test_finetune import run_in_process
 
     out = tmp_path_factory.mktemp("ckpt") / "run"
-    run_in_process([*map(str, data_flags(finetune_data)), *TINY, "--max_train_steps", "1", "--checkpointing_steps",
-                    "1", "--output_dir", str(out)])
+    run_in_process(
+        [
+            *map(str, data_flags(finetune_data)),
+            *TINY,
+            "--max_train_steps",
+            "1",
+            "--checkpointing_steps",
+            "1",
+            "--output_dir",
+            str(out),
+        ]
+    )
     return out
 
 
@@ -468,8 +529,19 @@ def test_a_damaged_checkpoint_fails_the_resume(tmp_path, checkpoint_run, finetun
         target.write_bytes(target.read_bytes()[:40])
     else:
         target.unlink()
-    status, err = finetune([*data_flags(finetune_data), *TINY, "--max_train_steps", "2", "--output_dir", out,
-                            "--resume_from_checkpoint", checkpoint], capsys)
+    status, err = finetune(
+        [
+            *data_flags(finetune_data),
+            *TINY,
+            "--max_train_steps",
+            "2",
+            "--output_dir",
+            out,
+            "--resume_from_checkpoint",
+            checkpoint,
+        ],
+        capsys,
+    )
     assert status == 2 and message in err, err[-2000:]
     assert "this would have run" not in err
     assert not (out / "model").exists()
@@ -559,8 +631,12 @@ def model():
 
 @pytest.mark.parametrize(
     "shape, message",
-    [((0, 3, 32, 32), "batch size 0"), ((1, 3, 0, 32), "smaller than one patch"), ((1, 3, 32, 0), "smaller than one patch"),
-     ((1, 3, 4, 4), "smaller than one patch")],
+    [
+        ((0, 3, 32, 32), "batch size 0"),
+        ((1, 3, 0, 32), "smaller than one patch"),
+        ((1, 3, 32, 0), "smaller than one patch"),
+        ((1, 3, 4, 4), "smaller than one patch"),
+    ],
 )
 def test_empty_batches_and_images_smaller_than_a_patch_raise_value_error_naming_the_shape(model, shape, message):
     with pytest.raises(ValueError, match=message) as error:
@@ -576,8 +652,15 @@ def test_integer_or_bool_pixels_are_refused_with_a_hint_to_the_image_processor(m
 
 @pytest.mark.parametrize(
     "field, value",
-    [("layer_norm_eps", 0.0), ("layer_norm_eps", -1e-6), ("layer_norm_eps", math.nan), ("hidden_dropout_prob", 1.0),
-     ("attention_probs_dropout_prob", -0.1), ("drop_path_rate", 1.0), ("drop_path_rate", math.nan)],
+    [
+        ("layer_norm_eps", 0.0),
+        ("layer_norm_eps", -1e-6),
+        ("layer_norm_eps", math.nan),
+        ("hidden_dropout_prob", 1.0),
+        ("attention_probs_dropout_prob", -0.1),
+        ("drop_path_rate", 1.0),
+        ("drop_path_rate", math.nan),
+    ],
 )
 def test_config_ranges_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
@@ -637,8 +720,16 @@ def test_push_help_says_the_load_check_runs_the_folders_code():
 def test_sharded_index_with_paths_leaving_the_folder_is_refused(tmp_path, capsys):
     from transformers import ViTConfig, ViTForImageClassification
 
-    config = ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, num_labels=3, layer_norm_eps=1e-6)
+    config = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=3,
+        layer_norm_eps=1e-6,
+    )
     src = tmp_path / "vit"
     ViTForImageClassification(config).save_pretrained(src, max_shard_size="20KB")
     index_path = src / "model.safetensors.index.json"

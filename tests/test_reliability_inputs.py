@@ -112,15 +112,25 @@ def test_drop_pre_logits_on_a_file_without_pre_logits_is_refused(npz, tmp_path, 
 def torchvision_file(tmp_path):
     tv = pytest.importorskip("torchvision")
     model = tv.models.vision_transformer.VisionTransformer(
-        image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
+        image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3
+    )
     torch.save(model.state_dict(), tmp_path / "vit.pth")
     return tmp_path / "vit.pth"
 
 
 @pytest.mark.parametrize("size", ["0", "-8"])
 def test_torchvision_image_size_must_be_positive(torchvision_file, tmp_path, capsys, size):
-    status = cli(["convert", "torchvision", str(torchvision_file), str(tmp_path / "out"), "--num-heads", "2",
-                  f"--image-size={size}"])
+    status = cli(
+        [
+            "convert",
+            "torchvision",
+            str(torchvision_file),
+            str(tmp_path / "out"),
+            "--num-heads",
+            "2",
+            f"--image-size={size}",
+        ]
+    )
     lines = errors(capsys)
     assert status == 2 and len(lines) == 1 and f"image_size={size}" in lines[0]
     assert not (tmp_path / "out").exists()
@@ -140,8 +150,16 @@ def timm_folder(tmp_path):
     timm = pytest.importorskip("timm")
     from timm.models import save_for_hf
 
-    model = timm.create_model("vit_base_patch16_224", pretrained=False, depth=1, embed_dim=32, num_heads=2,
-                              img_size=16, patch_size=8, num_classes=3)
+    model = timm.create_model(
+        "vit_base_patch16_224",
+        pretrained=False,
+        depth=1,
+        embed_dim=32,
+        num_heads=2,
+        img_size=16,
+        patch_size=8,
+        num_classes=3,
+    )
     save_for_hf(model, tmp_path / "timm")
     return tmp_path / "timm"
 
@@ -157,11 +175,14 @@ def edit_json(path, **changes):
     path.write_text(json.dumps(raw))
 
 
-@pytest.mark.parametrize("change, named", [
-    ({"model_args": "depth=1"}, "model_args='depth=1'"),
-    ({"model_args.num_classes": -1}, "num_classes=-1"),
-    ({"pretrained_cfg.crop_pct": -0.9}, "crop_pct=-0.9"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"model_args": "depth=1"}, "model_args='depth=1'"),
+        ({"model_args.num_classes": -1}, "num_classes=-1"),
+        ({"pretrained_cfg.crop_pct": -0.9}, "crop_pct=-0.9"),
+    ],
+)
 def test_bad_timm_config_fields_are_named(timm_folder, tmp_path, capsys, change, named):
     edit_json(timm_folder / "config.json", **change)
     status = cli(["convert", "timm", str(timm_folder), str(tmp_path / "out")])
@@ -174,9 +195,17 @@ def test_a_negative_size_in_a_source_preprocessor_is_refused(tmp_path, capsys):
     from test_reliability_sizes import transformers_folder
 
     src = transformers_folder(tmp_path / "vit")
-    (src / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": -16, "width": 16},
-        "image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+    (src / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "ViTImageProcessor",
+                "do_resize": True,
+                "size": {"height": -16, "width": 16},
+                "image_mean": [0.5] * 3,
+                "image_std": [0.5] * 3,
+            }
+        )
+    )
     capsys.readouterr()
     status = cli(["convert", "transformers", str(src), str(tmp_path / "out")])
     lines = errors(capsys)
@@ -204,8 +233,11 @@ def test_a_pickled_weights_file_is_refused_without_advising_weights_only_false(t
     torch.save(weights, src / "pytorch_model.bin")
     (src / "model.safetensors").unlink()
     capsys.readouterr()
-    argv = (["export", "onnx", str(src), str(tmp_path / "m.onnx")] if command == "export"
-            else ["analyze", "position-similarity", str(src), "--output-dir", str(tmp_path / "a")])
+    argv = (
+        ["export", "onnx", str(src), str(tmp_path / "m.onnx")]
+        if command == "export"
+        else ["analyze", "position-similarity", str(src), "--output-dir", str(tmp_path / "a")]
+    )
     status = cli(argv)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if ": error: " in line]

@@ -63,8 +63,16 @@ def test_publish_refuses_a_work_dir_entry_that_is_its_own_local_source(tmp_path,
 
     work = tmp_path / "W"
     source = work / "adv-zoo"
-    model = timm.create_model("vit_base_patch16_224", pretrained=False, depth=1, embed_dim=32, num_heads=2,
-                              img_size=16, patch_size=8, num_classes=3)
+    model = timm.create_model(
+        "vit_base_patch16_224",
+        pretrained=False,
+        depth=1,
+        embed_dim=32,
+        num_heads=2,
+        img_size=16,
+        patch_size=8,
+        num_classes=3,
+    )
     save_for_hf(model, source)
     before = files_of(source)
     manifest = tmp_path / "zoo.yaml"
@@ -152,8 +160,15 @@ def test_a_yaml_manifest_with_aliases_is_refused_without_expanding_them(tmp_path
     assert len(BILLION_LAUGHS) < 1500
     code = "import sys; from hubvit.conversion.publish import read_manifest; read_manifest(sys.argv[1])"
     try:
-        run = subprocess.run([sys.executable, "-c", code, str(manifest)], check=False, cwd=ROOT, env=ENV, capture_output=True,
-                             text=True, timeout=60)
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(manifest)],
+            check=False,
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("reading a 1 kB manifest took more than 60 s")
     assert run.returncode != 0
@@ -172,8 +187,17 @@ def test_analyze_skips_a_named_pipe_among_the_images(tmp_path, capsys):
     Image.new("RGB", (40, 40), (200, 30, 90)).save(images / "a.png")
     pipe = images / "b.png"
     os.mkfifo(pipe)
-    argv = ["analyze", "attention-distance", "s/16", "--images", str(images), "--image-size", "32",
-            "--output-dir", str(tmp_path / "out")]
+    argv = [
+        "analyze",
+        "attention-distance",
+        "s/16",
+        "--images",
+        str(images),
+        "--image-size",
+        "32",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     try:
         finished, status, _ = within(60, cli, argv)
     finally:

@@ -60,19 +60,24 @@ class HostileServer:
 
 def status_500(connection, stopped):
     body = b'{"error": "internal"}'
-    connection.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    connection.sendall(
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+    )
 
 
 def not_json(connection, stopped):
     body = b"<html>a captive portal</html>"
-    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                       b"Connection: close\r\n\r\n%s" % (len(body), body))
+    connection.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (len(body), body)
+    )
 
 
 def trickle(connection, stopped):
-    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n"
-                       b"Connection: close\r\n\r\n")
+    connection.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n"
+    )
     while not stopped.is_set():
         connection.sendall(b" ")
         time.sleep(0.5)

@@ -68,8 +68,15 @@ def test_a_sparse_12_gb_safetensors_file_is_refused_before_it_is_read(tmp_path, 
 def transformers_folder(path, **changes):
     from transformers import ViTConfig, ViTForImageClassification
 
-    config = ViTConfig(image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                       intermediate_size=32, num_labels=2)
+    config = ViTConfig(
+        image_size=16,
+        patch_size=8,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=2,
+    )
     ViTForImageClassification(config).save_pretrained(path)
     raw = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**raw, **changes}))
@@ -111,8 +118,9 @@ def test_analyze_refuses_an_absurd_config(tmp_path, capsys):
 
 
 def test_analyze_refuses_an_image_size_whose_attention_cannot_fit(tmp_path, capsys):
-    status = cli(["analyze", "position-similarity", "s/16", "--image-size", "160000",
-                  "--output-dir", str(tmp_path / "a")])
+    status = cli(
+        ["analyze", "position-similarity", "s/16", "--image-size", "160000", "--output-dir", str(tmp_path / "a")]
+    )
     lines = errors(capsys)
     assert status == 2 and len(lines) == 1 and "160000x160000" in lines[0] and "tokens" in lines[0]
 
@@ -139,8 +147,16 @@ def test_a_config_json_that_is_a_list_is_one_line_naming_the_file(tmp_path, caps
 def test_the_budget_accepts_vit_huge_at_518_pixels():
     from hubvit.limits import check_config_sizes
 
-    check_config_sizes({"hidden_size": 1280, "num_hidden_layers": 32, "intermediate_size": 5120,
-                        "num_attention_heads": 16, "image_size": 518, "patch_size": 14})
+    check_config_sizes(
+        {
+            "hidden_size": 1280,
+            "num_hidden_layers": 32,
+            "intermediate_size": 5120,
+            "num_attention_heads": 16,
+            "image_size": 518,
+            "patch_size": 14,
+        }
+    )
 
 
 def test_the_budget_refuses_a_billion_wide_layer_by_name():

@@ -68,8 +68,9 @@ def test_a_decompression_bomb_image_is_refused_by_name(tmp_path, capsys, monkeyp
     monkeypatch.setenv("HUBVIT_MAX_IMAGE_PIXELS", str(10**6))
     train = folders(tmp_path, ["a", "b"], n=6)
     Image.new("RGB", (3000, 3000)).save(train / "a" / "bomb.png")
-    status, err = run(tmp_path, capsys, "--train_dir", train, "--train_val_split", "0.5",
-                      "--per_device_train_batch_size", "8")
+    status, err = run(
+        tmp_path, capsys, "--train_dir", train, "--train_val_split", "0.5", "--per_device_train_batch_size", "8"
+    )
     line = one_error(err)
     assert status == 2 and "3000x3000" in line and "decompression bomb" in line
 
@@ -77,8 +78,18 @@ def test_a_decompression_bomb_image_is_refused_by_name(tmp_path, capsys, monkeyp
 def test_a_bad_image_in_a_dataloader_worker_is_one_line(tmp_path, capsys):
     train = folders(tmp_path, ["a", "b"], n=6)
     (train / "b" / "3.png").write_bytes(b"garbage")
-    status, err = run(tmp_path, capsys, "--train_dir", train, "--train_val_split", "0.5",
-                      "--per_device_train_batch_size", "6", "--dataloader_num_workers", "1")
+    status, err = run(
+        tmp_path,
+        capsys,
+        "--train_dir",
+        train,
+        "--train_val_split",
+        "0.5",
+        "--per_device_train_batch_size",
+        "6",
+        "--dataloader_num_workers",
+        "1",
+    )
     line = one_error(err)
     assert status == 2 and "3.png" in line and "cannot be read" in line and "DataLoader worker" not in line
 
@@ -107,8 +118,17 @@ def test_a_none_image_is_named_with_its_index(tmp_path, capsys):
     images = [class_image(i % 2, i) for i in range(8)]
     images[5] = None
     data = saved(tmp_path, images, [i % 2 for i in range(8)])
-    status, err = run(tmp_path, capsys, *data_flags(data), "--train_val_split", "0.5",
-                      "--per_device_train_batch_size", "4", "--max_train_steps", "2")
+    status, err = run(
+        tmp_path,
+        capsys,
+        *data_flags(data),
+        "--train_val_split",
+        "0.5",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_steps",
+        "2",
+    )
     line = one_error(err)
     assert status == 2 and "no image (None)" in line and "image " in line
 
@@ -123,8 +143,18 @@ def start_folder(tmp_path, **overrides):
 
 def test_a_one_channel_model_is_refused_before_training(tmp_path, capsys, finetune_data):  # noqa: F811
     start = start_folder(tmp_path, num_channels=1)
-    status, err = finetune([*data_flags(finetune_data), "--model_name_or_path", start, "--max_train_steps", "1",
-                            "--output_dir", tmp_path / "out"], capsys)
+    status, err = finetune(
+        [
+            *data_flags(finetune_data),
+            "--model_name_or_path",
+            start,
+            "--max_train_steps",
+            "1",
+            "--output_dir",
+            tmp_path / "out",
+        ],
+        capsys,
+    )
     assert status == 2 and "num_channels=1" in one_error(err)
 
 
@@ -144,8 +174,19 @@ def test_finetuning_refuses_to_replace_its_own_source_model(tmp_path, capsys, fi
     model = out / "model"
     shutil.move(source, model)
     before = {p.name: p.read_bytes() for p in model.iterdir()}
-    status, err = finetune([*data_flags(finetune_data), "--model_name_or_path", model, "--overwrite_output_dir",
-                            "--max_train_steps", "1", "--output_dir", out], capsys)
+    status, err = finetune(
+        [
+            *data_flags(finetune_data),
+            "--model_name_or_path",
+            model,
+            "--overwrite_output_dir",
+            "--max_train_steps",
+            "1",
+            "--output_dir",
+            out,
+        ],
+        capsys,
+    )
     assert status == 2 and "--model_name_or_path" in one_error(err)
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
 
@@ -154,17 +195,37 @@ def test_a_truncated_safetensors_source_is_one_line(tmp_path, capsys, finetune_d
     start = start_folder(tmp_path)
     weights = start / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    status, err = finetune([*data_flags(finetune_data), "--model_name_or_path", start, "--max_train_steps", "1",
-                            "--output_dir", tmp_path / "out"], capsys)
+    status, err = finetune(
+        [
+            *data_flags(finetune_data),
+            "--model_name_or_path",
+            start,
+            "--max_train_steps",
+            "1",
+            "--output_dir",
+            tmp_path / "out",
+        ],
+        capsys,
+    )
     line = one_error(err)
     assert status == 2 and "model.safetensors" in line and "truncated" in line
 
 
 def test_an_image_size_whose_attention_cannot_fit_is_refused(tmp_path, capsys, finetune_data):  # noqa: F811
-    status, err = finetune([*data_flags(finetune_data), "--config_overrides",
-                            "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
-                            "--image_size", "160000", "--max_train_steps", "1", "--output_dir", tmp_path / "out"],
-                           capsys)
+    status, err = finetune(
+        [
+            *data_flags(finetune_data),
+            "--config_overrides",
+            "patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
+            "--image_size",
+            "160000",
+            "--max_train_steps",
+            "1",
+            "--output_dir",
+            tmp_path / "out",
+        ],
+        capsys,
+    )
     assert status == 2 and "160000" in one_error(err)
 
 
@@ -174,8 +235,19 @@ def test_a_checkpoint_beyond_the_last_step_fails_the_resume(tmp_path, capsys, ch
     checkpoint = out / "checkpoints" / "checkpoint_1"
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     (checkpoint / "trainer_state.json").write_text(json.dumps({**state, "global_step": 10**6}))
-    status, err = finetune([*data_flags(finetune_data), *TINY, "--max_train_steps", "2", "--output_dir", out,
-                            "--resume_from_checkpoint", checkpoint], capsys)
+    status, err = finetune(
+        [
+            *data_flags(finetune_data),
+            *TINY,
+            "--max_train_steps",
+            "2",
+            "--output_dir",
+            out,
+            "--resume_from_checkpoint",
+            checkpoint,
+        ],
+        capsys,
+    )
     assert status == 2 and "step 1000000" in one_error(err)
     assert not (out / "model").exists()
 
@@ -198,16 +270,25 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_check
     from test_reliability import ENV, ROOT
 
     out = tmp_path / "out"
-    argv = [*map(str, data_flags(finetune_data)), *TINY, "--max_train_steps", "1", "--checkpointing_steps", "1",
-            "--output_dir", str(out)]
+    argv = [
+        *map(str, data_flags(finetune_data)),
+        *TINY,
+        "--max_train_steps",
+        "1",
+        "--checkpointing_steps",
+        "1",
+        "--output_dir",
+        str(out),
+    ]
     code = (
         "import resource, sys\n"
         "from hubvit.scripts.finetune import main\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
         f"sys.exit(main({argv!r}))\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 2, run.stderr[-3000:]
     line = one_error(run.stderr)
     assert "cannot write the checkpoint checkpoint_1" in line and "File too large" in line

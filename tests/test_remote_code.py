@@ -14,7 +14,9 @@ from utils import randomize_, run_without_hubvit, tiny_config
 
 
 def test_folder_loads_and_runs_without_hubvit(tmp_path):
-    config = tiny_config(num_labels=3, id2label={0: "zero", 1: "one", 2: "two"}, label2id={"zero": 0, "one": 1, "two": 2})
+    config = tiny_config(
+        num_labels=3, id2label={0: "zero", 1: "one", 2: "two"}, label2id={"zero": 0, "one": 1, "two": 2}
+    )
     model = randomize_(HubViTForImageClassification(config), seed=4).eval()
     folder = write_folder(model, tmp_path / "ckpt")
     for name in REQUIRED_FILES + ("preprocessor_config.json",):

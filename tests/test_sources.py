@@ -76,8 +76,16 @@ def test_timm_repo_id_and_revision(hub_server, tmp_path, capsys):
 def test_transformers_repo_id(hub_server, tmp_path):
     from transformers import ViTConfig, ViTForImageClassification
 
-    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64, num_labels=3, layer_norm_eps=1e-6)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=3,
+        layer_norm_eps=1e-6,
+    )
     ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
     repo_id = "google/tiny-vit"
     hub_server.create_repo(repo_id)
@@ -126,10 +134,14 @@ def vision_transformer_npz(depth=2, width=32, heads=4, mlp=64, patch=8, grid=4, 
     """Random arrays in the original vision_transformer layout (docs: /work/shared/FACTS.md section 1)."""
     rng = np.random.default_rng(seed)
     arrays = {
-        "embedding/kernel": (patch, patch, 3, width), "embedding/bias": (width,), "cls": (1, 1, width),
+        "embedding/kernel": (patch, patch, 3, width),
+        "embedding/bias": (width,),
+        "cls": (1, 1, width),
         "Transformer/posembed_input/pos_embedding": (1, grid * grid + 1, width),
-        "Transformer/encoder_norm/scale": (width,), "Transformer/encoder_norm/bias": (width,),
-        "head/kernel": (width, classes), "head/bias": (classes,),
+        "Transformer/encoder_norm/scale": (width,),
+        "Transformer/encoder_norm/bias": (width,),
+        "head/kernel": (width, classes),
+        "head/bias": (classes,),
     }
     for i in range(depth):
         block = f"Transformer/encoderblock_{i}"
@@ -141,8 +153,14 @@ def vision_transformer_npz(depth=2, width=32, heads=4, mlp=64, patch=8, grid=4, 
         arrays[f"{block}/MultiHeadDotProductAttention_1/out/kernel"] = (heads, width // heads, width)
         arrays[f"{block}/MultiHeadDotProductAttention_1/out/bias"] = (width,)
         mlp_block = f"{block}/MlpBlock_3"
-        arrays.update({f"{mlp_block}/Dense_0/kernel": (width, mlp), f"{mlp_block}/Dense_0/bias": (mlp,),
-                       f"{mlp_block}/Dense_1/kernel": (mlp, width), f"{mlp_block}/Dense_1/bias": (width,)})
+        arrays.update(
+            {
+                f"{mlp_block}/Dense_0/kernel": (width, mlp),
+                f"{mlp_block}/Dense_0/bias": (mlp,),
+                f"{mlp_block}/Dense_1/kernel": (mlp, width),
+                f"{mlp_block}/Dense_1/bias": (width,),
+            }
+        )
     buffer = io.BytesIO()
     np.savez(buffer, **{k: rng.standard_normal(s).astype(np.float32) for k, s in arrays.items()})
     return buffer.getvalue()
@@ -181,7 +199,7 @@ class FileServer:
                     if owner.cut_at is not None:
                         body = body[: owner.cut_at - start]
                     for offset in range(0, len(body), 4096):
-                        self.wfile.write(body[offset:offset + 4096])
+                        self.wfile.write(body[offset : offset + 4096])
                         self.wfile.flush()
                         time.sleep(owner.delay)
                 except (BrokenPipeError, ConnectionResetError):

@@ -21,11 +21,13 @@ TO_TENSOR = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
 
 def id_images(n):
     """n images whose pixels all equal their id (ids < 256), three classes."""
-    features = datasets.Features({"id": datasets.Value("int64"), "image": datasets.Image(),
-                                  "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    features = datasets.Features(
+        {"id": datasets.Value("int64"), "image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])}
+    )
     images = [Image.fromarray(np.full((4, 4, 3), i, np.uint8)) for i in range(n)]
-    return datasets.Dataset.from_dict({"id": list(range(n)), "image": images, "label": [i % 3 for i in range(n)]},
-                                      features=features)
+    return datasets.Dataset.from_dict(
+        {"id": list(range(n)), "image": images, "label": [i % 3 for i in range(n)]}, features=features
+    )
 
 
 def ids_of(pixels):
@@ -55,11 +57,13 @@ def count_on_two_processes(folder, out):
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    loader = streaming.streaming_loader(str(folder), TO_TENSOR, batch_size=5, rank=rank, world_size=world,
-                                        buffer_size=8, seed=3)
+    loader = streaming.streaming_loader(
+        str(folder), TO_TENSOR, batch_size=5, rank=rank, world_size=world, buffer_size=8, seed=3
+    )
     seen, _ = read_epoch(loader)
     Path(out, f"rank{rank}.json").write_text(
-        json.dumps({"world": world, "backend": dist.get_backend(), "ids": seen, "len": len(loader)}))
+        json.dumps({"world": world, "backend": dist.get_backend(), "ids": seen, "len": len(loader)})
+    )
 
 
 def test_two_processes_read_every_example_exactly_once(parquet_shards, tmp_path):
@@ -80,7 +84,7 @@ def test_buffer_shuffles_within_the_epoch_and_differs_between_epochs(parquet_sha
     second = [i for b in read_epoch(loader, 1)[0] for i in b]
     assert sorted(first) == sorted(second) == list(range(48))
     assert first != list(range(48)) and first != second
-    assert all(sorted(first[k:k + 16]) == list(range(k, k + 16)) for k in range(0, 48, 16)), "blocks of 16"
+    assert all(sorted(first[k : k + 16]) == list(range(k, k + 16)) for k in range(0, 48, 16)), "blocks of 16"
 
 
 def test_buffer_zero_keeps_the_shard_order(parquet_shards):
@@ -137,8 +141,9 @@ def test_webdataset_shards_stream_with_their_class_names(tmp_path):
     shards.write_shards(id_images(12), tmp_path, num_shards=2, format="webdataset", shuffle_seed=None)
     stream = streaming.open_stream(str(tmp_path), label_column="cls")
     assert stream.features["cls"].names == ["a", "b", "c"]
-    loader = streaming.streaming_loader(str(tmp_path), TO_TENSOR, batch_size=4, image_column="png",
-                                        label_column="cls", buffer_size=0)
+    loader = streaming.streaming_loader(
+        str(tmp_path), TO_TENSOR, batch_size=4, image_column="png", label_column="cls", buffer_size=0
+    )
     assert len(loader) == 3 and loader.num_examples == 12, "counted by reading the labels"
     batches = list(loader)
     assert [i for p, _ in batches for i in ids_of(p)] == list(range(12))
@@ -147,8 +152,9 @@ def test_webdataset_shards_stream_with_their_class_names(tmp_path):
 
 def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_resume(parquet_shards):
     def loader():
-        return streaming.streaming_loader(str(parquet_shards), TO_TENSOR, batch_size=5, buffer_size=8, seed=2,
-                                          num_workers=2)
+        return streaming.streaming_loader(
+            str(parquet_shards), TO_TENSOR, batch_size=5, buffer_size=8, seed=2, num_workers=2
+        )
 
     whole, _ = read_epoch(loader())
     assert sorted(i for b in whole for i in b) == list(range(48)) and len(whole) == len(loader()) == 10
@@ -173,10 +179,31 @@ def test_finetune_resumed_from_a_mid_epoch_checkpoint_ends_with_the_uninterrupte
     shards.write_shards(id_images(6), data, num_shards=1, split="validation", shuffle_seed=None)
 
     def run(out, *extra):
-        return run_in_process(["--streaming", "--dataset_name", str(data), *TINY_MODEL, "--per_device_train_batch_size",
-                               "4", "--max_train_steps", "6", "--shuffle_buffer", "8", "--random_erasing", "0.5",
-                               "--checkpointing_steps", "2", "--seed", "4", "--ema_decay", "0.5", "--output_dir",
-                               str(out), *extra])
+        return run_in_process(
+            [
+                "--streaming",
+                "--dataset_name",
+                str(data),
+                *TINY_MODEL,
+                "--per_device_train_batch_size",
+                "4",
+                "--max_train_steps",
+                "6",
+                "--shuffle_buffer",
+                "8",
+                "--random_erasing",
+                "0.5",
+                "--checkpointing_steps",
+                "2",
+                "--seed",
+                "4",
+                "--ema_decay",
+                "0.5",
+                "--output_dir",
+                str(out),
+                *extra,
+            ]
+        )
 
     assert run(tmp_path / "whole") == 0
     saved = {p.name for p in (tmp_path / "whole" / "checkpoints" / "checkpoint_2").iterdir()}
@@ -199,10 +226,26 @@ def test_write_shards_cli_writes_an_imagefolder_as_train_and_validation_shards(t
 
     folder = write_imagefolder(tmp_path / "train", ["cat", "dog"], per_class=10)
     out = tmp_path / "shards"
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_shards.py"), "--output_dir", str(out),
-                          "--num_shards", "4", "--train_dir", str(folder), "--validation_fraction", "0.2"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300,
-                         check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "write_shards.py"),
+            "--output_dir",
+            str(out),
+            "--num_shards",
+            "4",
+            "--train_dir",
+            str(folder),
+            "--validation_fraction",
+            "0.2",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     train = sorted(out.glob("train-*.parquet"))
     assert [p.name for p in train] == [f"train-{i:05d}-of-00004.parquet" for i in range(4)]
@@ -210,9 +253,24 @@ def test_write_shards_cli_writes_an_imagefolder_as_train_and_validation_shards(t
     assert pq.ParquetFile(next(out.glob("validation-*.parquet"))).metadata.num_rows == 4
     stream = streaming.open_stream(str(out))
     assert stream.features["label"].names == ["cat", "dog"]
-    again = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_shards.py"), "--output_dir", str(out),
-                            "--num_shards", "4", "--train_dir", str(folder)], cwd=ROOT, env=ENV, capture_output=True,
-                           text=True, timeout=300, check=False)
+    again = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "write_shards.py"),
+            "--output_dir",
+            str(out),
+            "--num_shards",
+            "4",
+            "--train_dir",
+            str(folder),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert again.returncode == 2 and "already holds train-* shards" in again.stderr
 
 

@@ -89,8 +89,17 @@ def timm_pair(tmp_path_factory):
 
     from hubvit.scripts.cli import main as cli
 
-    source = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
-                               depth=2, num_heads=4, mlp_ratio=2.0, num_classes=3)
+    source = timm.create_model(
+        "vit_base_patch16_224",
+        pretrained=False,
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        mlp_ratio=2.0,
+        num_classes=3,
+    )
     randomize_(source).eval()
     folder = tmp_path_factory.mktemp("timm")
     save_for_hf(source, folder / "timm", safe_serialization=True)
@@ -140,8 +149,9 @@ def test_lora_on_qkv_trains_saves_and_reloads(tmp_path):
 
     base = classifier()
     base.save_pretrained(tmp_path / "base")
-    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["qkv"],
-                                                      modules_to_save=["classifier"]))
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["qkv"], modules_to_save=["classifier"])
+    )
     trainable = {name for name, param in model.named_parameters() if param.requires_grad}
     assert trainable and all("lora_" in name or "classifier" in name for name in trainable)
     assert sum("qkv.lora_A" in name for name in trainable) == TINY["num_hidden_layers"]
@@ -166,7 +176,9 @@ def test_lora_on_qkv_trains_saves_and_reloads(tmp_path):
     with torch.no_grad():
         expected = model(pixel_values=x).logits
         torch.testing.assert_close(reloaded(pixel_values=x).logits, expected, rtol=0, atol=1e-6)
-        assert relative_error(expected, fresh.__class__.from_pretrained(tmp_path / "base")(pixel_values=x).logits) > 0.01
+        assert (
+            relative_error(expected, fresh.__class__.from_pretrained(tmp_path / "base")(pixel_values=x).logits) > 0.01
+        )
 
 
 # --- layer selection ----------------------------------------------------------------------------------------------------

@@ -34,8 +34,19 @@ class HubViTModelTester:
     """transformers' ViT tester's model (2 layers, 32 wide, 4 heads, 2x2 patches) on 16x16 images instead of 30x30
     (64 patches + [CLS] instead of 225 + 1), which keeps the ~165 common tests to minutes on 2 cores."""
 
-    def __init__(self, parent, batch_size=13, image_size=16, patch_size=2, num_channels=3, hidden_size=32,
-                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, num_labels=10):
+    def __init__(
+        self,
+        parent,
+        batch_size=13,
+        image_size=16,
+        patch_size=2,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        num_labels=10,
+    ):
         self.parent = parent
         self.batch_size = batch_size
         self.image_size = image_size
@@ -117,8 +128,9 @@ class HubViTModelTest(ModelTesterMixin, unittest.TestCase):
         self.model_tester = HubViTModelTester(self)
         # hubvit checks hidden_size against num_attention_heads when the config is built (transformers' ViT test
         # passes hidden_size=37 alone, which HubViTConfig refuses), so the odd width comes with a head count.
-        self.config_tester = ConfigTester(self, config_class=HubViTConfig, has_text_modality=False, hidden_size=36,
-                                          num_attention_heads=6)
+        self.config_tester = ConfigTester(
+            self, config_class=HubViTConfig, has_text_modality=False, hidden_size=36, num_attention_heads=6
+        )
 
     def test_config(self):
         self.config_tester.run_common_tests()
@@ -136,15 +148,18 @@ class HubViTModelTest(ModelTesterMixin, unittest.TestCase):
         for model_class in self.all_model_classes:
             model = model_class(config)
             self.assertIsInstance(model.get_input_embeddings(), nn.Module)
-            self.assertTrue(model.get_output_embeddings() is None or isinstance(model.get_output_embeddings(),
-                                                                               nn.Linear))
+            self.assertTrue(
+                model.get_output_embeddings() is None or isinstance(model.get_output_embeddings(), nn.Linear)
+            )
 
     @unittest.skip(reason="a ViT takes pixel_values only: there are no input ids, so no inputs_embeds")
     def test_inputs_embeds(self):
         pass
 
-    @unittest.skip(reason="checks SDPA dispatch across the sub-configs of composite models; a ViT has one config, and "
-                   "test_sdpa_can_dispatch_non_composite_models runs (transformers' own skip says 'does not support SDPA')")
+    @unittest.skip(
+        reason="checks SDPA dispatch across the sub-configs of composite models; a ViT has one config, and "
+        "test_sdpa_can_dispatch_non_composite_models runs (transformers' own skip says 'does not support SDPA')"
+    )
     def test_sdpa_can_dispatch_composite_models(self):
         pass
 
@@ -160,8 +175,10 @@ class HubViTModelTest(ModelTesterMixin, unittest.TestCase):
     def test_resize_embeddings_untied_no_reinit_on_post_init(self):
         pass
 
-    @unittest.skip(reason="the test grows config.max_position_embeddings, a text-model field; a ViT's position table "
-                   "follows the image grid (resize_position_embeddings(image_size), tested in test_modeling.py)")
+    @unittest.skip(
+        reason="the test grows config.max_position_embeddings, a text-model field; a ViT's position table "
+        "follows the image grid (resize_position_embeddings(image_size), tested in test_modeling.py)"
+    )
     def test_resize_position_vector_embeddings(self):
         pass
 
@@ -181,9 +198,17 @@ def saved_classifier(tmp_path_factory):
     from transformers import ViTImageProcessor
 
     torch.manual_seed(0)
-    config = HubViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, num_labels=3, id2label={0: "red", 1: "green", 2: "blue"},
-                          label2id={"red": 0, "green": 1, "blue": 2})
+    config = HubViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=3,
+        id2label={0: "red", 1: "green", 2: "blue"},
+        label2id={"red": 0, "green": 1, "blue": 2},
+    )
     model = HubViTForImageClassification(config).eval()
     with torch.no_grad():
         model.classifier.weight.normal_()  # the paper's zero-initialised head would give three equal scores
@@ -213,8 +238,9 @@ def test_image_classification_pipeline_scores_the_model_logits(saved_classifier)
         probabilities = model(**processor(images, return_tensors="pt")).logits.softmax(-1)
     assert len(results) == len(images)
     for result, expected in zip(results, probabilities):
-        assert [r["label"] for r in result] == [model.config.id2label[i] for i in expected.argsort(descending=True)
-                                               .tolist()]
+        assert [r["label"] for r in result] == [
+            model.config.id2label[i] for i in expected.argsort(descending=True).tolist()
+        ]
         np.testing.assert_allclose([r["score"] for r in result], expected.sort(descending=True).values, atol=1e-6)
 
 

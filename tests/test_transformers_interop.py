@@ -122,7 +122,9 @@ def converted(tmp_path_factory):
         references[f"{architecture}-in-memory-hubvit"] = (architecture, headless, reference)
     reference = transformers_model("Dinov2ForImageClassification", seed=4)
     reference.save_pretrained(root / "Dinov2ForImageClassification-body")
-    convert(root / "Dinov2ForImageClassification-body", root / "Dinov2ForImageClassification-body-hubvit", "--drop-head")
+    convert(
+        root / "Dinov2ForImageClassification-body", root / "Dinov2ForImageClassification-body-hubvit", "--drop-head"
+    )
     references["Dinov2ForImageClassification-body-hubvit"] = ("Dinov2Model", True, reference.dinov2)
     jobs = [(name, headless) for name, (_, headless, _) in references.items()]
     code = f"JOBS = {jobs!r}\nSIZES = {SIZES!r}\n" + LOAD_AS_REMOTE_CODE
@@ -130,8 +132,12 @@ def converted(tmp_path_factory):
     return references, load_file(root / "outputs.safetensors"), root
 
 
-@pytest.mark.parametrize("name", [f"{a}-hubvit" for a, _ in CASES] + [f"{a}-in-memory-hubvit" for a, _, _ in IN_MEMORY]
-                         + ["Dinov2ForImageClassification-body-hubvit"])
+@pytest.mark.parametrize(
+    "name",
+    [f"{a}-hubvit" for a, _ in CASES]
+    + [f"{a}-in-memory-hubvit" for a, _, _ in IN_MEMORY]
+    + ["Dinov2ForImageClassification-body-hubvit"],
+)
 @torch.no_grad()
 def test_converted_folder_matches_transformers(converted, name):
     """Logits (or last_hidden_state and pooler_output) of the folder, loaded as remote code, against transformers,
@@ -162,7 +168,9 @@ def test_image_processor_settings_carry_over(tmp_path):
     reference = transformers_model("ViTForImageClassification")
     reference.save_pretrained(tmp_path / "src")
     transformers.ViTImageProcessor(
-        size={"height": 32, "width": 32}, image_mean=[0.1, 0.2, 0.3], image_std=[0.4, 0.5, 0.6],
+        size={"height": 32, "width": 32},
+        image_mean=[0.1, 0.2, 0.3],
+        image_std=[0.4, 0.5, 0.6],
         resample=Image.Resampling.BICUBIC,
     ).save_pretrained(tmp_path / "src")
     convert(tmp_path / "src", tmp_path / "out")

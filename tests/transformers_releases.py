@@ -42,7 +42,9 @@ class ReleaseInstallError(RuntimeError):
 def ensure_release(version):
     """Folder holding transformers==`version` and its hub/tokenizers pins, installed once and then reused."""
     if version not in RELEASES:
-        raise ReleaseInstallError(f"no huggingface_hub/tokenizers pins for transformers {version}; add them to RELEASES")
+        raise ReleaseInstallError(
+            f"no huggingface_hub/tokenizers pins for transformers {version}; add them to RELEASES"
+        )
     return ensure_folder(f"transformers-{version}", (f"transformers=={version}", *RELEASES[version]))
 
 
@@ -57,8 +59,18 @@ def ensure_folder(name, requirements):
     staging = target.with_name(target.name + f".partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target", str(staging),
-               *requirements]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-compile",
+        "--target",
+        str(staging),
+        *requirements,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)

@@ -92,7 +92,7 @@ def extract_tests(data, version, target):
     prefix = f"transformers-{version}/tests/"
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
         for member in archive.getmembers():
-            relative = member.name[len(prefix):] if member.name.startswith(prefix) else ""
+            relative = member.name[len(prefix) :] if member.name.startswith(prefix) else ""
             if member.isfile() and relative.endswith(".py") and "/" not in relative:
                 (package / relative).write_bytes(archive.extractfile(member).read())
     for name in MODULES:
@@ -141,8 +141,14 @@ def common_config_kwargs():
         "problem_type": "regression",
         "tie_word_embeddings": not getattr(base, "tie_word_embeddings", True),
     }
-    skipped = {"_name_or_path", "_commit_hash", "_attn_implementation_internal", "_experts_implementation_internal",
-               "transformers_version", "is_encoder_decoder"}
+    skipped = {
+        "_name_or_path",
+        "_commit_hash",
+        "_attn_implementation_internal",
+        "_experts_implementation_internal",
+        "transformers_version",
+        "is_encoder_decoder",
+    }
     kwargs = {}
     for key, value in vars(base).items():
         if key == "_output_attentions":  # stored behind the `output_attentions` property

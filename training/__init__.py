@@ -25,7 +25,21 @@ from .model import load_model, load_pretrained
 from .run import TrainingResult, train
 
 __all__ = [
-    "Arguments", "DataArguments", "ModelArguments", "OutputArguments", "TrainingArguments", "UsageError",
-    "TrainingResult", "train", "fit", "make_accelerator", "load_model", "load_pretrained", "embedded_digits",
-    "make_transforms", "parse_args", "parser", "resolve_defaults",
+    "Arguments",
+    "DataArguments",
+    "ModelArguments",
+    "OutputArguments",
+    "TrainingArguments",
+    "UsageError",
+    "TrainingResult",
+    "train",
+    "fit",
+    "make_accelerator",
+    "load_model",
+    "load_pretrained",
+    "embedded_digits",
+    "make_transforms",
+    "parse_args",
+    "parser",
+    "resolve_defaults",
 ]

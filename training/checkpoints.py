@@ -33,8 +33,10 @@ def project_configuration(args):
     from accelerate.utils import ProjectConfiguration
 
     return ProjectConfiguration(
-        project_dir=str(args.output_dir), logging_dir=str(Path(args.output_dir) / "logs"),
-        automatic_checkpoint_naming=True, total_limit=args.checkpoints_total_limit,
+        project_dir=str(args.output_dir),
+        logging_dir=str(Path(args.output_dir) / "logs"),
+        automatic_checkpoint_naming=True,
+        total_limit=args.checkpoints_total_limit,
     )
 
 
@@ -93,9 +95,11 @@ def load_extra_state(accelerator, folder, loader=None, ema=None):
         written = len(list(folder.glob(LOADER_STATE.format("*"))))
         file = folder / LOADER_STATE.format(accelerator.process_index)
         if written != accelerator.num_processes or not file.is_file():
-            raise UsageError(f"--resume_from_checkpoint {folder}: it holds the data-loader positions of {written} "
-                             f"streaming process(es); expected {accelerator.num_processes} (resume a --streaming run "
-                             "with the number of processes that wrote it)")
+            raise UsageError(
+                f"--resume_from_checkpoint {folder}: it holds the data-loader positions of {written} "
+                f"streaming process(es); expected {accelerator.num_processes} (resume a --streaming run "
+                "with the number of processes that wrote it)"
+            )
         try:
             loader.load_state_dict(json.loads(file.read_text()))
         except DAMAGED_CHECKPOINT_ERRORS as error:
@@ -103,21 +107,26 @@ def load_extra_state(accelerator, folder, loader=None, ema=None):
     if ema is not None:
         file = folder / EMA_WEIGHTS
         if not file.is_file():
-            raise UsageError(f"--resume_from_checkpoint: {file} is missing; the checkpoint was written without "
-                             "--ema_decay, so the average cannot continue")
+            raise UsageError(
+                f"--resume_from_checkpoint: {file} is missing; the checkpoint was written without "
+                "--ema_decay, so the average cannot continue"
+            )
         try:
             ema.load_state_dict(load_file(file))
         except DAMAGED_CHECKPOINT_ERRORS as error:
-            raise UsageError(f"--resume_from_checkpoint: {file} does not hold this model's EMA "
-                             f"({type(error).__name__}: {' '.join(str(error).split())[:300]})") from None
+            raise UsageError(
+                f"--resume_from_checkpoint: {file} does not hold this model's EMA "
+                f"({type(error).__name__}: {' '.join(str(error).split())[:300]})"
+            ) from None
 
 
 def resolve_checkpoint(value, output_dir):
     if value == "latest":
         found = list_checkpoints(Path(output_dir) / "checkpoints")
         if not found:
-            raise UsageError(f"--resume_from_checkpoint latest: no complete checkpoint in "
-                             f"{Path(output_dir) / 'checkpoints'}")
+            raise UsageError(
+                f"--resume_from_checkpoint latest: no complete checkpoint in {Path(output_dir) / 'checkpoints'}"
+            )
         return found[-1]
     path = Path(value)
     if not (path / STATE_FILE).is_file():
@@ -132,8 +141,20 @@ def _damaged_checkpoint_errors():
 
     from safetensors import SafetensorError
 
-    return (OSError, EOFError, ValueError, RuntimeError, KeyError, IndexError, TypeError, AttributeError,
-            pickle.UnpicklingError, struct.error, zipfile.BadZipFile, SafetensorError)
+    return (
+        OSError,
+        EOFError,
+        ValueError,
+        RuntimeError,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+        pickle.UnpicklingError,
+        struct.error,
+        zipfile.BadZipFile,
+        SafetensorError,
+    )
 
 
 # What safetensors, torch's weights-only unpickler and Accelerate raise on a truncated, garbage or refused file.
@@ -166,8 +187,10 @@ def check_random_states(path, process_index):
         states = load(str(file))
         missing = [k for k in ("random_state", "numpy_random_seed", "torch_manual_seed") if k not in states]
     except DAMAGED_CHECKPOINT_ERRORS as error:
-        raise UsageError(f"--resume_from_checkpoint: {file} cannot be read ({type(error).__name__}: "
-                         f"{str(error).strip().splitlines()[-1] if str(error).strip() else ''})") from None
+        raise UsageError(
+            f"--resume_from_checkpoint: {file} cannot be read ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[-1] if str(error).strip() else ''})"
+        ) from None
     if missing:
         raise UsageError(f"--resume_from_checkpoint: {file} lacks {missing}, so the run could not resume exactly")
 
@@ -180,7 +203,9 @@ def load_checkpoint(accelerator, path, loader=None, ema=None):
     try:
         accelerator.load_state(str(path))
     except DAMAGED_CHECKPOINT_ERRORS as error:
-        raise UsageError(f"--resume_from_checkpoint {path} cannot be loaded ({type(error).__name__}: "
-                         f"{str(error).strip().splitlines()[0] if str(error).strip() else ''})") from None
+        raise UsageError(
+            f"--resume_from_checkpoint {path} cannot be loaded ({type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0] if str(error).strip() else ''})"
+        ) from None
     load_extra_state(accelerator, Path(path), loader, ema)
     return state

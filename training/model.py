@@ -35,8 +35,12 @@ def build_start_model(args, label_names, config_fields=None):
     from hubvit import HubViTConfig, HubViTForImageClassification
 
     try:
-        config = HubViTConfig(**{**PRESETS[args.model_size], **(config_fields or {})}, num_labels=len(label_names),
-                              id2label=id2label, label2id=label2id)
+        config = HubViTConfig(
+            **{**PRESETS[args.model_size], **(config_fields or {})},
+            num_labels=len(label_names),
+            id2label=id2label,
+            label2id=label2id,
+        )
         if args.config_overrides:
             config.update_from_string(args.config_overrides)
             config.validate_architecture()
@@ -57,8 +61,10 @@ def load_checkpoint_model(args, id2label, label2id):
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot load a config from --model_name_or_path {args.model_name_or_path!r}: {error}")
     if config.model_type != "hubvit":
-        raise UsageError(f"--model_name_or_path {args.model_name_or_path!r} is a {config.model_type!r} "
-                         "checkpoint; convert it first (`hubvit convert ...`)")
+        raise UsageError(
+            f"--model_name_or_path {args.model_name_or_path!r} is a {config.model_type!r} "
+            "checkpoint; convert it first (`hubvit convert ...`)"
+        )
     check_image_size(args.image_size, config)
     checks.check_source_model(args.model_name_or_path, config.num_channels)
     checks.check_config(config, args.image_size)
@@ -75,8 +81,11 @@ def checkpoint_preprocessing(path):
 
     try:
         processor = AutoImageProcessor.from_pretrained(path)
-        return Preprocessing(mean=tuple(processor.image_mean), std=tuple(processor.image_std),
-                             resample=resample_name(int(processor.resample)))
+        return Preprocessing(
+            mean=tuple(processor.image_mean),
+            std=tuple(processor.image_std),
+            resample=resample_name(int(processor.resample)),
+        )
     except (OSError, ValueError):
         return Preprocessing()
 
@@ -92,7 +101,11 @@ def load_pretrained(path, config, id2label, label2id):
     new_head = config.num_labels != len(id2label)
     try:
         model, info = HubViTForImageClassification.from_pretrained(
-            path, id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True, output_loading_info=True,
+            path,
+            id2label=id2label,
+            label2id=label2id,
+            ignore_mismatched_sizes=True,
+            output_loading_info=True,
         )
     except (OSError, ValueError, RuntimeError) as error:
         raise UsageError(f"cannot load the weights of --model_name_or_path {path!r}: {str(error).splitlines()[0]}")
@@ -102,8 +115,11 @@ def load_pretrained(path, config, id2label, label2id):
         keys = sorted(key for key in info.get(kind, ()) if not replaceable(key))
         if keys:
             problems.append(f"{kind.replace('_', ' ')}: {', '.join(keys)}")
-    wrong = sorted(f"{key} {tuple(saved)} vs {tuple(model_shape)}" for key, saved, model_shape in
-                   info.get("mismatched_keys", ()) if not replaceable(key))
+    wrong = sorted(
+        f"{key} {tuple(saved)} vs {tuple(model_shape)}"
+        for key, saved, model_shape in info.get("mismatched_keys", ())
+        if not replaceable(key)
+    )
     if wrong:
         problems.append(f"shapes that differ from the config: {', '.join(wrong)}")
     if problems:
@@ -140,9 +156,15 @@ def parameter_groups(model, learning_rate, weight_decay, layer_decay=1.0):
         no_decay = param.ndim <= 1 or any(key in name for key in ("token", "position", "probe"))
         layer = layer_id(name, depth)
         scale = layer_decay ** (depth + 1 - layer)
-        group = groups.setdefault((layer, no_decay), {
-            "params": [], "names": [], "lr": learning_rate * scale, "weight_decay": 0.0 if no_decay else weight_decay,
-        })
+        group = groups.setdefault(
+            (layer, no_decay),
+            {
+                "params": [],
+                "names": [],
+                "lr": learning_rate * scale,
+                "weight_decay": 0.0 if no_decay else weight_decay,
+            },
+        )
         group["params"].append(param)
         group["names"].append(name)
     return list(groups.values())
@@ -156,8 +178,14 @@ def scale_learning_rates(groups, lr_scale):
         for key, scale in lr_scale.items():
             picked = [i for i, name in enumerate(group["names"]) if key in name]
             if picked:
-                out.append(dict(group, params=[group["params"][i] for i in picked],
-                                names=[group["names"][i] for i in picked], lr=group["lr"] * scale))
+                out.append(
+                    dict(
+                        group,
+                        params=[group["params"][i] for i in picked],
+                        names=[group["names"][i] for i in picked],
+                        lr=group["lr"] * scale,
+                    )
+                )
                 group["params"] = [p for i, p in enumerate(group["params"]) if i not in picked]
                 group["names"] = [n for i, n in enumerate(group["names"]) if i not in picked]
         out.append(group)

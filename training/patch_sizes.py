@@ -27,8 +27,11 @@ def parse_patch_sizes(value):
     parts = value if isinstance(value, (list, tuple)) else [part.strip() for part in str(value).split(",")]
     sizes = []
     for part in parts:
-        if isinstance(part, bool) or not (isinstance(part, int) or (isinstance(part, str) and part.isdigit())) or \
-                int(part) <= 0:
+        if (
+            isinstance(part, bool)
+            or not (isinstance(part, int) or (isinstance(part, str) and part.isdigit()))
+            or int(part) <= 0
+        ):
             raise PatchSizeError(f"--patch_sizes {value!r}: expected comma-separated positive ints, e.g. 4,7,14")
         sizes.append(int(part))
     if len(set(sizes)) != len(sizes):
@@ -64,7 +67,7 @@ def write_accuracy(folder, results, eval_split, command):
         "split": eval_split,
         "command": command,
         "note": "measured after training with a random patch size per update (FlexiViT) by hubvit's training "
-                "package (`--patch_sizes`)",
+        "package (`--patch_sizes`)",
     }
     path = Path(folder) / ACCURACY_FILE
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -31,8 +31,11 @@ def python_call(args):
     """The `hubvit.train(...)` call that repeats a run: the options that differ from their defaults (a recipe's
     values written out)."""
     defaults = Arguments()
-    changed = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
-               if getattr(args, f.name) != getattr(defaults, f.name)}
+    changed = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(args)
+        if getattr(args, f.name) != getattr(defaults, f.name)
+    }
     return "hubvit.train(" + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")"
 
 
@@ -77,15 +80,15 @@ def model_card(args, results, data, command):
 
     base = args.model_name_or_path
     source, eval_name = data
-    provenance = (
-        f"Fine-tuned from `{base}`" if base else f"Trained from scratch (preset `{args.model_size}`)"
-    ) + (f" on {source}: {results['train_samples']} training images, {results['eval_samples']} held out, "
-         f"{results['epochs']} epochs on {results['num_processes']} process(es) with hubvit's training package"
-         f" ({args.optimizer}, lr {args.learning_rate:g}, {args.lr_scheduler_type} schedule).")
+    provenance = (f"Fine-tuned from `{base}`" if base else f"Trained from scratch (preset `{args.model_size}`)") + (
+        f" on {source}: {results['train_samples']} training images, {results['eval_samples']} held out, "
+        f"{results['epochs']} epochs on {results['num_processes']} process(es) with hubvit's training package"
+        f" ({args.optimizer}, lr {args.learning_rate:g}, {args.lr_scheduler_type} schedule)."
+    )
     if results.get("patch_sizes"):
         provenance += (
-            f" Each update ran at a patch size drawn from {args.patch_sizes} (FlexiViT, \"FlexiViT: One Model for All "
-            "Patch Sizes\", Beyer et al., CVPR 2023): the stored kernel PI-resized on the fly. Accuracy at each size: "
+            f' Each update ran at a patch size drawn from {args.patch_sizes} (FlexiViT, "FlexiViT: One Model for All '
+            'Patch Sizes", Beyer et al., CVPR 2023): the stored kernel PI-resized on the fly. Accuracy at each size: '
             + ", ".join(f"P={size} {m['eval_accuracy']:.4f}" for size, m in results["patch_sizes"].items())
             + f" (also in `{ACCURACY_FILE}`, which `hubvit info --patch-sizes` shows)."
         )
@@ -103,7 +106,7 @@ def model_card(args, results, data, command):
 
 def ema_results(results):
     """The results as the EMA's card states them: its own accuracy in place of the trained weights'."""
-    return {**results, **{k[len("ema_"):]: v for k, v in results.items() if k.startswith("ema_")}}
+    return {**results, **{k[len("ema_") :]: v for k, v in results.items() if k.startswith("ema_")}}
 
 
 def export(accelerator, args, run, results, data, preprocessing, command):

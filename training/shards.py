@@ -39,9 +39,16 @@ def imagefolder(path: str | Path) -> datasets.Dataset:
     return loaded.add_column("id", list(range(len(loaded))))
 
 
-def write_shards(dataset: datasets.Dataset, out_dir: str | Path, num_shards: int, format: str = "parquet",
-                 image_column: str = "image", label_column: str = "label", split: str = "train",
-                 shuffle_seed: int | None = 0) -> list[Path]:
+def write_shards(
+    dataset: datasets.Dataset,
+    out_dir: str | Path,
+    num_shards: int,
+    format: str = "parquet",
+    image_column: str = "image",
+    label_column: str = "label",
+    split: str = "train",
+    shuffle_seed: int | None = 0,
+) -> list[Path]:
     """Split `dataset` into `num_shards` contiguous, near-equal parts (sizes differ by at most one) and write each as
     `{split}-{i:05d}-of-{n:05d}.parquet` (or `.tar`).
 
@@ -53,7 +60,8 @@ def write_shards(dataset: datasets.Dataset, out_dir: str | Path, num_shards: int
         raise ShardError(f"format {format!r} is not one of {', '.join(FORMATS)}")
     if not isinstance(num_shards, int) or not 1 <= num_shards <= len(dataset):
         raise ShardError(
-            f"num_shards must be an int in [1, {len(dataset)}] (the number of examples), got {num_shards!r}")
+            f"num_shards must be an int in [1, {len(dataset)}] (the number of examples), got {num_shards!r}"
+        )
     out = Path(out_dir)
     if out.exists() and any(out.glob(f"{split}-*")):
         raise ShardError(f"output folder {str(out)!r} already holds {split}-* shards; expected a new folder")
@@ -80,9 +88,17 @@ def write_shards(dataset: datasets.Dataset, out_dir: str | Path, num_shards: int
     return paths
 
 
-def write_dataset_shards(dataset: datasets.Dataset, out_dir: str | Path, num_shards: int, format: str = "parquet",
-                         validation_fraction: float = 0.15, validation_shards: int = 1, seed: int = 0,
-                         label_column: str = "label", image_column: str = "image") -> dict[str, list[Path]]:
+def write_dataset_shards(
+    dataset: datasets.Dataset,
+    out_dir: str | Path,
+    num_shards: int,
+    format: str = "parquet",
+    validation_fraction: float = 0.15,
+    validation_shards: int = 1,
+    seed: int = 0,
+    label_column: str = "label",
+    image_column: str = "image",
+) -> dict[str, list[Path]]:
     """Train and validation shards of one dataset, the validation part held out stratified by class (as the main
     command holds out its 15%)."""
     if not 0.0 < validation_fraction < 1.0:
@@ -90,8 +106,9 @@ def write_dataset_shards(dataset: datasets.Dataset, out_dir: str | Path, num_sha
     parts = dataset.train_test_split(test_size=validation_fraction, seed=seed, stratify_by_column=label_column)
     return {
         "train": write_shards(parts["train"], out_dir, num_shards, format, image_column, label_column, "train", seed),
-        "validation": write_shards(parts["test"], out_dir, validation_shards, format, image_column, label_column,
-                                   "validation", seed),
+        "validation": write_shards(
+            parts["test"], out_dir, validation_shards, format, image_column, label_column, "validation", seed
+        ),
     }
 
 

@@ -45,8 +45,9 @@ def shard_files(folder: Path, split: str) -> tuple[str, list[Path]]:
     raise StreamingError(f"folder {str(folder)!r} has no {split}-*.parquet or {split}-*.tar shards")
 
 
-def open_stream(source: str, split: str = "train", config_name: str | None = None,
-                label_column: str = "label") -> datasets.IterableDataset:
+def open_stream(
+    source: str, split: str = "train", config_name: str | None = None, label_column: str = "label"
+) -> datasets.IterableDataset:
     """An `IterableDataset` over `source`: a local folder of parquet or webdataset shards, or any name or path
     `datasets.load_dataset` takes. Webdataset labels get their class names from `classes.txt` beside the shards."""
     folder = Path(source)
@@ -99,8 +100,16 @@ class StreamingImages(torch.utils.data.IterableDataset):
     draws the same augmentations.
     """
 
-    def __init__(self, stream: datasets.IterableDataset, transform: Callable, image_column: str = "image",
-                 label_column: str = "label", seed: int = 0, buffer_size: int = 1000, rank: int = 0):
+    def __init__(
+        self,
+        stream: datasets.IterableDataset,
+        transform: Callable,
+        image_column: str = "image",
+        label_column: str = "label",
+        seed: int = 0,
+        buffer_size: int = 1000,
+        rank: int = 0,
+    ):
         super().__init__()
         if buffer_size < 0:
             raise StreamingError(f"buffer_size must be >= 0 (0: no shuffling), got {buffer_size}")
@@ -177,8 +186,9 @@ class StreamingLoader:
     Workers yield single examples and batches are formed here, so the batch count is ceil(examples / batch size)
     whatever the number of workers (worker-made batches would each end with a partial one)."""
 
-    def __init__(self, images: StreamingImages, batch_size: int, batches_per_epoch: int, num_examples: int,
-                 num_workers: int = 0):
+    def __init__(
+        self, images: StreamingImages, batch_size: int, batches_per_epoch: int, num_examples: int, num_workers: int = 0
+    ):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         self.images, self.batches_per_epoch, self.num_examples = images, batches_per_epoch, num_examples
@@ -219,19 +229,32 @@ def count_by_reading(stream: datasets.IterableDataset, label_column: str) -> lis
     return [mine]
 
 
-def streaming_loader(source: str, transform: Callable, batch_size: int, rank: int = 0, world_size: int = 1,
-                     split: str = "train", config_name: str | None = None, image_column: str = "image",
-                     label_column: str = "label", seed: int = 0, buffer_size: int = 1000,
-                     num_workers: int = 0, num_examples: list[int] | None = None) -> StreamingLoader:
+def streaming_loader(
+    source: str,
+    transform: Callable,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    split: str = "train",
+    config_name: str | None = None,
+    image_column: str = "image",
+    label_column: str = "label",
+    seed: int = 0,
+    buffer_size: int = 1000,
+    num_workers: int = 0,
+    num_examples: list[int] | None = None,
+) -> StreamingLoader:
     """This process's loader over `source`. Batches per epoch come from parquet footers or `num_examples` (examples
     per process); a layout that gives processes different batch counts is refused, as DDP would hang on it."""
     stream = shard_for_process(open_stream(source, split, config_name, label_column), rank, world_size)
     counts = num_examples or rows_per_process(source, split, world_size) or count_by_reading(stream, label_column)
     batches = [math.ceil(n / batch_size) for n in counts]
     if len(set(batches)) > 1:
-        raise StreamingError(f"the shards give the {world_size} processes {counts} examples, i.e. {batches} batches "
-                             f"of {batch_size}; expected equal batch counts (rewrite the shards with sizes that split "
-                             "evenly, or change the batch size)")
+        raise StreamingError(
+            f"the shards give the {world_size} processes {counts} examples, i.e. {batches} batches "
+            f"of {batch_size}; expected equal batch counts (rewrite the shards with sizes that split "
+            "evenly, or change the batch size)"
+        )
     images = StreamingImages(stream, transform, image_column, label_column, seed, buffer_size, rank)
     return StreamingLoader(images, batch_size, batches[rank], sum(counts), num_workers)
 
@@ -248,8 +271,9 @@ def streaming_splits(args: Any):
     try:
         if folder.is_dir():
             builder, files = shard_files(folder, "validation")
-            evaluation = datasets.load_dataset(builder, data_files={"validation": [str(f) for f in files]},
-                                               split="validation")
+            evaluation = datasets.load_dataset(
+                builder, data_files={"validation": [str(f) for f in files]}, split="validation"
+            )
         else:
             evaluation = datasets.load_dataset(source, args.dataset_config_name, split="validation")
     except (StreamingError, ValueError) as error:

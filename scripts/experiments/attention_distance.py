@@ -93,8 +93,9 @@ def summarise(runs, uniform):
             "layer1_local_heads": int((d[:, 0] < LOCAL * uniform).sum()),
             "layer1_global_heads": int((d[:, 0] > GLOBAL * uniform).sum()),
             "layer1_heads": int(d[:, 0].size),
-            "layer1_mixed_seeds": int(sum(((h < LOCAL * uniform).any() and (h > GLOBAL * uniform).any())
-                                          for h in d[:, 0])),
+            "layer1_mixed_seeds": int(
+                sum(((h < LOCAL * uniform).any() and (h > GLOBAL * uniform).any()) for h in d[:, 0])
+            ),
             "accuracy": dict(zip(("mean", "std"), common.mean_std(record["accuracy"]))),
         }
     return summary
@@ -115,15 +116,27 @@ def main(argv=None):
     plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
     train, validation, test = common.digits_train_validation_test(options.quick)
     count = min(100 if options.quick else options.images, len(test))
-    runs = {kind: {"seeds": [], "accuracy": [], "validation_accuracy": [], "updates": [], "best_updates": [],
-                   "stopped_by": [], "train_seconds": [], "distance": []} for kind in options.types}
+    runs = {
+        kind: {
+            "seeds": [],
+            "accuracy": [],
+            "validation_accuracy": [],
+            "updates": [],
+            "best_updates": [],
+            "stopped_by": [],
+            "train_seconds": [],
+            "distance": [],
+        }
+        for kind in options.types
+    }
     pixels = labels = None
     grid = patch = None
     for seed in seeds:
         for kind in options.types:
             args = common.training_args(options.output_dir, seed, image_size=size, augment="none")
-            model, preprocessing = common.build_vit(args, train.features["label"].names,
-                                                    {"position_embedding_type": kind})
+            model, preprocessing = common.build_vit(
+                args, train.features["label"].names, {"position_embedding_type": kind}
+            )
             if pixels is None:
                 pixels, labels = common.eval_tensors(test, preprocessing, (size, size))
             model, fitted = common.fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau)
@@ -136,9 +149,12 @@ def main(argv=None):
             record["distance"].append(measure(model, pixels[:count]).tolist())
             if accelerator.is_main_process:
                 model.save_pretrained(Path(options.models_dir) / f"{kind}-seed{seed}")
-            print(f"{kind} seed {seed}: test {record['accuracy'][-1]:.4f}, {record['updates'][-1]} updates, "
-                  f"{record['train_seconds'][-1]:.0f} s; layer 1 heads {np.round(record['distance'][-1][0], 1)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{kind} seed {seed}: test {record['accuracy'][-1]:.4f}, {record['updates'][-1]} updates, "
+                f"{record['train_seconds'][-1]:.0f} s; layer 1 heads {np.round(record['distance'][-1][0], 1)}",
+                file=sys.stderr,
+                flush=True,
+            )
     uniform = uniform_distance(grid, patch)
     results = {
         "name": NAME,
@@ -146,15 +162,15 @@ def main(argv=None):
         "command": common.command(NAME),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}` at {size} x {size}: a "
-                     f"{grid[0]} x {grid[1]} grid of {patch}-px patches, 4 heads, mean pooling, no [CLS]",
+            f"{grid[0]} x {grid[1]} grid of {patch}-px patches, 4 heads, mean pooling, no [CLS]",
             "data": f"{len(train)} train / {len(validation)} validation / {len(test)} test embedded digits (fixed "
-                    f"stratified splits, seed 0), enlarged to {size} x {size} by the main command's transforms",
+            f"stratified splits, seed 0), enlarged to {size} x {size} by the main command's transforms",
             "recipe": "the main command's embedded recipe (AdamW lr 2e-3, cosine with 5% warmup, weight decay 0.05, "
-                      f"label smoothing 0.1, batch 64) without augmentation; {plateau.text()}",
+            f"label smoothing 0.1, batch 64) without augmentation; {plateau.text()}",
             "measurement": f"mean over {count} test digits and all query patches of sum_j a_ij * |c_i - c_j| (patch "
-                           f"centres in pixels, {grid[0]} x {grid[1]} grid of {patch}-px patches), per head and layer, "
-                           "from `output_attentions=True` (eager attention); the same quantity as `hubvit analyze "
-                           "attention-distance`",
+            f"centres in pixels, {grid[0]} x {grid[1]} grid of {patch}-px patches), per head and layer, "
+            "from `output_attentions=True` (eager attention); the same quantity as `hubvit analyze "
+            "attention-distance`",
             "grid": grid,
             "patch_size": patch,
             "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
@@ -177,27 +193,36 @@ def verdicts(results):
     s = results["summary"]
     positional = [k for k in s if k != "none"]
     mixed = [k for k in positional if s[k]["layer1_mixed_seeds"] == len(results["runs"][k]["seeds"])]
-    measured = "; ".join(f"{k}: layer-1 heads {v['layer_min_head'][0]:.1f}-{v['layer_max_head'][0]:.1f} px "
-                         f"({v['layer1_local_heads']} local, {v['layer1_global_heads']} global of {v['layer1_heads']}; "
-                         f"both in {v['layer1_mixed_seeds']} of {len(results['runs'][k]['seeds'])} seeds)"
-                         for k, v in s.items())
+    measured = "; ".join(
+        f"{k}: layer-1 heads {v['layer_min_head'][0]:.1f}-{v['layer_max_head'][0]:.1f} px "
+        f"({v['layer1_local_heads']} local, {v['layer1_global_heads']} global of {v['layer1_heads']}; "
+        f"both in {v['layer1_mixed_seeds']} of {len(results['runs'][k]['seeds'])} seeds)"
+        for k, v in s.items()
+    )
     if positional and len(mixed) == len(positional):
         verdict = "holds for every type with position information"
     elif mixed:
-        verdict = (f"holds for {', '.join(mixed)} (every seed); not for "
-                   f"{', '.join(k for k in positional if k not in mixed)}")
+        verdict = (
+            f"holds for {', '.join(mixed)} (every seed); not for {', '.join(k for k in positional if k not in mixed)}"
+        )
     else:
         verdict = "not seen at this scale: no type has both local and global layer-1 heads in every seed"
     if "none" in s:
         control = s["none"]
-        verdict += ("; the `none` control has no local layer-1 head"
-                    if control["layer1_local_heads"] == 0 else
-                    f"; the `none` control also has {control['layer1_local_heads']} local layer-1 head(s), so "
-                    "locality here can come from content (neighbouring patches look alike), not only position")
-    return [{"claim": "layer 1 already mixes local and global heads (some heads attend across most of the image)",
-             "measured": measured + f" (grid {results['setup']['grid'][0]} x {results['setup']['grid'][1]}; uniform "
-                                    f"attention: {results['setup']['uniform_reference_px']:.1f} px)",
-             "verdict": verdict}]
+        verdict += (
+            "; the `none` control has no local layer-1 head"
+            if control["layer1_local_heads"] == 0
+            else f"; the `none` control also has {control['layer1_local_heads']} local layer-1 head(s), so "
+            "locality here can come from content (neighbouring patches look alike), not only position"
+        )
+    return [
+        {
+            "claim": "layer 1 already mixes local and global heads (some heads attend across most of the image)",
+            "measured": measured + f" (grid {results['setup']['grid'][0]} x {results['setup']['grid'][1]}; uniform "
+            f"attention: {results['setup']['uniform_reference_px']:.1f} px)",
+            "verdict": verdict,
+        }
+    ]
 
 
 def figure(results):
@@ -210,8 +235,14 @@ def figure(results):
         layers = np.arange(1, d.shape[1] + 1)
         for s, seed_d in enumerate(d):
             for h in range(d.shape[2]):
-                ax.scatter(layers + 0.08 * (s - 1), seed_d[:, h], s=10, alpha=0.7, color=f"C{h}",
-                           label=f"head {h}" if s == 0 else None)
+                ax.scatter(
+                    layers + 0.08 * (s - 1),
+                    seed_d[:, h],
+                    s=10,
+                    alpha=0.7,
+                    color=f"C{h}",
+                    label=f"head {h}" if s == 0 else None,
+                )
         ax.axhline(uniform, color="k", ls="--", lw=1, label="uniform attention")
         ax.set_title(kind, fontsize=10)
         ax.set_xlabel("layer")
@@ -226,34 +257,58 @@ def figure(results):
 
 def markdown(results):
     s, setup = results["summary"], results["setup"]
-    lines = [common.header("Attention distance across depth (ViT from First Principles, section 6)", results,
-                           "Even in the lowest layer some heads attend to most of the image while others stay "
-                           "local; attention distance grows with depth.")]
+    lines = [
+        common.header(
+            "Attention distance across depth (ViT from First Principles, section 6)",
+            results,
+            "Even in the lowest layer some heads attend to most of the image while others stay "
+            "local; attention distance grows with depth.",
+        )
+    ]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in setup.items() if k not in ("splits", "plateau")]
     layers = len(next(iter(s.values()))["layer_mean"])
     runs = results["runs"]
     seconds = [t for r in runs.values() for t in r["train_seconds"]]
-    lines += ["", "## Results", "", ("Per layer: min head – max head (mean over heads), averaged over seeds, in pixels. "
-              f"Local: below {setup['local_below_px']:.1f} px; global: above {setup['global_above_px']:.1f} px. "
-              f"Training time per run: {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f} min."), "",
-              "| position_embedding_type | test accuracy (%) | " + " | ".join(f"layer {i + 1}" for i in range(layers)) +
-              " | layer-1 local / global heads | layer 1 mixes local and global |", "|---|---|" + "---|" * (layers + 2)]
+    lines += [
+        "",
+        "## Results",
+        "",
+        (
+            "Per layer: min head – max head (mean over heads), averaged over seeds, in pixels. "
+            f"Local: below {setup['local_below_px']:.1f} px; global: above {setup['global_above_px']:.1f} px. "
+            f"Training time per run: {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f} min."
+        ),
+        "",
+        "| position_embedding_type | test accuracy (%) | "
+        + " | ".join(f"layer {i + 1}" for i in range(layers))
+        + " | layer-1 local / global heads | layer 1 mixes local and global |",
+        "|---|---|" + "---|" * (layers + 2),
+    ]
     for kind, v in s.items():
-        cells = [f"{lo:.1f} – {hi:.1f} ({m:.1f})" for lo, hi, m in
-                 zip(v["layer_min_head"], v["layer_max_head"], v["layer_mean"])]
+        cells = [
+            f"{lo:.1f} – {hi:.1f} ({m:.1f})"
+            for lo, hi, m in zip(v["layer_min_head"], v["layer_max_head"], v["layer_mean"])
+        ]
         n = len(runs[kind]["seeds"])
         mixes = "yes" if v["layer1_mixed_seeds"] == n else "no" if v["layer1_mixed_seeds"] == 0 else "in some seeds"
-        lines.append(f"| {kind} | {common.pct(v['accuracy']['mean'])} ± {common.pct(v['accuracy']['std'])} | "
-                     + " | ".join(cells) + f" | {v['layer1_local_heads']} / {v['layer1_global_heads']} of "
-                     f"{v['layer1_heads']} | {mixes} ({v['layer1_mixed_seeds']} of {n} seeds) |")
+        lines.append(
+            f"| {kind} | {common.pct(v['accuracy']['mean'])} ± {common.pct(v['accuracy']['std'])} | "
+            + " | ".join(cells)
+            + f" | {v['layer1_local_heads']} / {v['layer1_global_heads']} of "
+            f"{v['layer1_heads']} | {mixes} ({v['layer1_mixed_seeds']} of {n} seeds) |"
+        )
     lines += ["", "## Verdict", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
-    lines += ["", "## What this small setting can and cannot show", "",
-              f"A {setup['grid'][0]} x {setup['grid'][1]} grid, where uniform attention is "
-              f"{setup['uniform_reference_px']:.1f} px away; 4 heads per layer and 4 layers are a small sample of "
-              "heads, and enlarged digits are smooth images whose neighbouring patches look alike, so content alone "
-              "can make a head local (the `none` control shows how much). The paper's picture comes from ViT-L/16 on "
-              "ImageNet; this shows what a 0.14M-parameter ViT trained to its plateau on digits does, no more."]
+    lines += [
+        "",
+        "## What this small setting can and cannot show",
+        "",
+        f"A {setup['grid'][0]} x {setup['grid'][1]} grid, where uniform attention is "
+        f"{setup['uniform_reference_px']:.1f} px away; 4 heads per layer and 4 layers are a small sample of "
+        "heads, and enlarged digits are smooth images whose neighbouring patches look alike, so content alone "
+        "can make a head local (the `none` control shows how much). The paper's picture comes from ViT-L/16 on "
+        "ImageNet; this shows what a 0.14M-parameter ViT trained to its plateau on digits does, no more.",
+    ]
     return "\n".join(lines)
 
 

@@ -39,13 +39,20 @@ VALIDATION_SIZE = 600
 
 def parser(description, quick_help="a tiny run (seconds to a minute) for the tests: structure, not accuracy"):
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--output_dir", default=str(DOCS), help="where the JSON, PNG and markdown go (default docs/experiments)")
+    p.add_argument(
+        "--output_dir", default=str(DOCS), help="where the JSON, PNG and markdown go (default docs/experiments)"
+    )
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--seeds", type=int, help=f"number of seeds (default {DEFAULT_SEEDS}; 1 with --quick)")
     p.add_argument("--cpu_threads", type=int, help="torch threads (default: OMP_NUM_THREADS or torch's choice)")
     p.add_argument("--first_seed", type=int, default=0, help="seeds are first_seed, first_seed + 1, ...")
-    p.add_argument("--merge", nargs="+", metavar="JSON", help="instead of training, pool the runs of these results "
-                   "files (the same experiment run with different --first_seed, side by side) and write the report")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="instead of training, pool the runs of these results "
+        "files (the same experiment run with different --first_seed, side by side) and write the report",
+    )
     return p
 
 
@@ -83,9 +90,12 @@ def merged(paths):
         raise SystemExit(f"--merge: the runs in {paths} differ in their setup; only seeds may differ")
     results["runs"] = concatenate([part["runs"] for part in parts])
     results["command"] = " ; ".join([part["command"] for part in parts] + [command(results["name"])])
-    results["environment"] = dict(parts[0]["environment"], wall_time_s=max(p["environment"]["wall_time_s"] for p in parts),
-                                  parallel_parts=len(parts),
-                                  load_average_at_end=max((p["environment"]["load_average_at_end"] for p in parts)))
+    results["environment"] = dict(
+        parts[0]["environment"],
+        wall_time_s=max(p["environment"]["wall_time_s"] for p in parts),
+        parallel_parts=len(parts),
+        load_average_at_end=max((p["environment"]["load_average_at_end"] for p in parts)),
+    )
     return results
 
 
@@ -165,15 +175,17 @@ class Plateau:
     min_epochs: int = 10
 
     def text(self):
-        return (f"validation accuracy checked after every epoch; stop when the last {self.patience} epochs do not "
-                f"beat the best before them by more than {100 * self.min_delta:.1f} points (at least "
-                f"{self.min_epochs} epochs), or at the cap of {self.max_epochs} epochs (the cosine schedule spans "
-                "the cap); the best-validation weights are kept and the test set is evaluated once with them")
+        return (
+            f"validation accuracy checked after every epoch; stop when the last {self.patience} epochs do not "
+            f"beat the best before them by more than {100 * self.min_delta:.1f} points (at least "
+            f"{self.min_epochs} epochs), or at the cap of {self.max_epochs} epochs (the cosine schedule spans "
+            "the cap); the best-validation weights are kept and the test set is evaluated once with them"
+        )
 
     def reached(self, history):
         if len(history) < max(self.min_epochs, self.patience + 1):
             return False
-        return max(history[-self.patience:]) <= max(history[: -self.patience]) + self.min_delta
+        return max(history[-self.patience :]) <= max(history[: -self.patience]) + self.min_delta
 
 
 QUICK_PLATEAU = Plateau(max_epochs=2, patience=1, min_delta=0.0, min_epochs=1)
@@ -185,6 +197,7 @@ def prepare_run(args, accelerator, train, model, preprocessing, lr_scale=None):
     from hubvit.training import loop
 
     return loop.prepare(args, accelerator, train, None, model, preprocessing, lr_scale=lr_scale)
+
 
 def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, lr_scale=None):
     """Train with the main command's update step (`hubvit.training.loop.train_epoch`) one epoch at a time until
@@ -217,10 +230,16 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
             break
     inner.load_state_dict(best_state)
     accelerator.free_memory()
-    record = {"epochs": len(history), "updates": position.global_step, "best_epoch": best_epoch + 1,
-              "best_updates": (best_epoch + 1) * run.schedule.updates_per_epoch,
-              "validation_accuracy": history[best_epoch], "validation_history": history, "stopped_by": stopped,
-              "train_seconds": round(time.time() - started, 1)}
+    record = {
+        "epochs": len(history),
+        "updates": position.global_step,
+        "best_epoch": best_epoch + 1,
+        "best_updates": (best_epoch + 1) * run.schedule.updates_per_epoch,
+        "validation_accuracy": history[best_epoch],
+        "validation_history": history,
+        "stopped_by": stopped,
+        "train_seconds": round(time.time() - started, 1),
+    }
     return inner.eval(), record
 
 
@@ -232,11 +251,21 @@ def paired_difference(a, b, confidence=0.95):
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     n = len(d)
     if n < 2:
-        return {"difference": float(d.mean()), "low": -float("inf"), "high": float("inf"), "half_width": float("inf"),
-                "pairs": n}
+        return {
+            "difference": float(d.mean()),
+            "low": -float("inf"),
+            "high": float("inf"),
+            "half_width": float("inf"),
+            "pairs": n,
+        }
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / np.sqrt(n))
-    return {"difference": float(d.mean()), "low": float(d.mean()) - half, "high": float(d.mean()) + half,
-            "half_width": half, "pairs": n}
+    return {
+        "difference": float(d.mean()),
+        "low": float(d.mean()) - half,
+        "high": float(d.mean()) + half,
+        "half_width": half,
+        "pairs": n,
+    }
 
 
 def paired(runs, a, b, key="accuracy"):
@@ -247,8 +276,10 @@ def paired(runs, a, b, key="accuracy"):
 
 
 def interval_text(diff, scale=100):
-    return (f"{scale * diff['difference']:+.2f} points (95% CI {scale * diff['low']:+.2f} to "
-            f"{scale * diff['high']:+.2f}, {diff['pairs']} paired seeds)")
+    return (
+        f"{scale * diff['difference']:+.2f} points (95% CI {scale * diff['low']:+.2f} to "
+        f"{scale * diff['high']:+.2f}, {diff['pairs']} paired seeds)"
+    )
 
 
 def equivalence(diff, margin):
@@ -280,8 +311,9 @@ def eval_tensors(dataset, preprocessing, size):
 @torch.no_grad()
 def predict(model, pixels, batch_size=250):
     model.eval()
-    return torch.cat([model(pixel_values=pixels[i : i + batch_size]).logits.float()
-                      for i in range(0, len(pixels), batch_size)])
+    return torch.cat(
+        [model(pixel_values=pixels[i : i + batch_size]).logits.float() for i in range(0, len(pixels), batch_size)]
+    )
 
 
 def accuracy(logits, labels):
@@ -305,7 +337,9 @@ def difference(a, b):  # kept for the experiments not yet moved to paired interv
 def command(name):
     """The command line that made these results, as a reader would retype it."""
     launched = "ACCELERATE_MIXED_PRECISION" in os.environ
-    return ("accelerate launch " if launched else "python ") + shlex.join([f"scripts/experiments/{name}.py", *sys.argv[1:]])
+    return ("accelerate launch " if launched else "python ") + shlex.join(
+        [f"scripts/experiments/{name}.py", *sys.argv[1:]]
+    )
 
 
 def environment(started):
@@ -341,10 +375,12 @@ def pyplot():
     return plt
 
 
-SCHEDULE_NOTE = ("The main command's full recipe reaches 96.7% on these digits (20 epochs, see the README). Runs "
-                 "recorded before the plateau schedule (a few hundred updates, no validation split) stop short of "
-                 "that, and their verdicts describe that regime only; runs with a `validation_accuracy` per seed "
-                 "are trained to their validation plateau.")
+SCHEDULE_NOTE = (
+    "The main command's full recipe reaches 96.7% on these digits (20 epochs, see the README). Runs "
+    "recorded before the plateau schedule (a few hundred updates, no validation split) stop short of "
+    "that, and their verdicts describe that regime only; runs with a `validation_accuracy` per seed "
+    "are trained to their validation plateau."
+)
 
 
 def pct(x):
@@ -354,12 +390,21 @@ def pct(x):
 def header(title, results, claim):
     """The top of every experiment's markdown: what was claimed, how it was measured, where, how long."""
     env = results["environment"]
-    quick = "\n**Quick run (`--quick`): a smoke test at toy size; its numbers say nothing about the claim.**\n" \
-        if results["quick"] else ""
-    return (f"# {title}\n{quick}\n**Claim.** {claim}\n\n**Command.** `{results['command']}`\n\n"
-            f"Measured on a shared 2-core CPU machine ({env['torch_threads']} torch thread(s), load average "
-            f"{env['load_average_at_end'][0]} at the end, other jobs running): wall time {env['wall_time_s'] / 60:.1f} min"
-            + (f" ({env['parallel_parts']} processes side by side, one per seed, pooled with `--merge`)"
-               if env.get("parallel_parts") else "") + ". "
-            f"Results: [`{results['name']}.json`]({results['name']}.json), figure "
-            f"[`{results['name']}.png`]({results['name']}.png).\n\n![{results['name']}]({results['name']}.png)\n")
+    quick = (
+        "\n**Quick run (`--quick`): a smoke test at toy size; its numbers say nothing about the claim.**\n"
+        if results["quick"]
+        else ""
+    )
+    return (
+        f"# {title}\n{quick}\n**Claim.** {claim}\n\n**Command.** `{results['command']}`\n\n"
+        f"Measured on a shared 2-core CPU machine ({env['torch_threads']} torch thread(s), load average "
+        f"{env['load_average_at_end'][0]} at the end, other jobs running): wall time {env['wall_time_s'] / 60:.1f} min"
+        + (
+            f" ({env['parallel_parts']} processes side by side, one per seed, pooled with `--merge`)"
+            if env.get("parallel_parts")
+            else ""
+        )
+        + ". "
+        f"Results: [`{results['name']}.json`]({results['name']}.json), figure "
+        f"[`{results['name']}.png`]({results['name']}.png).\n\n![{results['name']}]({results['name']}.png)\n"
+    )

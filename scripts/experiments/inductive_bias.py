@@ -51,9 +51,12 @@ def macs(model, size=28):
 def plateau_for(fraction, plateau=PLATEAU):
     """`plateau` in full-data epochs' worth of updates: epochs of a subset scaled by 1 / fraction."""
     scale = 1.0 / fraction
-    return dataclasses.replace(plateau, max_epochs=math.ceil(plateau.max_epochs * scale),
-                               patience=math.ceil(plateau.patience * scale),
-                               min_epochs=math.ceil(plateau.min_epochs * scale))
+    return dataclasses.replace(
+        plateau,
+        max_epochs=math.ceil(plateau.max_epochs * scale),
+        patience=math.ceil(plateau.patience * scale),
+        min_epochs=math.ceil(plateau.min_epochs * scale),
+    )
 
 
 class ConvNet(nn.Module):
@@ -70,11 +73,24 @@ class ConvNet(nn.Module):
         self.config = SimpleNamespace(image_size_2d=(image_size, image_size), num_hidden_layers=0)
 
         def stage(cin, cout):
-            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                    nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+            return [
+                nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(cout, cout, 3, padding=1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+            ]
 
-        self.features = nn.Sequential(*stage(3, width), nn.MaxPool2d(2), *stage(width, 2 * width), nn.MaxPool2d(2),
-                                      *stage(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.features = nn.Sequential(
+            *stage(3, width),
+            nn.MaxPool2d(2),
+            *stage(width, 2 * width),
+            nn.MaxPool2d(2),
+            *stage(2 * width, 4 * width),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
         self.classifier = nn.Linear(4 * width, num_labels)
 
     def forward(self, pixel_values):
@@ -83,8 +99,12 @@ class ConvNet(nn.Module):
 
 def parse_args(argv=None):
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--max_epochs", type=int, default=PLATEAU.max_epochs,
-                   help="cap on the ViT's epochs at 100%% of the data (scaled by 1 / fraction)")
+    p.add_argument(
+        "--max_epochs",
+        type=int,
+        default=PLATEAU.max_epochs,
+        help="cap on the ViT's epochs at 100%% of the data (scaled by 1 / fraction)",
+    )
     return p.parse_args(argv)
 
 
@@ -132,9 +152,15 @@ def main(argv=None):
         cnn, _ = common.fit(accelerator, cnn_args, data, None, cnn, Preprocessing())
         cnn_pixels = common.eval_tensors(validation, Preprocessing(), (28, 28))
         for kind, model, updates, valid, seconds in (
-                ("vit", vit, fitted["updates"], fitted["validation_accuracy"], fitted["train_seconds"]),
-                ("cnn", cnn, cnn_updates, common.accuracy(common.predict(cnn, cnn_pixels[0]), cnn_pixels[1]),
-                 round(time.time() - started_cnn, 1))):
+            ("vit", vit, fitted["updates"], fitted["validation_accuracy"], fitted["train_seconds"]),
+            (
+                "cnn",
+                cnn,
+                cnn_updates,
+                common.accuracy(common.predict(cnn, cnn_pixels[0]), cnn_pixels[1]),
+                round(time.time() - started_cnn, 1),
+            ),
+        ):
             record = runs[kind][str(fraction)]
             record["seeds"].append(seed)
             record["train_images"].append(len(data))
@@ -142,8 +168,11 @@ def main(argv=None):
             record["validation_accuracy"].append(valid)
             record["updates"].append(updates)
             record["train_seconds"].append(seconds)
-            print(f"{kind} {fraction:.0%} seed {seed}: {record['accuracy'][-1]:.4f} ({updates} updates, {seconds:.0f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{kind} {fraction:.0%} seed {seed}: {record['accuracy'][-1]:.4f} ({updates} updates, {seconds:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     results = {
         "name": NAME,
@@ -151,16 +180,16 @@ def main(argv=None):
         "command": common.command(NAME),
         "setup": {
             "vit": f"main-command preset `default` with `{common.VIT_OVERRIDES}`, learned 1D position table: "
-                   f"{parameters['vit']} parameters, {cost['vit'] / 1e6:.2f}M MACs per image",
+            f"{parameters['vit']} parameters, {cost['vit'] / 1e6:.2f}M MACs per image",
             "cnn": f"compact VGG-style CNN (widths {CNN_WIDTH}/{2 * CNN_WIDTH}/{4 * CNN_WIDTH}, BN, global average "
-                   f"pooling): {parameters['cnn']} parameters, {cost['cnn'] / 1e6:.2f}M MACs per image",
+            f"pooling): {parameters['cnn']} parameters, {cost['cnn'] / 1e6:.2f}M MACs per image",
             "recipe": "the main command's embedded recipe for both (AdamW lr 2e-3, cosine with warmup, weight decay "
-                      "0.05, label smoothing 0.1, batch 64) without augmentation",
+            "0.05, label smoothing 0.1, batch 64) without augmentation",
             "budget": f"ViT: {base.text()}, with epochs, patience and minimum scaled by 1 / fraction (the same updates "
-                      "as the full-data criterion); CNN: the ViT's updates x (ViT MACs / CNN MACs) updates, its cosine "
-                      "schedule spanning them, so both spend the same training FLOPs; the CNN's last weights are used",
+            "as the full-data criterion); CNN: the ViT's updates x (ViT MACs / CNN MACs) updates, its cosine "
+            "schedule spanning them, so both spend the same training FLOPs; the CNN's last weights are used",
             "data": f"stratified subsets (one per seed) of the {len(train)} training digits; {len(validation)} "
-                    f"validation and {len(test)} test digits (fixed stratified splits, seed 0)",
+            f"validation and {len(test)} test digits (fixed stratified splits, seed 0)",
             "macs_per_image": cost,
             "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
         },
@@ -185,25 +214,39 @@ def summarise(runs, fractions):
         summary[str(f)] = row
     small, large = summary[str(fractions[0])]["cnn_minus_vit"], summary[str(fractions[-1])]["cnn_minus_vit"]
     # Narrowing: per seed, (CNN - ViT at the smallest fraction) - (CNN - ViT at all the data), paired by seed.
-    gaps = {f: {s: c - v for s, c, v in zip(runs["cnn"][str(f)]["seeds"], runs["cnn"][str(f)]["accuracy"],
-                                            runs["vit"][str(f)]["accuracy"])} for f in (fractions[0], fractions[-1])}
+    gaps = {
+        f: {
+            s: c - v
+            for s, c, v in zip(
+                runs["cnn"][str(f)]["seeds"], runs["cnn"][str(f)]["accuracy"], runs["vit"][str(f)]["accuracy"]
+            )
+        }
+        for f in (fractions[0], fractions[-1])
+    }
     seeds = sorted(set(gaps[fractions[0]]) & set(gaps[fractions[-1]]))
-    narrowing = common.paired_difference([gaps[fractions[0]][s] for s in seeds], [gaps[fractions[-1]][s] for s in seeds])
+    narrowing = common.paired_difference(
+        [gaps[fractions[0]][s] for s in seeds], [gaps[fractions[-1]][s] for s in seeds]
+    )
     wins, loses = small["low"] > 0, small["high"] < 0
     narrows = narrowing["low"] > 0
     if wins and narrows:
-        verdict = (f"holds at this scale: the CNN wins at {fractions[0]:.0%} and the gap narrows by "
-                   f"{common.interval_text(narrowing)} to {fractions[-1]:.0%}")
+        verdict = (
+            f"holds at this scale: the CNN wins at {fractions[0]:.0%} and the gap narrows by "
+            f"{common.interval_text(narrowing)} to {fractions[-1]:.0%}"
+        )
     elif loses:
         verdict = "does not hold at this scale: the ViT wins on the smallest split"
     elif wins:
         verdict = "half holds: the CNN wins on small data, but the narrowing is not resolved (its interval contains 0)"
     else:
         verdict = "not resolved at this scale: the gap on the smallest split's 95% interval contains 0"
-    measured = (f"CNN - ViT at equal training FLOPs: {common.interval_text(small)} at {fractions[0]:.0%}, "
-                f"{common.interval_text(large)} at {fractions[-1]:.0%}")
-    return summary, [{"claim": "CNNs win on small data; the gap narrows with more data", "measured": measured,
-                      "verdict": verdict}]
+    measured = (
+        f"CNN - ViT at equal training FLOPs: {common.interval_text(small)} at {fractions[0]:.0%}, "
+        f"{common.interval_text(large)} at {fractions[-1]:.0%}"
+    )
+    return summary, [
+        {"claim": "CNNs win on small data; the gap narrows with more data", "measured": measured, "verdict": verdict}
+    ]
 
 
 def figure(results, fractions):
@@ -217,8 +260,13 @@ def figure(results, fractions):
         ax.plot(sizes, means, "o-", color=colour, label=f"{kind.upper()} (mean ± std over seeds)")
         ax.fill_between(sizes, means - stds, means + stds, color=colour, alpha=0.2)
         for f, size in zip(fractions, sizes):
-            ax.scatter([size] * len(runs[kind][str(f)]["accuracy"]), [100 * a for a in runs[kind][str(f)]["accuracy"]],
-                       color=colour, s=8, alpha=0.6)
+            ax.scatter(
+                [size] * len(runs[kind][str(f)]["accuracy"]),
+                [100 * a for a in runs[kind][str(f)]["accuracy"]],
+                color=colour,
+                s=8,
+                alpha=0.6,
+            )
     ax.set_xscale("log")
     ax.set_xlabel("training images (log scale)")
     ax.set_ylabel("test accuracy (%)")
@@ -231,26 +279,42 @@ def figure(results, fractions):
 
 def markdown(results, fractions):
     runs, summary = results["runs"], results["summary"]
-    lines = [common.header("Inductive bias: CNN vs ViT against training-set size (ViT from First Principles, section 6)",
-                           results, "CNNs, with their locality and translation-equivariance built in, win on small "
-                           "data; with more data the ViT closes the gap.")]
+    lines = [
+        common.header(
+            "Inductive bias: CNN vs ViT against training-set size (ViT from First Principles, section 6)",
+            results,
+            "CNNs, with their locality and translation-equivariance built in, win on small "
+            "data; with more data the ViT closes the gap.",
+        )
+    ]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in results["setup"].items() if isinstance(v, str)]
-    lines += ["", "## Results", "", ("| fraction | training images | ViT updates (run) | CNN (%) | ViT (%) | CNN - ViT "
-              "(points, paired 95% CI) |"), "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Results",
+        "",
+        ("| fraction | training images | ViT updates (run) | CNN (%) | ViT (%) | CNN - ViT (points, paired 95% CI) |"),
+        "|---|---|---|---|---|---|",
+    ]
     for f in fractions:
         s, d = summary[str(f)], summary[str(f)]["cnn_minus_vit"]
-        lines.append(f"| {f:.0%} | {int(np.mean(runs['cnn'][str(f)]['train_images']))} | "
-                     f"{', '.join(map(str, runs['vit'][str(f)]['updates']))} | {common.pct(s['cnn']['mean'])} ± "
-                     f"{common.pct(s['cnn']['std'])} | {common.pct(s['vit']['mean'])} ± {common.pct(s['vit']['std'])} | "
-                     f"{100 * d['difference']:+.2f} ({100 * d['low']:+.2f} to {100 * d['high']:+.2f}) |")
+        lines.append(
+            f"| {f:.0%} | {int(np.mean(runs['cnn'][str(f)]['train_images']))} | "
+            f"{', '.join(map(str, runs['vit'][str(f)]['updates']))} | {common.pct(s['cnn']['mean'])} ± "
+            f"{common.pct(s['cnn']['std'])} | {common.pct(s['vit']['mean'])} ± {common.pct(s['vit']['std'])} | "
+            f"{100 * d['difference']:+.2f} ({100 * d['low']:+.2f} to {100 * d['high']:+.2f}) |"
+        )
     lines += ["", "± is the standard deviation over seeds.", "", "## Verdict", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
-    lines += ["", "## What this small setting can and cannot show", "",
-              "\"More data\" here tops out at 3,400 digits, three to four orders of magnitude below where the paper sees "
-              "ViTs overtake ResNets (ImageNet-21k, JFT-300M); this measures only the small-data end of the claim. "
-              "The ViT is trained to its validation plateau at every size and the CNN gets the same training FLOPs, "
-              "so the gap compares the two at the ViT's converged budget, not their learning speed. Neither model "
-              "was tuned; both use the main command's recipe, which was chosen for the ViT."]
+    lines += [
+        "",
+        "## What this small setting can and cannot show",
+        "",
+        '"More data" here tops out at 3,400 digits, three to four orders of magnitude below where the paper sees '
+        "ViTs overtake ResNets (ImageNet-21k, JFT-300M); this measures only the small-data end of the claim. "
+        "The ViT is trained to its validation plateau at every size and the CNN gets the same training FLOPs, "
+        "so the gap compares the two at the ViT's converged budget, not their learning speed. Neither model "
+        "was tuned; both use the main command's recipe, which was chosen for the ViT.",
+    ]
     return "\n".join(lines)
 
 

@@ -37,9 +37,13 @@ def parse_args(argv=None):
     p.add_argument("--patch_sizes", default="4,7,14", help="patch sides that divide 28 (default 4,7,14)")
     p.add_argument("--base_patch", type=int, default=7, help="the P of arms (a) and (b) (default 7)")
     p.add_argument("--steps", type=int, default=300, help="optimizer updates of every training (batch 64)")
-    p.add_argument("--interpolation", choices=["bilinear", "bicubic"], default="bilinear",
-                   help="the pixel resize B that PI-resize inverts and (b) applies to the kernel; bilinear + antialias "
-                        "is the resize of the main command's preprocessing")
+    p.add_argument(
+        "--interpolation",
+        choices=["bilinear", "bicubic"],
+        default="bilinear",
+        help="the pixel resize B that PI-resize inverts and (b) applies to the kernel; bilinear + antialias "
+        "is the resize of the main command's preprocessing",
+    )
     return p.parse_args(argv)
 
 
@@ -131,8 +135,12 @@ def main(argv=None):
         model, _ = common.fit(accelerator, random_args, train, None, model, preprocessing)
         for p in sizes:
             runs["random"][str(p)].append(common.accuracy(common.predict(AtPatchSize(model, p), pixels), targets))
-        print(f"seed {seed}: " + "; ".join(f"{arm} " + ", ".join(f"P{p} {v[-1]:.4f}" for p, v in r.items())
-                                           for arm, r in runs.items()), file=sys.stderr, flush=True)
+        print(
+            f"seed {seed}: "
+            + "; ".join(f"{arm} " + ", ".join(f"P{p} {v[-1]:.4f}" for p, v in r.items()) for arm, r in runs.items()),
+            file=sys.stderr,
+            flush=True,
+        )
 
     results = {
         "name": NAME,
@@ -140,29 +148,30 @@ def main(argv=None):
         "command": common.command(NAME),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}` and the patch size of each arm: "
-                     f"mean pooling, learned position table over the grid (resized with bicubic + antialias, the "
-                     f"config's default), {sum(p.numel() for p in base.hubvit.encoder.parameters())} encoder parameters",
+            f"mean pooling, learned position table over the grid (resized with bicubic + antialias, the "
+            f"config's default), {sum(p.numel() for p in base.hubvit.encoder.parameters())} encoder parameters",
             "training": f"the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64) "
-                        f"without augmentation, {steps} updates for every model",
+            f"without augmentation, {steps} updates for every model",
             "patch sizes": f"{sizes} on {SIZE} x {SIZE} digits: grids "
-                           + ", ".join(f"{SIZE // p} x {SIZE // p}" for p in sizes),
+            + ", ".join(f"{SIZE // p} x {SIZE // p}" for p in sizes),
             "(a), (b)": f"the native P = {options.base_patch} model of (c), resized by `resize_patch_embeddings(P, "
-                        f"method)` with B = {options.interpolation} + antialias; position table resized to the new grid",
+            f"method)` with B = {options.interpolation} + antialias; position table resized to the new grid",
             "(d)": f"`--patch_sizes {options.patch_sizes}`: kernel stored at P = {largest}, table at its "
-                   f"{SIZE // largest} x {SIZE // largest} grid, both resized on the fly each update (PI-resize, "
-                   f"{options.interpolation} + antialias); each P drawn for about 1/{len(sizes)} of the updates",
+            f"{SIZE // largest} x {SIZE // largest} grid, both resized on the fly each update (PI-resize, "
+            f"{options.interpolation} + antialias); each P drawn for about 1/{len(sizes)} of the updates",
             "throughput": f"inference images/s of the native model at each P (identical cost to any resized model at "
-                          f"that P), {len(pixels)} images in batches of 250, best of 3, {torch.get_num_threads()} "
-                          f"thread(s), CPU {cpu_isa()}; measured once (first seed) on a shared machine",
+            f"that P), {len(pixels)} images in batches of 250, best of 3, {torch.get_num_threads()} "
+            f"thread(s), CPU {cpu_isa()}; measured once (first seed) on a shared machine",
             "data": f"{len(train)} train / {len(test)} validation embedded digits (fixed split, seed 0; nothing tuned "
-                    "on it)",
+            "on it)",
         },
         "patch_sizes": sizes,
         "base_patch": options.base_patch,
         "images_per_second": speed,
         "runs": runs,
-        "summary": {arm: {p: dict(zip(("mean", "std"), common.mean_std(v))) for p, v in r.items()}
-                    for arm, r in runs.items()},
+        "summary": {
+            arm: {p: dict(zip(("mean", "std"), common.mean_std(v))) for p, v in r.items()} for arm, r in runs.items()
+        },
     }
     results["verdicts"] = verdicts(results)
     results["environment"] = common.environment(started)
@@ -173,7 +182,9 @@ def main(argv=None):
 
 def verdicts(results):
     runs, sizes, base = results["runs"], [str(p) for p in results["patch_sizes"]], str(results["base_patch"])
-    summary = {arm: {p: dict(zip(("mean", "std"), common.mean_std(v))) for p, v in r.items()} for arm, r in runs.items()}
+    summary = {
+        arm: {p: dict(zip(("mean", "std"), common.mean_std(v))) for p, v in r.items()} for arm, r in runs.items()
+    }
     results["summary"] = summary
     seeds = len(runs["native"][sizes[0]])
     gaps = {p: common.difference(runs["random"][p], runs["native"][p]) for p in sizes}
@@ -184,23 +195,38 @@ def verdicts(results):
     fmt = lambda arm, p: f"{common.pct(summary[arm][p]['mean'])}"  # noqa: E731
     one_seed = "not resolved (one seed)"
     return [
-        {"claim": "FlexiViT: one model trained with a random patch size is within about a point of a model trained "
-                  "natively at every patch size",
-         "measured": "; ".join(f"P={p}: random {fmt('random', p)}% vs native {fmt('native', p)}% "
-                               f"({100 * gaps[p][0]:+.2f} ± {200 * gaps[p][1]:.2f})" for p in sizes)
-                     + " (points, ± 2 SE)",
-         "verdict": one_seed if seeds < 2 else
-                    "holds at this scale" if within else
-                    f"does not hold at this scale: {abs(100 * gaps[worst][0]):.1f} points below native at P={worst}"},
-        {"claim": "PI-resize keeps a model trained at one patch size usable at others, where plain interpolation of "
-                  "the kernel does not",
-         "measured": "; ".join(f"P={p}: PI {fmt('pi', p)}% vs interpolate {fmt('interpolate', p)}% "
-                               f"({100 * pi_vs[p][0]:+.2f} ± {200 * pi_vs[p][1]:.2f})" for p in others)
-                     + f" (trained at P={base}: {fmt('native', base)}%)",
-         "verdict": one_seed if seeds < 2 else
-                    "holds at this scale" if all(d > 2 * se for d, se in pi_vs.values()) else
-                    "PI-resize is better at " + (", ".join(f"P={p}" for p in others if pi_vs[p][0] > 2 * pi_vs[p][1])
-                                                 or "no size") + " beyond 2 SE"},
+        {
+            "claim": "FlexiViT: one model trained with a random patch size is within about a point of a model trained "
+            "natively at every patch size",
+            "measured": "; ".join(
+                f"P={p}: random {fmt('random', p)}% vs native {fmt('native', p)}% "
+                f"({100 * gaps[p][0]:+.2f} ± {200 * gaps[p][1]:.2f})"
+                for p in sizes
+            )
+            + " (points, ± 2 SE)",
+            "verdict": one_seed
+            if seeds < 2
+            else "holds at this scale"
+            if within
+            else f"does not hold at this scale: {abs(100 * gaps[worst][0]):.1f} points below native at P={worst}",
+        },
+        {
+            "claim": "PI-resize keeps a model trained at one patch size usable at others, where plain interpolation of "
+            "the kernel does not",
+            "measured": "; ".join(
+                f"P={p}: PI {fmt('pi', p)}% vs interpolate {fmt('interpolate', p)}% "
+                f"({100 * pi_vs[p][0]:+.2f} ± {200 * pi_vs[p][1]:.2f})"
+                for p in others
+            )
+            + f" (trained at P={base}: {fmt('native', base)}%)",
+            "verdict": one_seed
+            if seeds < 2
+            else "holds at this scale"
+            if all(d > 2 * se for d, se in pi_vs.values())
+            else "PI-resize is better at "
+            + (", ".join(f"P={p}" for p in others if pi_vs[p][0] > 2 * pi_vs[p][1]) or "no size")
+            + " beyond 2 SE",
+        },
     ]
 
 
@@ -215,8 +241,9 @@ def figure(results):
         stds = [100 * s[arm][p]["std"] for p in sizes]
         ax.errorbar(x + (k - 1.5) * 0.06, means, yerr=stds, marker="o", capsize=3, label=label)
         for i, p in enumerate(sizes):
-            ax.scatter([i + (k - 1.5) * 0.06] * len(runs[arm][p]), [100 * v for v in runs[arm][p]], s=6, color="k",
-                       zorder=3)
+            ax.scatter(
+                [i + (k - 1.5) * 0.06] * len(runs[arm][p]), [100 * v for v in runs[arm][p]], s=6, color="k", zorder=3
+            )
     ax.set_xticks(x, [f"P={p}\n{28 // int(p)}x{28 // int(p)} patches" for p in sizes])
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title("Accuracy at each patch size: mean ± std over seeds (dots: seeds)")
@@ -233,40 +260,63 @@ def markdown(results):
     sizes = [str(p) for p in results["patch_sizes"]]
     s, runs, speed = results["summary"], results["runs"], results["images_per_second"]
     seeds = len(runs["native"][sizes[0]])
-    lines = [common.header("One checkpoint at any patch size: PI-resize and random-patch-size training", results,
-                           "(FlexiViT, Beyer et al., 2023) resizing the patch-embedding kernel with the pseudo-inverse "
-                           "of the pixel resize keeps a model usable at other patch sizes where plain interpolation "
-                           "does not, and one model trained with a random patch size per batch comes within about a "
-                           "point of models trained natively at each size.")]
+    lines = [
+        common.header(
+            "One checkpoint at any patch size: PI-resize and random-patch-size training",
+            results,
+            "(FlexiViT, Beyer et al., 2023) resizing the patch-embedding kernel with the pseudo-inverse "
+            "of the pixel resize keeps a model usable at other patch sizes where plain interpolation "
+            "does not, and one model trained with a random patch size per batch comes within about a "
+            "point of models trained natively at each size.",
+        )
+    ]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in results["setup"].items()]
-    lines += [f"- seeds: {seeds}", "", "## Results", "",
-              "Validation accuracy (%), mean ± standard deviation over seeds, and inference throughput:", "",
-              "| arm | " + " | ".join(f"P={p}" for p in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    lines += [
+        f"- seeds: {seeds}",
+        "",
+        "## Results",
+        "",
+        "Validation accuracy (%), mean ± standard deviation over seeds, and inference throughput:",
+        "",
+        "| arm | " + " | ".join(f"P={p}" for p in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
     for arm, label in ARMS.items():
-        lines.append(f"| {label} | " + " | ".join(
-            f"{common.pct(s[arm][p]['mean'])} ± {common.pct(s[arm][p]['std'])}" for p in sizes) + " |")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{common.pct(s[arm][p]['mean'])} ± {common.pct(s[arm][p]['std'])}" for p in sizes)
+            + " |"
+        )
     lines.append("| images/s (inference) | " + " | ".join(f"{speed[p]:,.0f}" for p in sizes) + " |")
     lines += ["", "Per seed:", ""]
     for arm, label in ARMS.items():
-        lines.append(f"- {label}: " + "; ".join(f"P={p}: " + ", ".join(common.pct(v) for v in runs[arm][p])
-                                                 for p in sizes))
+        lines.append(
+            f"- {label}: " + "; ".join(f"P={p}: " + ", ".join(common.pct(v) for v in runs[arm][p]) for p in sizes)
+        )
     lines += ["", "## Verdicts", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
     params = results["setup"]["model"].split(", ")[-1]
     updates = results["setup"]["training"].split(", ")[-1].replace(" for every model", "")
-    lines += ["", "## What this scale can and cannot show", "", (
-        f"Every model here is the experiments' ViT ({params}) trained for {updates} on 28 x 28 digits, {seeds} seed(s), on a 2-core CPU shared with other jobs. FlexiViT trained ViT-B-sized "
-        "models on ImageNet with far longer schedules and a wider range of patch sizes; here P=14 leaves a 2 x 2 grid, "
-        "and the random-P model sees each size for only about a third of its updates (the same number of updates as "
-        "each native model, a third of them per size). The (d) model's learned table lives at the largest patch's "
-        "grid (2 x 2) and is upsampled for finer grids, as FlexiViT stores one small table and resizes it; at this "
-        "size that leaves the finest grid only four learned positions. So the figures say which way the effects go on "
-        "small data with short schedules, not how large they are at scale: with this few updates no model is "
-        "converged (accuracy rises as P grows because fewer tokens learn faster in few steps), and the random-P "
-        "model's gap measures its undertraining per size as much as the recipe; a longer schedule is what would test "
-        "FlexiViT's claim. Throughput is measured once per P on a "
-        "machine shared with other jobs: compare the ratios between sizes, not the absolute figures."),
-              "", common.SCHEDULE_NOTE]
+    lines += [
+        "",
+        "## What this scale can and cannot show",
+        "",
+        (
+            f"Every model here is the experiments' ViT ({params}) trained for {updates} on 28 x 28 digits, {seeds} seed(s), on a 2-core CPU shared with other jobs. FlexiViT trained ViT-B-sized "
+            "models on ImageNet with far longer schedules and a wider range of patch sizes; here P=14 leaves a 2 x 2 grid, "
+            "and the random-P model sees each size for only about a third of its updates (the same number of updates as "
+            "each native model, a third of them per size). The (d) model's learned table lives at the largest patch's "
+            "grid (2 x 2) and is upsampled for finer grids, as FlexiViT stores one small table and resizes it; at this "
+            "size that leaves the finest grid only four learned positions. So the figures say which way the effects go on "
+            "small data with short schedules, not how large they are at scale: with this few updates no model is "
+            "converged (accuracy rises as P grows because fewer tokens learn faster in few steps), and the random-P "
+            "model's gap measures its undertraining per size as much as the recipe; a longer schedule is what would test "
+            "FlexiViT's claim. Throughput is measured once per P on a "
+            "machine shared with other jobs: compare the ratios between sizes, not the absolute figures."
+        ),
+        "",
+        common.SCHEDULE_NOTE,
+    ]
     return "\n".join(lines)
 
 

@@ -46,7 +46,11 @@ def permute_patches(pixels, patch_size, permutation):
     """Images (B, C, H, W) whose P x P patches are moved: output patch i is input patch `permutation[i]`."""
     b, c, h, w = pixels.shape
     gh, gw = h // patch_size, w // patch_size
-    patches = pixels.reshape(b, c, gh, patch_size, gw, patch_size).permute(0, 2, 4, 1, 3, 5).reshape(b, gh * gw, c, patch_size, patch_size)
+    patches = (
+        pixels.reshape(b, c, gh, patch_size, gw, patch_size)
+        .permute(0, 2, 4, 1, 3, 5)
+        .reshape(b, gh * gw, c, patch_size, patch_size)
+    )
     patches = patches[:, permutation]
     return patches.reshape(b, gh, gw, c, patch_size, patch_size).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
@@ -87,15 +91,26 @@ def quadrant_digits(quick=False):
 
 def parse_args(argv=None):
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--models_dir", default=str(common.ROOT / "runs" / NAME),
-                   help="where the trained digit models are saved (attention_distance.py reads them)")
-    p.add_argument("--max_epochs", type=int, default=DIGITS_PLATEAU.max_epochs,
-                   help="cap on the digits epochs (3,400 images, batch 64: 54 updates each); the cosine schedule "
-                        "spans it")
-    p.add_argument("--quadrant_max_epochs", type=int, default=QUADRANT_PLATEAU.max_epochs,
-                   help="cap on the quadrant-task epochs")
-    p.add_argument("--bias_lr_scale", type=float, default=BIAS_LR_SCALE,
-                   help="learning-rate multiplier of the relative_2d bias tables")
+    p.add_argument(
+        "--models_dir",
+        default=str(common.ROOT / "runs" / NAME),
+        help="where the trained digit models are saved (attention_distance.py reads them)",
+    )
+    p.add_argument(
+        "--max_epochs",
+        type=int,
+        default=DIGITS_PLATEAU.max_epochs,
+        help="cap on the digits epochs (3,400 images, batch 64: 54 updates each); the cosine schedule spans it",
+    )
+    p.add_argument(
+        "--quadrant_max_epochs", type=int, default=QUADRANT_PLATEAU.max_epochs, help="cap on the quadrant-task epochs"
+    )
+    p.add_argument(
+        "--bias_lr_scale",
+        type=float,
+        default=BIAS_LR_SCALE,
+        help="learning-rate multiplier of the relative_2d bias tables",
+    )
     return p.parse_args(argv)
 
 
@@ -121,8 +136,11 @@ def bias_magnitude(model):
     """Largest |bias| over the relative_2d tables of every block (None without them)."""
     from hubvit.analysis.attention import body
 
-    values = [layer.attention.relative_position_bias.detach().abs().max().item()
-              for layer in body(model).encoder.layers if layer.attention.relative_position_bias is not None]
+    values = [
+        layer.attention.relative_position_bias.detach().abs().max().item()
+        for layer in body(model).encoder.layers
+        if layer.attention.relative_position_bias is not None
+    ]
     return max(values) if values else None
 
 
@@ -152,10 +170,25 @@ def main(argv=None):
     digits_train, digits_validation, digits_test = common.digits_train_validation_test(options.quick)
     quad_train, quad_validation, quad_test = quadrant_digits(options.quick)
     permutation = fixed_permutation((28 // PATCH) ** 2)
-    keys = ["seeds", "accuracy", "validation_accuracy", "updates", "best_updates", "epochs", "stopped_by",
-            "train_seconds", "shuffled_accuracy", "changed_predictions", "max_logit_change", "stripe_score",
-            "max_abs_bias", "quadrant_accuracy", "quadrant_validation_accuracy", "quadrant_updates",
-            "quadrant_max_abs_bias"]
+    keys = [
+        "seeds",
+        "accuracy",
+        "validation_accuracy",
+        "updates",
+        "best_updates",
+        "epochs",
+        "stopped_by",
+        "train_seconds",
+        "shuffled_accuracy",
+        "changed_predictions",
+        "max_logit_change",
+        "stripe_score",
+        "max_abs_bias",
+        "quadrant_accuracy",
+        "quadrant_validation_accuracy",
+        "quadrant_updates",
+        "quadrant_max_abs_bias",
+    ]
     runs = {kind: {key: [] for key in keys} for kind in TYPES}
     test_pixels = test_labels = quad_pixels = quad_labels = None
     parameters = {}
@@ -168,8 +201,9 @@ def main(argv=None):
         if test_pixels is None:
             test_pixels, test_labels = common.eval_tensors(digits_test, preprocessing, (28, 28))
             shuffled = permute_patches(test_pixels, PATCH, permutation)
-        model, fitted = common.fit_to_plateau(accelerator, args, digits_train, digits_validation, model,
-                                              preprocessing, digits_plateau, lr_scale)
+        model, fitted = common.fit_to_plateau(
+            accelerator, args, digits_train, digits_validation, model, preprocessing, digits_plateau, lr_scale
+        )
         logits, shuffled_logits = common.predict(model, test_pixels), common.predict(model, shuffled)
         record = runs[kind]
         record["seeds"].append(seed)
@@ -188,16 +222,21 @@ def main(argv=None):
         model, preprocessing = common.build_vit(args, QUADRANTS, fields)
         if quad_pixels is None:
             quad_pixels, quad_labels = common.eval_tensors(quad_test, preprocessing, (CANVAS, CANVAS))
-        model, fitted = common.fit_to_plateau(accelerator, args, quad_train, quad_validation, model, preprocessing,
-                                              quadrant_plateau, lr_scale)
+        model, fitted = common.fit_to_plateau(
+            accelerator, args, quad_train, quad_validation, model, preprocessing, quadrant_plateau, lr_scale
+        )
         record["quadrant_accuracy"].append(common.accuracy(common.predict(model, quad_pixels), quad_labels))
         record["quadrant_validation_accuracy"].append(fitted["validation_accuracy"])
         record["quadrant_updates"].append(fitted["updates"])
         record["quadrant_max_abs_bias"].append(bias_magnitude(model))
-        print(f"{kind} seed {seed}: digits {record['accuracy'][-1]:.4f} (validation "
-              f"{record['validation_accuracy'][-1]:.4f}, {record['updates'][-1]} updates, "
-              f"{record['train_seconds'][-1]:.0f} s), shuffled {record['shuffled_accuracy'][-1]:.4f}, quadrant "
-              f"{record['quadrant_accuracy'][-1]:.4f}", file=sys.stderr, flush=True)
+        print(
+            f"{kind} seed {seed}: digits {record['accuracy'][-1]:.4f} (validation "
+            f"{record['validation_accuracy'][-1]:.4f}, {record['updates'][-1]} updates, "
+            f"{record['train_seconds'][-1]:.0f} s), shuffled {record['shuffled_accuracy'][-1]:.4f}, quadrant "
+            f"{record['quadrant_accuracy'][-1]:.4f}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     results = {
         "name": NAME,
@@ -205,25 +244,31 @@ def main(argv=None):
         "command": common.command(NAME),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}`: 7 x 7 patches, 4 heads, mean "
-                     f"pooling, no [CLS]; {parameters} parameters by type",
+            f"pooling, no [CLS]; {parameters} parameters by type",
             "recipe": "the main command's embedded recipe (AdamW lr 2e-3, cosine with 5% warmup, weight decay 0.05, "
-                      "label smoothing 0.1, batch 64) without augmentation, in epochs",
+            "label smoothing 0.1, batch 64) without augmentation, in epochs",
             "plateau": f"digits: {digits_plateau.text()}; quadrant task: the same with patience "
-                       f"{quadrant_plateau.patience}, {100 * quadrant_plateau.min_delta:.1f} points, at least "
-                       f"{quadrant_plateau.min_epochs} and at most {quadrant_plateau.max_epochs} epochs",
+            f"{quadrant_plateau.patience}, {100 * quadrant_plateau.min_delta:.1f} points, at least "
+            f"{quadrant_plateau.min_epochs} and at most {quadrant_plateau.max_epochs} epochs",
             "relative_2d": f"bias tables start at zero (BEiT) and get {options.bias_lr_scale:g} x the learning rate: "
-                           "AdamW moves an entry by about its learning rate per update, so at the base rate a zero "
-                           "bias could not travel further than about 1.6 in this schedule",
+            "AdamW moves an entry by about its learning rate per update, so at the base rate a zero "
+            "bias could not travel further than about 1.6 in this schedule",
             "digits": f"{len(digits_train)} train / {len(digits_validation)} validation / {len(digits_test)} test of "
-                      "the 5,000 embedded MNIST digits (fixed stratified splits, seed 0)",
+            "the 5,000 embedded MNIST digits (fixed stratified splits, seed 0)",
             "quadrant_task": f"{len(quad_train)} train / {len(quad_validation)} validation / {len(quad_test)} test "
-                             f"scikit-learn digits on a {CANVAS} x {CANVAS} canvas (fixed splits, seed 0)",
-            "comparisons": "fixed before any run: " + ", ".join(f"{a} vs {b}" for a, b in EQUALITY_PAIRS)
-                           + f" for equality within {100 * EQUALITY_MARGIN:.1f} points; {NONE_REFERENCE} vs none "
-                           "for the cost of no position embedding",
-            "splits": {"train": len(digits_train), "validation": len(digits_validation), "test": len(digits_test),
-                       "quadrant_train": len(quad_train), "quadrant_validation": len(quad_validation),
-                       "quadrant_test": len(quad_test)},
+            f"scikit-learn digits on a {CANVAS} x {CANVAS} canvas (fixed splits, seed 0)",
+            "comparisons": "fixed before any run: "
+            + ", ".join(f"{a} vs {b}" for a, b in EQUALITY_PAIRS)
+            + f" for equality within {100 * EQUALITY_MARGIN:.1f} points; {NONE_REFERENCE} vs none "
+            "for the cost of no position embedding",
+            "splits": {
+                "train": len(digits_train),
+                "validation": len(digits_validation),
+                "test": len(digits_test),
+                "quadrant_train": len(quad_train),
+                "quadrant_validation": len(quad_validation),
+                "quadrant_test": len(quad_test),
+            },
             "digits_plateau": dataclasses.asdict(digits_plateau),
             "quadrant_plateau": dataclasses.asdict(quadrant_plateau),
             "bias_lr_scale": options.bias_lr_scale,
@@ -240,9 +285,13 @@ def main(argv=None):
 
 
 def summarise(runs):
-    summary = {kind: {key: dict(zip(("mean", "std"), common.mean_std(runs[kind][key])))
-                      for key in ("accuracy", "validation_accuracy", "shuffled_accuracy", "quadrant_accuracy",
-                                  "updates")} for kind in TYPES}
+    summary = {
+        kind: {
+            key: dict(zip(("mean", "std"), common.mean_std(runs[kind][key])))
+            for key in ("accuracy", "validation_accuracy", "shuffled_accuracy", "quadrant_accuracy", "updates")
+        }
+        for kind in TYPES
+    }
     for kind in TYPES:
         summary[kind]["vs_learned"] = common.paired(runs, kind, "learned")
 
@@ -252,21 +301,31 @@ def summarise(runs):
     if all(o == "equivalent" for o in outcomes.values()):
         equal = f"holds: every pair's 95% interval lies within ±{100 * EQUALITY_MARGIN:.1f} points"
     elif any(o == "different" for o in outcomes.values()):
-        equal = ("does not hold at this scale: " + ", ".join(n for n, o in outcomes.items() if o == "different")
-                 + f" differ by more than {100 * EQUALITY_MARGIN:.1f} points (95% interval outside the margin)")
+        equal = (
+            "does not hold at this scale: "
+            + ", ".join(n for n, o in outcomes.items() if o == "different")
+            + f" differ by more than {100 * EQUALITY_MARGIN:.1f} points (95% interval outside the margin)"
+        )
     else:
-        equal = (f"not resolved: ±{100 * EQUALITY_MARGIN:.1f} points is finer than these seeds can resolve; the "
-                 f"intervals would show equality only within ±{100 * smallest:.2f} points"
-                 + ("" if any(o == "different" for o in outcomes.values()) else
-                    " (and no pair is shown to differ by more than 0.2)"))
+        equal = (
+            f"not resolved: ±{100 * EQUALITY_MARGIN:.1f} points is finer than these seeds can resolve; the "
+            f"intervals would show equality only within ±{100 * smallest:.2f} points"
+            + (
+                ""
+                if any(o == "different" for o in outcomes.values())
+                else " (and no pair is shown to differ by more than 0.2)"
+            )
+        )
     measured_equal = "; ".join(f"{name}: {common.interval_text(diff)}" for name, diff in pairs.items())
 
     gap = common.paired(runs, NONE_REFERENCE, "none")
     lo, hi = 100 * gap["low"], 100 * gap["high"]
     if gap["low"] > PAPER_NONE_GAP:
-        worse = (f"`none` is worse than {NONE_REFERENCE}, by more than the paper's 3 points (interval {lo:.2f} to "
-                 f"{hi:.2f}); on digits a set of strokes carries less of the class than on ImageNet, so the gap's "
-                 "size is not the paper's")
+        worse = (
+            f"`none` is worse than {NONE_REFERENCE}, by more than the paper's 3 points (interval {lo:.2f} to "
+            f"{hi:.2f}); on digits a set of strokes carries less of the class than on ImageNet, so the gap's "
+            "size is not the paper's"
+        )
     elif gap["high"] < PAPER_NONE_GAP and gap["low"] > 0:
         worse = f"`none` is worse than {NONE_REFERENCE}, by less than 3 points (interval {lo:.2f} to {hi:.2f})"
     elif gap["high"] <= 0:
@@ -276,38 +335,71 @@ def summarise(runs):
 
     changed = runs["none"]["changed_predictions"]
     drops = {k: summary[k]["accuracy"]["mean"] - summary[k]["shuffled_accuracy"]["mean"] for k in TYPES}
-    shuffle = (f"`none`: {sum(changed)} predictions changed under the fixed patch shuffle (exactly invariant, max logit "
-               f"change {max(runs['none']['max_logit_change']):.1e}); the others lose "
-               + ", ".join(f"{k} {100 * drops[k]:.1f}" for k in TYPES if k != "none") + " points")
+    shuffle = (
+        f"`none`: {sum(changed)} predictions changed under the fixed patch shuffle (exactly invariant, max logit "
+        f"change {max(runs['none']['max_logit_change']):.1e}); the others lose "
+        + ", ".join(f"{k} {100 * drops[k]:.1f}" for k in TYPES if k != "none")
+        + " points"
+    )
     quadrant = ", ".join(f"{k} {100 * summary[k]['quadrant_accuracy']['mean']:.1f}%" for k in TYPES)
     bias = runs["relative_2d"]["max_abs_bias"], runs["relative_2d"]["quadrant_max_abs_bias"]
-    quadrant += (f"; relative_2d max |bias| {min(bias[0]):.2f}-{max(bias[0]):.2f} (digits), "
-                 f"{min(bias[1]):.2f}-{max(bias[1]):.2f} (quadrants)") if bias[0] and bias[0][0] is not None else ""
+    quadrant += (
+        (
+            f"; relative_2d max |bias| {min(bias[0]):.2f}-{max(bias[0]):.2f} (digits), "
+            f"{min(bias[1]):.2f}-{max(bias[1]):.2f} (quadrants)"
+        )
+        if bias[0] and bias[0][0] is not None
+        else ""
+    )
 
     scores = [s for s in runs["learned"]["stripe_score"] if s is not None]
     stripes = common.paired_difference(scores, [0.0] * len(scores))
     if not scores:
         stripe_verdict, stripe_measured = "not measured: the grid has no equal-distance pairs", "n/a"
     else:
-        stripe_measured = (f"stripe score of the trained learned 1D tables {stripes['difference']:.3f} (95% CI "
-                           f"{stripes['low']:.3f} to {stripes['high']:.3f}, {len(scores)} seeds); "
-                           + ", ".join(f"{k} {np.mean(runs[k]['stripe_score']):.3f}" for k in STRIPE_TYPES[1:]
-                                       if None not in runs[k]["stripe_score"] and runs[k]["stripe_score"]))
-        stripe_verdict = ("holds: rows and columns stand out (interval above 0)" if stripes["low"] > 0 else
-                          "does not hold: the interval reaches 0 or below" if stripes["high"] <= 0 else
-                          "not resolved: the interval contains 0")
+        stripe_measured = (
+            f"stripe score of the trained learned 1D tables {stripes['difference']:.3f} (95% CI "
+            f"{stripes['low']:.3f} to {stripes['high']:.3f}, {len(scores)} seeds); "
+            + ", ".join(
+                f"{k} {np.mean(runs[k]['stripe_score']):.3f}"
+                for k in STRIPE_TYPES[1:]
+                if None not in runs[k]["stripe_score"] and runs[k]["stripe_score"]
+            )
+        )
+        stripe_verdict = (
+            "holds: rows and columns stand out (interval above 0)"
+            if stripes["low"] > 0
+            else "does not hold: the interval reaches 0 or below"
+            if stripes["high"] <= 0
+            else "not resolved: the interval contains 0"
+        )
     verdicts = [
-        {"claim": "1D, 2D and relative position embeddings reach the same accuracy (within 0.2%)",
-         "measured": measured_equal, "verdict": equal},
-        {"claim": f"no position embedding costs about 3 points (paper D.4; measured against {NONE_REFERENCE}, the "
-                  "paper's 1D table)", "measured": f"{NONE_REFERENCE} - none: {common.interval_text(gap)}",
-         "verdict": worse},
-        {"claim": "learned 1D position tables show the grid's rows and columns as stripes (paper Figure 7)",
-         "measured": stripe_measured, "verdict": stripe_verdict},
-        {"claim": "control (a): shuffling the patches cannot change a model without position embedding",
-         "measured": shuffle, "verdict": "holds" if sum(changed) == 0 else "violated"},
-        {"claim": "control (b): on a task whose label is a position, `none` stays at chance (25%) and the others do not",
-         "measured": quadrant, "verdict": quadrant_verdict(summary)},
+        {
+            "claim": "1D, 2D and relative position embeddings reach the same accuracy (within 0.2%)",
+            "measured": measured_equal,
+            "verdict": equal,
+        },
+        {
+            "claim": f"no position embedding costs about 3 points (paper D.4; measured against {NONE_REFERENCE}, the "
+            "paper's 1D table)",
+            "measured": f"{NONE_REFERENCE} - none: {common.interval_text(gap)}",
+            "verdict": worse,
+        },
+        {
+            "claim": "learned 1D position tables show the grid's rows and columns as stripes (paper Figure 7)",
+            "measured": stripe_measured,
+            "verdict": stripe_verdict,
+        },
+        {
+            "claim": "control (a): shuffling the patches cannot change a model without position embedding",
+            "measured": shuffle,
+            "verdict": "holds" if sum(changed) == 0 else "violated",
+        },
+        {
+            "claim": "control (b): on a task whose label is a position, `none` stays at chance (25%) and the others do not",
+            "measured": quadrant,
+            "verdict": quadrant_verdict(summary),
+        },
     ]
     return summary, verdicts
 
@@ -321,9 +413,11 @@ def quadrant_verdict(summary, margin=0.1):
         return "does not hold: `none` is not at chance"
     if not stuck:
         return "holds"
-    return (f"half holds: `none` stays at chance; above chance: {', '.join(above) or 'none of the others'}; still at "
-            f"chance within this schedule: {', '.join(stuck)} (their position tables or biases start near zero and "
-            "must be learned; the fixed sin-cos table needs no learning)")
+    return (
+        f"half holds: `none` stays at chance; above chance: {', '.join(above) or 'none of the others'}; still at "
+        f"chance within this schedule: {', '.join(stuck)} (their position tables or biases start near zero and "
+        "must be learned; the fixed sin-cos table needs no learning)"
+    )
 
 
 def figure(results):
@@ -331,9 +425,11 @@ def figure(results):
     runs, summary = results["runs"], results["summary"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     x = np.arange(len(TYPES))
-    for ax, key, title in zip(axes, ("accuracy", "shuffled_accuracy", "quadrant_accuracy"),
-                              ("digits (test)", "digits, patches shuffled (fixed permutation)",
-                               "quadrant task (label = position)")):
+    for ax, key, title in zip(
+        axes,
+        ("accuracy", "shuffled_accuracy", "quadrant_accuracy"),
+        ("digits (test)", "digits, patches shuffled (fixed permutation)", "quadrant task (label = position)"),
+    ):
         means = [100 * summary[k][key]["mean"] for k in TYPES]
         stds = [100 * summary[k][key]["std"] for k in TYPES]
         ax.bar(x, means, yerr=stds, color="#9ecae1", capsize=4)
@@ -354,16 +450,29 @@ def figure(results):
 
 def markdown(results):
     summary, runs = results["summary"], results["runs"]
-    lines = [common.header("Position embeddings (ViT from First Principles, section 3; paper appendix D.4)", results,
-                           "1D, 2D and relative position embeddings perform about the same (within 0.2%); "
-                           "no position embedding is clearly worse (about 3 points in the paper); learned 1D tables "
-                           "show rows and columns as stripes.")]
+    lines = [
+        common.header(
+            "Position embeddings (ViT from First Principles, section 3; paper appendix D.4)",
+            results,
+            "1D, 2D and relative position embeddings perform about the same (within 0.2%); "
+            "no position embedding is clearly worse (about 3 points in the paper); learned 1D tables "
+            "show rows and columns as stripes.",
+        )
+    ]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in results["setup"].items() if isinstance(v, str)]
-    lines += [f"- seeds: {runs['none']['seeds']}; every arm on the same seeds and splits, so differences are paired "
-              "by seed; the test split is evaluated once per run, after the checkpoint is chosen on validation", ""]
-    lines += ["## Results", "", "| position_embedding_type | test accuracy (%) | validation (%) | updates (best) | "
-              "stopped by | vs learned, paired (points, 95% CI) | shuffled patches (%) | changed predictions | "
-              "quadrant task (%) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"- seeds: {runs['none']['seeds']}; every arm on the same seeds and splits, so differences are paired "
+        "by seed; the test split is evaluated once per run, after the checkpoint is chosen on validation",
+        "",
+    ]
+    lines += [
+        "## Results",
+        "",
+        "| position_embedding_type | test accuracy (%) | validation (%) | updates (best) | "
+        "stopped by | vs learned, paired (points, 95% CI) | shuffled patches (%) | changed predictions | "
+        "quadrant task (%) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for k in TYPES:
         s, r = summary[k], runs[k]
         vs = s["vs_learned"]
@@ -372,26 +481,40 @@ def markdown(results):
             f"{common.pct(s['validation_accuracy']['mean'])} ± {common.pct(s['validation_accuracy']['std'])} | "
             f"{', '.join(f'{u} ({b})' for u, b in zip(r['updates'], r['best_updates']))} | "
             f"{', '.join(r['stopped_by'])} | "
-            + ("—" if k == "learned" else f"{100 * vs['difference']:+.2f} ({100 * vs['low']:+.2f} to {100 * vs['high']:+.2f})")
+            + (
+                "—"
+                if k == "learned"
+                else f"{100 * vs['difference']:+.2f} ({100 * vs['low']:+.2f} to {100 * vs['high']:+.2f})"
+            )
             + f" | {common.pct(s['shuffled_accuracy']['mean'])} ± {common.pct(s['shuffled_accuracy']['std'])} | "
             f"{', '.join(map(str, r['changed_predictions']))} of {results['setup']['test_images']} | "
-            f"{common.pct(s['quadrant_accuracy']['mean'])} ± {common.pct(s['quadrant_accuracy']['std'])} |")
+            f"{common.pct(s['quadrant_accuracy']['mean'])} ± {common.pct(s['quadrant_accuracy']['std'])} |"
+        )
     seconds = [t for k in TYPES for t in runs[k]["train_seconds"]]
-    lines += ["", "± is the standard deviation over seeds. \"vs learned\" is the mean of the per-seed differences "
-              "with its 95% t interval. Updates: run (at the best-validation checkpoint). "
-              f"Training time per digits run: {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f} min.", "",
-              "## Verdicts", ""]
+    lines += [
+        "",
+        '± is the standard deviation over seeds. "vs learned" is the mean of the per-seed differences '
+        "with its 95% t interval. Updates: run (at the best-validation checkpoint). "
+        f"Training time per digits run: {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f} min.",
+        "",
+        "## Verdicts",
+        "",
+    ]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
     spreads = [100 * summary[k]["accuracy"]["std"] for k in TYPES if k != "none"]
-    lines += ["", "## What this small setting can and cannot show", "",
-              "A 7 x 7 grid of 28 x 28 digits, a 0.14M-parameter model and 3,400 training images, each arm trained "
-              "to its validation plateau. The seed-to-seed spread of the position arms is "
-              f"{min(spreads):.2f}-{max(spreads):.2f} points (standard deviation); the paired intervals above say "
-              "which differences these seeds resolve and which they do not. Digits are recognisable from their set "
-              "of strokes alone, which is why `none` gets far on them; the two controls show that the position "
-              "information itself is learned and used where the task needs it. On a 7 x 7 grid the stripe score "
-              "rests on the one distance (5 patches) where axis-aligned and diagonal offsets are exactly equally "
-              "far apart; nothing here speaks for ImageNet scale."]
+    lines += [
+        "",
+        "## What this small setting can and cannot show",
+        "",
+        "A 7 x 7 grid of 28 x 28 digits, a 0.14M-parameter model and 3,400 training images, each arm trained "
+        "to its validation plateau. The seed-to-seed spread of the position arms is "
+        f"{min(spreads):.2f}-{max(spreads):.2f} points (standard deviation); the paired intervals above say "
+        "which differences these seeds resolve and which they do not. Digits are recognisable from their set "
+        "of strokes alone, which is why `none` gets far on them; the two controls show that the position "
+        "information itself is learned and used where the task needs it. On a 7 x 7 grid the stripe score "
+        "rests on the one distance (5 patches) where axis-aligned and diagonal offsets are exactly equally "
+        "far apart; nothing here speaks for ImageNet scale.",
+    ]
     return "\n".join(lines)
 
 

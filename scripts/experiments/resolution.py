@@ -87,7 +87,7 @@ def cls_in_grid_2d(model, image_size):
 def grid_table(model, grid):
     """The (gh*gw, D) patch rows of the position table the model adds at `grid`."""
     with torch.no_grad():
-        return model.hubvit.embeddings.learned_table(grid)[0, -grid[0] * grid[1]:]
+        return model.hubvit.embeddings.learned_table(grid)[0, -grid[0] * grid[1] :]
 
 
 PLATEAU = common.Plateau(max_epochs=30, patience=5, min_delta=0.003, min_epochs=10)
@@ -112,8 +112,14 @@ def main(argv=None):
     labels = train.features["label"].names
     columns = ["native 28", *MODES, CLS_IN_GRID, CONTROL, "fine-tuned at 56"]
     runs = {name: [] for name in columns}
-    fits = {"seeds": [], "validation_accuracy": [], "updates": [], "best_updates": [], "stopped_by": [],
-            "train_seconds": []}
+    fits = {
+        "seeds": [],
+        "validation_accuracy": [],
+        "updates": [],
+        "best_updates": [],
+        "stopped_by": [],
+        "train_seconds": [],
+    }
     tables, low = {}, (LOW // 4, LOW // 4)
     for seed in seeds:
         args = common.training_args(options.output_dir, seed, augment="none")
@@ -140,9 +146,19 @@ def main(argv=None):
             tables["trained at 28"], tables[CONTROL] = grid_table(model, low), grid_table(control, high)
         finetuned = copy.deepcopy(model).train().resize_position_embeddings(HIGH)
         finetune_args = common.training_args(
-            options.output_dir, seed, max_train_steps=finetune_steps, optimizer="sgd",
-            learning_rate=options.finetune_learning_rate, momentum=0.9, weight_decay=0.0, lr_scheduler_type="cosine",
-            warmup_ratio=0.1, label_smoothing=0.0, max_grad_norm=1.0, augment="none")
+            options.output_dir,
+            seed,
+            max_train_steps=finetune_steps,
+            optimizer="sgd",
+            learning_rate=options.finetune_learning_rate,
+            momentum=0.9,
+            weight_decay=0.0,
+            lr_scheduler_type="cosine",
+            warmup_ratio=0.1,
+            label_smoothing=0.0,
+            max_grad_norm=1.0,
+            augment="none",
+        )
         finetuned, _ = common.fit(accelerator, finetune_args, train, None, finetuned, preprocessing)
         runs["fine-tuned at 56"].append(common.accuracy(common.predict(finetuned, pixels[HIGH][0]), pixels[HIGH][1]))
         if seed == seeds[0]:
@@ -155,20 +171,20 @@ def main(argv=None):
         "command": common.command(NAME),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES},{common.fields_text(FIELDS)}`: [CLS] pooling, learned 1D "
-                     f"table of 1 + 7 x 7 rows, {sum(p.numel() for p in model.parameters())} parameters",
+            f"table of 1 + 7 x 7 rows, {sum(p.numel() for p in model.parameters())} parameters",
             "training at 28": "the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64)"
-                              f" without augmentation; {plateau.text()}",
+            f" without augmentation; {plateau.text()}",
             "evaluation at 56": "the same test digits resized to 56 x 56 by the main command's evaluation transform "
-                                "(bilinear, antialias): a 14 x 14 grid",
+            "(bilinear, antialias): a 14 x 14 grid",
             "fine-tune at 56": f"paper recipe: SGD momentum 0.9, lr {options.finetune_learning_rate:g} (fixed in "
-                               f"advance, not tuned), no weight decay, cosine with 10% warmup, clipping at 1, no label "
-                               f"smoothing, {finetune_steps} updates of batch 64; table resized bicubic + antialias first",
+            f"advance, not tuned), no weight decay, cosine with 10% warmup, clipping at 1, no label "
+            f"smoothing, {finetune_steps} updates of batch 64; table resized bicubic + antialias first",
             "data": f"{len(train)} train / {len(validation)} validation / {len(test)} test embedded digits (fixed "
-                    "stratified splits, seed 0)",
+            "stratified splits, seed 0)",
             "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
             "plateau": dataclasses.asdict(plateau),
             "comparisons": f"fixed before any run: {PRIMARY} for the resize and the [CLS] claim; [CLS] kept apart vs "
-                           "[CLS] resized into the grid (same 2D resize); 2D vs 1D with [CLS] in the sequence",
+            "[CLS] resized into the grid (same 2D resize); 2D vs 1D with [CLS] in the sequence",
         },
         "columns": columns,
         "fits": fits,
@@ -200,28 +216,40 @@ def verdicts(results):
         return positive if diff["low"] > 0 else negative if diff["high"] < 0 else unresolved
 
     return [
-        {"claim": "resizing the position grid (keeping [CLS] apart) lets a model run at twice the grid without "
-                  "fine-tuning",
-         "measured": f"native 28: {common.pct(s['native 28']['mean'])}%; at 56 ({PRIMARY}, fixed in advance) "
-                     f"{common.pct(s[PRIMARY]['mean'])}%, native - resized {common.interval_text(drop)}; spread "
-                     f"across modes {100 * spread:.2f} points",
-         "verdict": "not resolved (one seed)" if not np.isfinite(drop["half_width"]) else
-                    "holds with a small loss (under 5 points)" if drop["high"] < 0.05 else
-                    f"runs, but loses {100 * drop['difference']:.1f} points without fine-tuning at this scale"},
-        {"claim": "the [CLS] row must be kept apart from the grid when resizing (same 2D resize either way)",
-         "measured": f"kept apart {common.pct(s[PRIMARY]['mean'])}% vs resized into the grid "
-                     f"{common.pct(s[CLS_IN_GRID]['mean'])}%: {common.interval_text(apart)}",
-         "verdict": sign(apart, "holds", "does not hold: resizing [CLS] into the grid does better")},
-        {"claim": "a 2D resize beats stretching the table as a 1D sequence ([CLS] in the sequence either way)",
-         "measured": f"2D {common.pct(s[CLS_IN_GRID]['mean'])}% vs 1D {common.pct(s[CONTROL]['mean'])}%: "
-                     f"{common.interval_text(two_d)}",
-         "verdict": sign(two_d, "holds", "does not hold: the 1D stretch does better")},
-        {"claim": "a short fine-tune at the higher resolution (SGD, momentum, no weight decay, cosine) recovers it",
-         "measured": f"fine-tuned at 56: {common.pct(s['fine-tuned at 56']['mean'])}% vs native 28 "
-                     f"{common.pct(s['native 28']['mean'])}%: {common.interval_text(tuned)}",
-         "verdict": "not resolved (one seed)" if not np.isfinite(tuned["half_width"]) else
-                    "holds (the interval reaches 0 or above)" if tuned["high"] >= 0 else
-                    "does not recover fully at this scale"},
+        {
+            "claim": "resizing the position grid (keeping [CLS] apart) lets a model run at twice the grid without "
+            "fine-tuning",
+            "measured": f"native 28: {common.pct(s['native 28']['mean'])}%; at 56 ({PRIMARY}, fixed in advance) "
+            f"{common.pct(s[PRIMARY]['mean'])}%, native - resized {common.interval_text(drop)}; spread "
+            f"across modes {100 * spread:.2f} points",
+            "verdict": "not resolved (one seed)"
+            if not np.isfinite(drop["half_width"])
+            else "holds with a small loss (under 5 points)"
+            if drop["high"] < 0.05
+            else f"runs, but loses {100 * drop['difference']:.1f} points without fine-tuning at this scale",
+        },
+        {
+            "claim": "the [CLS] row must be kept apart from the grid when resizing (same 2D resize either way)",
+            "measured": f"kept apart {common.pct(s[PRIMARY]['mean'])}% vs resized into the grid "
+            f"{common.pct(s[CLS_IN_GRID]['mean'])}%: {common.interval_text(apart)}",
+            "verdict": sign(apart, "holds", "does not hold: resizing [CLS] into the grid does better"),
+        },
+        {
+            "claim": "a 2D resize beats stretching the table as a 1D sequence ([CLS] in the sequence either way)",
+            "measured": f"2D {common.pct(s[CLS_IN_GRID]['mean'])}% vs 1D {common.pct(s[CONTROL]['mean'])}%: "
+            f"{common.interval_text(two_d)}",
+            "verdict": sign(two_d, "holds", "does not hold: the 1D stretch does better"),
+        },
+        {
+            "claim": "a short fine-tune at the higher resolution (SGD, momentum, no weight decay, cosine) recovers it",
+            "measured": f"fine-tuned at 56: {common.pct(s['fine-tuned at 56']['mean'])}% vs native 28 "
+            f"{common.pct(s['native 28']['mean'])}%: {common.interval_text(tuned)}",
+            "verdict": "not resolved (one seed)"
+            if not np.isfinite(tuned["half_width"])
+            else "holds (the interval reaches 0 or above)"
+            if tuned["high"] >= 0
+            else "does not recover fully at this scale",
+        },
     ]
 
 
@@ -245,16 +273,31 @@ def figure(results, tables):
     fig = plt.figure(figsize=(15, 7.5))
     ax = fig.add_subplot(2, 1, 1)
     x = np.arange(len(columns))
-    ax.bar(x, [100 * s[c]["mean"] for c in columns], yerr=[100 * s[c]["std"] for c in columns], color="#9ecae1",
-           capsize=4)
+    ax.bar(
+        x, [100 * s[c]["mean"] for c in columns], yerr=[100 * s[c]["std"] for c in columns], color="#9ecae1", capsize=4
+    )
     for i, c in enumerate(columns):
         ax.scatter([i] * len(results["runs"][c]), [100 * v for v in results["runs"][c]], color="k", s=10, zorder=3)
-    ax.set_xticks(x, ["native 28 x 28", *(f"56, {m}" for m in MODES), "56, [CLS] in grid,\n2D (control)",
-                      "56, whole table\n1D (control)", "56, fine-tuned"], fontsize=8)
+    ax.set_xticks(
+        x,
+        [
+            "native 28 x 28",
+            *(f"56, {m}" for m in MODES),
+            "56, [CLS] in grid,\n2D (control)",
+            "56, whole table\n1D (control)",
+            "56, fine-tuned",
+        ],
+        fontsize=8,
+    )
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Trained at 28 x 28 (7 x 7 patches), evaluated at 56 x 56 (14 x 14): mean ± std over seeds")
-    panels = [("trained at 28", (7, 7)), ("bicubic + antialias", (14, 14)), ("nearest", (14, 14)),
-              (CONTROL, (14, 14)), ("fine-tuned at 56", (14, 14))]
+    panels = [
+        ("trained at 28", (7, 7)),
+        ("bicubic + antialias", (14, 14)),
+        ("nearest", (14, 14)),
+        (CONTROL, (14, 14)),
+        ("fine-tuned at 56", (14, 14)),
+    ]
     for k, (name, grid) in enumerate(panels):
         ax = fig.add_subplot(2, len(panels), len(panels) + k + 1)
         image = ax.imshow(mosaic(tables[name], grid), cmap="viridis", vmin=-1, vmax=1)
@@ -266,32 +309,57 @@ def figure(results, tables):
 
 def markdown(results):
     s, runs = results["summary"], results["runs"]
-    lines = [common.header("Resolution change by resizing the position table (ViT from First Principles, section 5)", results,
-                           "A ViT trained at one resolution runs at another once the grid part of its position table "
-                           "is resized (2D interpolation, [CLS] row kept apart); a short fine-tune at the new "
-                           "resolution with the paper's recipe recovers what is lost.")]
+    lines = [
+        common.header(
+            "Resolution change by resizing the position table (ViT from First Principles, section 5)",
+            results,
+            "A ViT trained at one resolution runs at another once the grid part of its position table "
+            "is resized (2D interpolation, [CLS] row kept apart); a short fine-tune at the new "
+            "resolution with the paper's recipe recovers what is lost.",
+        )
+    ]
     fits = results["fits"]
     lines += ["## Setup", ""] + [f"- {k}: {v}" for k, v in results["setup"].items() if isinstance(v, str)]
-    lines += [f"- seeds: {fits['seeds']}, paired: every column is the same seed's model; validation accuracy at 28: "
-              f"{', '.join(common.pct(v) for v in fits['validation_accuracy'])}%; updates run (at the best "
-              f"checkpoint): {', '.join(f'{u} ({b})' for u, b in zip(fits['updates'], fits['best_updates']))}, "
-              f"stopped by {', '.join(fits['stopped_by'])}; training time per seed "
-              f"{min(fits['train_seconds']) / 60:.1f}-{max(fits['train_seconds']) / 60:.1f} min",
-              "", "## Results", "", "| evaluation | test accuracy (%) | per seed |", "|---|---|---|"]
+    lines += [
+        f"- seeds: {fits['seeds']}, paired: every column is the same seed's model; validation accuracy at 28: "
+        f"{', '.join(common.pct(v) for v in fits['validation_accuracy'])}%; updates run (at the best "
+        f"checkpoint): {', '.join(f'{u} ({b})' for u, b in zip(fits['updates'], fits['best_updates']))}, "
+        f"stopped by {', '.join(fits['stopped_by'])}; training time per seed "
+        f"{min(fits['train_seconds']) / 60:.1f}-{max(fits['train_seconds']) / 60:.1f} min",
+        "",
+        "## Results",
+        "",
+        "| evaluation | test accuracy (%) | per seed |",
+        "|---|---|---|",
+    ]
     for c in results["columns"]:
-        lines.append(f"| {c} | {common.pct(s[c]['mean'])} ± {common.pct(s[c]['std'])} | "
-                     f"{', '.join(common.pct(v) for v in runs[c])} |")
-    lines += ["", ("± is the standard deviation over seeds; intervals in the verdicts are paired 95% t intervals. "
-              "Bottom row of the figure: cosine similarity between the position embedding of 7 x 7 reference patches "
-              "and every patch, before resizing (7 x 7), after resizing by two modes and by the 1D control, and after "
-              "fine-tuning at 56."), "", "## Verdicts", ""]
+        lines.append(
+            f"| {c} | {common.pct(s[c]['mean'])} ± {common.pct(s[c]['std'])} | "
+            f"{', '.join(common.pct(v) for v in runs[c])} |"
+        )
+    lines += [
+        "",
+        (
+            "± is the standard deviation over seeds; intervals in the verdicts are paired 95% t intervals. "
+            "Bottom row of the figure: cosine similarity between the position embedding of 7 x 7 reference patches "
+            "and every patch, before resizing (7 x 7), after resizing by two modes and by the 1D control, and after "
+            "fine-tuning at 56."
+        ),
+        "",
+        "## Verdicts",
+        "",
+    ]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
-    lines += ["", "## What this small setting can and cannot show", "",
-              "Digits upsampled from 28 to 56 contain no new detail, so the fine-tune can only recover, not gain, "
-              "accuracy; the paper's gain from higher resolution needs images with detail to spare. Upsampling a 7 x 7 "
-              "table by exactly two makes the modes differ little (nearest copies each row into a 2 x 2 block), and "
-              "the fine-tune's learning rate was fixed in advance, not tuned. The verdicts speak for a 0.14M-parameter "
-              "ViT on a 7 x 7 grid doubled to 14 x 14, not for ImageNet-scale models."]
+    lines += [
+        "",
+        "## What this small setting can and cannot show",
+        "",
+        "Digits upsampled from 28 to 56 contain no new detail, so the fine-tune can only recover, not gain, "
+        "accuracy; the paper's gain from higher resolution needs images with detail to spare. Upsampling a 7 x 7 "
+        "table by exactly two makes the modes differ little (nearest copies each row into a 2 x 2 block), and "
+        "the fine-tune's learning rate was fixed in advance, not tuned. The verdicts speak for a 0.14M-parameter "
+        "ViT on a 7 x 7 grid doubled to 14 x 14, not for ImageNet-scale models.",
+    ]
     return "\n".join(lines)
 
 

