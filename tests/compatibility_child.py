@@ -48,6 +48,10 @@ def main(path):
     sys.modules["hubvit"] = None
     if request.get("release_path"):
         sys.path.insert(0, request["release_path"])
+        # An optional integration of transformers itself, not of hubvit: transformers 5.0-5.10 fail at import with
+        # the `kernels` releases newer than they know (0.19: "Either a revision or a version must be specified"),
+        # whatever model is loaded. Hidden, as on a machine without it.
+        sys.modules["kernels"] = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         import torch
