@@ -62,7 +62,12 @@ def main(argv=None):
             times[name].append(time.perf_counter() - start)
     ratios = [a / p for a, p in zip(times["analysis"], times["plain"])]
     plain_s, analysis_s = statistics.median(times["plain"]), statistics.median(times["analysis"])
-    print(f"{args.size} at {args.image_size}, batch {args.batch_size}, {args.threads} threads, {args.rounds} rounds")
+    from hubvit.cpu import cpu_isa
+
+    print(
+        f"{args.size} at {args.image_size}, batch {args.batch_size}, {args.threads} threads, {args.rounds} rounds, "
+        f"CPU ISA {cpu_isa()}"
+    )
     print(f"plain inference       {plain_s:.3f} s/batch ({args.batch_size / plain_s:.2f} img/s)")
     print(f"attention distance    {analysis_s:.3f} s/batch ({args.batch_size / analysis_s:.2f} img/s)")
     print(
