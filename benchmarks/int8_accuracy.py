@@ -74,10 +74,8 @@ def digits_split(model_dir):
     """The training script's held-out split, preprocessed by the folder's image processor."""
     from transformers import AutoImageProcessor
 
-    try:
-        from hubvit.training import load_splits, parse_args
-    except ImportError:
-        from hubvit.scripts.training import load_splits, parse_args
+    from hubvit.training import load_splits, parse_args
+
     with tempfile.TemporaryDirectory() as out:
         _, evaluation, source, name = load_splits(parse_args(["--output_dir", str(Path(out) / "unused")]))
     processor = AutoImageProcessor.from_pretrained(model_dir)
