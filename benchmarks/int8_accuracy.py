@@ -74,10 +74,13 @@ def digits_split(model_dir):
     """The training script's held-out split, preprocessed by the folder's image processor."""
     from transformers import AutoImageProcessor
 
-    from hubvit.training import load_splits, parse_args
+    from hubvit.training.arguments import parse_args, resolve_defaults
+    from hubvit.training.data import load_splits
 
     with tempfile.TemporaryDirectory() as out:
-        _, evaluation, source, name = load_splits(parse_args(["--output_dir", str(Path(out) / "unused")]))
+        args = parse_args(["--output_dir", str(Path(out) / "unused")])
+        resolve_defaults(args)
+        _, evaluation, source, name = load_splits(args)
     processor = AutoImageProcessor.from_pretrained(model_dir)
     images = [image.convert("RGB") for image in evaluation["image"]]
     pixels = torch.cat(
