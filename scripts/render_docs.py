@@ -96,6 +96,42 @@ def main_command(root: Path) -> str:
     return markdown_table(["figure", "recorded run"], rows) + "\n\n" + source_line(MAIN_COMMAND_RESULTS)
 
 
+MAIN_COMMAND_SEEDS = "docs/analysis/main_command_seeds.json"
+
+
+@table("main-command-seeds")
+def main_command_seeds(root: Path) -> str:
+    """The main command once per seed (scripts/main_command_seeds.py): accuracy and wall time of each, and spread."""
+    r = read_json(root, MAIN_COMMAND_SEEDS)
+    rows = [
+        (
+            run["seed"],
+            f"{run['eval_accuracy']:.4f} ({round(run['eval_accuracy'] * run['eval_samples'])} of {run['eval_samples']})",
+            f"{run['wall_time_s'] / 60:.1f} min",
+        )
+        for run in r["runs"]
+    ]
+    s, env = r["summary"], r["environment"]
+    rows.append(
+        (
+            f"**{s['seeds']} seeds**",
+            f"**{s['mean_accuracy']:.4f} +- {s['std_accuracy']:.4f}** (sd; {s['min_accuracy']:.4f}-{s['max_accuracy']:.4f})",
+            f"median {s['median_wall_time_s'] / 60:.1f} min",
+        )
+    )
+    note = (
+        f"Measured one run at a time on {env['cpu_count']} cores (CPU ISA {env['cpu_isa']}, torch {env['torch']}), "
+        f"wall time from launch to exit, launcher and analysis pictures included."
+    )
+    return (
+        markdown_table(["seed", "held-out accuracy", "wall time"], rows)
+        + "\n\n"
+        + note
+        + " "
+        + source_line(MAIN_COMMAND_SEEDS)
+    )
+
+
 EXPERIMENTS = {
     "position_embeddings": "Position embeddings",
     "inductive_bias": "Inductive bias: CNN vs ViT",
@@ -260,6 +296,70 @@ def compatibility_summary(root: Path) -> str:
         + "\n\n"
         + source_line(f"{COMPATIBILITY}/releases.json", f"{COMPATIBILITY}/exports-matrices.json")
     )
+
+
+BENCHMARKS = "benchmarks/results"
+
+
+def benchmark_report(root: Path, kind: str) -> tuple[dict, dict | None, list[str]]:
+    """`benchmark.py --json` of one CPU kind, and `int8_accuracy.py --json` beside it when there is one."""
+    relative = f"{BENCHMARKS}/{kind}.json"
+    accuracy_relative = f"{BENCHMARKS}/{kind}-int8-accuracy.json"
+    accuracy = read_json(root, accuracy_relative) if (root / accuracy_relative).is_file() else None
+    return read_json(root, relative), accuracy, [relative] + ([accuracy_relative] if accuracy else [])
+
+
+def int8_accuracy_cell(accuracy: dict | None, route: str) -> str:
+    """Top-1 agreement with float32 and held-out accuracy of the main command's model for an int8 route."""
+    if not accuracy or "digits" not in accuracy:
+        return ""
+    rows = accuracy["digits"]["routes"]
+    key = {"hubvit + optimize_for_cpu int8": "torch int8", "hubvit onnxruntime int8": "onnxruntime int8"}.get(route)
+    if key not in rows:
+        return ""
+    return (
+        f"digits: {100 * rows[key]['top1_agreement']:.1f}% top-1 agreement, accuracy "
+        f"{100 * rows[key]['accuracy']:.1f}% (float32 {100 * rows['float32']['accuracy']:.1f}%)"
+    )
+
+
+def benchmark_routes(root: Path, kind: str) -> str:
+    """Every route of every case against timm eager (the median of per-round ratios), with the ISA."""
+    report, accuracy, sources = benchmark_report(root, kind)
+    cases = report["cases"]
+    names = list(dict.fromkeys(route["name"] for case in cases for route in case["routes"]))
+    header = ["route"] + [f"{case['case']}, batch {case['batch']}" for case in cases] + ["int8 accuracy cost"]
+    rows = []
+    for name in names:
+        cells = []
+        for case in cases:
+            route = next((r for r in case["routes"] if r["name"] == name), None)
+            cells.append("" if route is None or route["vs_timm_eager"] is None else f"{route['vs_timm_eager']:.2f}x")
+        rows.append([name, *cells, int8_accuracy_cell(accuracy, name)])
+    summary = [
+        ("optimize_for_cpu / hubvit default", "optimize_for_cpu_vs_default", None),
+        ("best hubvit fp32 / best peer fp32", "best_hubvit_fp32_vs_best_peer_fp32", "best_peer_fp32"),
+        ("best hubvit int8 / timm eager fp32", "best_hubvit_reduced_vs_timm_eager", "best_hubvit_reduced"),
+    ]
+    for title, key, which in summary:
+        cells = []
+        for case in cases:
+            value = case["summary"].get(key)
+            named = case["summary"].get(which) if which else None
+            cells.append("" if value is None else f"**{value:.2f}x**" + (f" ({named})" if named else ""))
+        rows.append([title, *cells, ""])
+    intro = (
+        f"CPU ISA **{report['isa']}**, {report['threads']} threads, {report['clock']} clock; {report['environment']}. "
+        "Ratios are to timm eager float32 on the same weights and batch, the median over interleaved rounds of each "
+        "round's ratio."
+    )
+    command = "python " + " ".join(report["command"])
+    return f"{intro}\n\n{markdown_table(header, rows)}\n\nCommand: `{command}`. {source_line(*sources)}"
+
+
+@table("benchmark-avx2")
+def benchmark_avx2(root: Path) -> str:
+    return benchmark_routes(root, "avx2")
 
 
 # ---------------------------------------------------------------------------------------------- rendering
