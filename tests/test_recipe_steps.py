@@ -10,6 +10,8 @@ differ only by the flag. Tolerances are float32 round-off, justified where they 
 that the effect it measures is far larger than its tolerance, so that an ignored flag fails.
 """
 
+import copy
+
 import datasets
 import numpy as np
 import pytest
@@ -246,6 +248,26 @@ def test_weight_decay_shrinks_matrices_and_leaves_norms_and_biases(tmp_path):
     torch.testing.assert_close(decayed[~exempt] - plain[~exempt], -lr * wd * start[~exempt], rtol=1e-4, atol=2e-6)
 
 
+def test_layer_decay_scales_each_blocks_update_by_its_depth(tmp_path):
+    """BEiT's layer-wise decay (the flag's help): block i (1-based) of L moves at lr * decay ** (L + 1 - i), the
+    embeddings at lr * decay ** (L + 1), the final norm and head at lr."""
+    pixels, labels = batch(8)
+    decay, depth = 0.5, tiny_model().config.num_hidden_layers
+    plain, _ = steps(prepared_run(tmp_path), [(pixels, labels)])
+    decayed, _ = steps(prepared_run(tmp_path, layer_decay=decay), [(pixels, labels)])
+
+    def power(name):
+        if name.startswith("hubvit.embeddings."):
+            return depth + 1
+        if name.startswith("hubvit.encoder.layers."):
+            return depth - int(name.split(".")[3])  # 0-based index j is block j + 1
+        return 0
+
+    scale = torch.cat([torch.full((p.numel(),), decay ** power(n)) for n, p in tiny_model().named_parameters()])
+    assert scale.min() == decay ** (depth + 1) and (plain * (1 - scale)).abs().max() > 1000 * UPDATE_ATOL
+    torch.testing.assert_close(decayed, scale * plain, rtol=1e-5, atol=UPDATE_ATOL)
+
+
 # --- lr_scheduler_type, num_warmup_steps, warmup_ratio ------------------------------------------------------------
 
 
@@ -282,3 +304,62 @@ def test_warmup_ratio_is_that_fraction_of_the_updates_when_no_step_count_is_give
     )
     by_count = learning_rates(tmp_path, n, lr_scheduler_type="linear", num_warmup_steps=2, max_train_steps=n)
     assert by_ratio == by_count and by_ratio[:3] == pytest.approx([0.0, 0.25, 0.5])
+
+
+# --- num_train_epochs, max_train_steps ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epochs, max_steps, updates", [(2, None, 10), (3, 7, 7)], ids=["epochs", "max_train_steps"])
+def test_the_run_makes_the_updates_its_length_flags_ask_for(tmp_path, epochs, max_steps, updates):
+    """Five batches an epoch: two epochs are ten updates; --max_train_steps 7 stops a three-epoch run at seven."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    taken = []
+    hook = register_optimizer_step_post_hook(lambda *_: taken.append(1))
+    try:
+        args = arguments(tmp_path, num_train_epochs=epochs, max_train_steps=max_steps)
+        _, results = loop.fit(args, loop.make_accelerator(args), images(20), None, tiny_model(), Preprocessing())
+    finally:
+        hook.remove()
+    assert (len(taken), results["global_step"]) == (updates, updates)
+
+
+# --- mixup_alpha, cutmix_alpha ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["mixup_alpha", "cutmix_alpha"])
+def test_the_step_trains_on_what_the_mixer_makes_of_the_batch(tmp_path, flag):
+    """The step's loss is the cross entropy of the mixed images against the mixed (soft) labels; what MixUp and
+    CutMix make of a batch is tested in test_recipe.py."""
+    run = prepared_run(tmp_path, **{flag: 1.0})
+    mixer, made = run.mixer, []
+
+    def recorded(pixels, labels):
+        made.append(mixer(pixels, labels))
+        return made[-1]
+
+    run.mixer = recorded
+    pixels, labels = batch(8)
+    before = copy.deepcopy(run.accelerator.unwrap_model(run.model))  # the weights the step's forward sees
+    loss = loop.train_step(run, pixels, labels, 0).item()
+    ((mixed_pixels, soft_labels),) = made
+    with torch.no_grad():
+        expected = F.cross_entropy(before(pixel_values=mixed_pixels).logits, soft_labels).item()
+        unmixed = F.cross_entropy(before(pixel_values=pixels).logits, labels).item()
+    assert soft_labels.shape == (8, NUM_LABELS) and not torch.equal(mixed_pixels, pixels)
+    # The same float32 forward twice (with and without autograd): 1e-6 relative.
+    assert loss == pytest.approx(expected, rel=1e-6)
+    assert abs(loss - unmixed) > 1e-3
+
+
+# --- mixed_precision ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("no", torch.float32)])
+def test_mixed_precision_sets_the_dtype_of_the_training_forward(tmp_path, precision, dtype):
+    run = prepared_run(tmp_path, mixed_precision=precision)
+    seen = []
+    model = run.accelerator.unwrap_model(run.model)
+    model.hubvit.encoder.layers[0].mlp.register_forward_hook(lambda module, inputs, out: seen.append(out.dtype))
+    loss = loop.train_step(run, *batch(4), 0)
+    assert seen == [dtype] and loss.dtype == torch.float32  # the loss is taken on float32 logits
