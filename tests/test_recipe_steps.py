@@ -55,7 +55,9 @@ def reset_accelerate():
 
 
 @pytest.fixture(autouse=True)
-def fresh_accelerate():
+def fresh_accelerate(monkeypatch):
+    # On the CPU wherever the tests run: the tolerances here are those of float32 CPU kernels (a GPU's TF32 is not).
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
     reset_accelerate()
     yield
     reset_accelerate()
