@@ -2,7 +2,7 @@
 
 The Python functions users call (`convert_timm`, `convert_jax`, ..., `export_*`, `push`, `publish`) are in `api`,
 re-exported by `hubvit`. A source format is one module here, of one shape (`jax`, `timm`, `transformers`,
-`torchvision`, `pytorch`):
+`torchvision`, `pytorch`; `jax` reads its two archive layouts through `jax_layout`):
 
 - `add_arguments(parser)`: SRC, OUT, its own flags, `arguments.add_verify_arguments` (`--verify`, `--tolerance`, `--patch-size`) and
   `sources.add_arguments` (`--revision` of a Hub repo id SRC, or `--sha256` of an https:// one); each flag's

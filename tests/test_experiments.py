@@ -16,7 +16,7 @@ import torch
 from scipy.spatial.distance import cdist
 
 from hubvit import HubViTConfig, HubViTForImageClassification
-from hubvit.scripts.experiments import attention_distance, common, position_embeddings, resolution
+from hubvit.scripts.experiments import attention_distance, common, position_controls, position_embeddings, resolution
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {
@@ -53,8 +53,8 @@ def digit_vit(kind, **fields):
 
 def test_permute_patches_moves_whole_patches_to_their_new_places():
     pixels = torch.randn(2, 3, 28, 28)
-    permutation = position_embeddings.fixed_permutation(49)
-    shuffled = position_embeddings.permute_patches(pixels, 4, permutation)
+    permutation = position_controls.fixed_permutation(49)
+    shuffled = position_controls.permute_patches(pixels, 4, permutation)
     assert not torch.equal(permutation, torch.arange(49))
     for i, source in enumerate(permutation.tolist()):
         (r, c), (sr, sc) = divmod(i, 7), divmod(source, 7)
@@ -66,7 +66,7 @@ def test_permute_patches_moves_whole_patches_to_their_new_places():
 def test_model_without_position_embedding_predicts_the_same_on_shuffled_patches():
     model = digit_vit("none")
     pixels = torch.randn(64, 3, 28, 28)
-    shuffled = position_embeddings.permute_patches(pixels, 4, position_embeddings.fixed_permutation(49))
+    shuffled = position_controls.permute_patches(pixels, 4, position_controls.fixed_permutation(49))
     with torch.no_grad():
         logits, shuffled_logits = model(pixel_values=pixels).logits, model(pixel_values=shuffled).logits
     assert logits.argmax(-1).unique().numel() > 1
@@ -79,15 +79,15 @@ def test_model_without_position_embedding_predicts_the_same_on_shuffled_patches(
 def test_models_with_position_embedding_see_the_shuffle(kind):
     model = digit_vit(kind)
     pixels = torch.randn(8, 3, 28, 28)
-    shuffled = position_embeddings.permute_patches(pixels, 4, position_embeddings.fixed_permutation(49))
+    shuffled = position_controls.permute_patches(pixels, 4, position_controls.fixed_permutation(49))
     with torch.no_grad():
         change = (model(pixel_values=pixels).logits - model(pixel_values=shuffled).logits).abs().max()
     assert change > 1e-3
 
 
 def test_quadrant_canvases_hold_one_digit_inside_the_labelled_quadrant():
-    train, _, _ = position_embeddings.quadrant_digits(quick=True)
-    half = position_embeddings.CANVAS // 2
+    train, _, _ = position_controls.quadrant_digits(quick=True)
+    half = position_controls.CANVAS // 2
     for example in train.select(range(40)):
         pixels = np.asarray(example["image"])
         ys, xs = np.nonzero(pixels)

@@ -55,3 +55,25 @@ def test_subpackages_resolve_to_the_top_level_folders(found):
 def test_folders_setup_does_not_map_are_not_subpackages(found):
     """setup.py calls setup() on import and tests/ is not shipped: neither may be reachable as hubvit.*."""
     assert {name: found[name] for name in NOT_MAPPED} == dict.fromkeys(NOT_MAPPED)
+
+
+# Issue 22: no product module over 500 lines. Not counted: the modeling files, which travel to the Hub as one file
+# each (remote code), the benchmark scripts, the tests, and what a checkout holds besides the code (hidden folders
+# such as .venv and .git, build outputs, run outputs).
+MAX_MODULE_LINES = 500
+NOT_PRODUCT = {"tests", "modeling", "benchmarks", "build", "dist", "runs", "outputs"}
+
+
+def product_modules():
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT).parts
+        if parts[0] in NOT_PRODUCT or any(part.startswith(".") or part.endswith(".egg-info") for part in parts):
+            continue
+        yield path
+
+
+def test_no_product_module_is_over_500_lines():
+    modules = list(product_modules())
+    assert ROOT / "training" / "arguments.py" in modules and ROOT / "setup.py" in modules  # the selection is not empty
+    lines = {path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines()) for path in modules}
+    assert {name: n for name, n in lines.items() if n > MAX_MODULE_LINES} == {}

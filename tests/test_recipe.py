@@ -1,4 +1,5 @@
-"""The recipe flags: what each one changes (EMA, random erasing, drop path, bf16 autocast, torch.compile, presets)."""
+"""The recipe flags: what each one changes (EMA, augmentation, random erasing, drop path, bf16 autocast,
+torch.compile, presets). The flags of the training step, the optimizer and the schedule: test_recipe_steps.py."""
 
 from types import SimpleNamespace
 
@@ -331,3 +332,91 @@ def test_a_checkpoint_without_the_ema_or_the_positions_of_every_process_is_refus
     (tmp_path / "model_ema.safetensors").write_bytes(b"truncated")
     with pytest.raises(UsageError, match="does not hold this model's EMA"):
         load_extra_state(one, tmp_path, None, ema.model_ema(tiny_model(), 0.9))
+
+
+# --- augment, randaugment_magnitude, random_erasing and drop_path_rate, as a run applies them -----------------------
+
+
+def digit_image(seed=0):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (20, 20, 3), dtype=np.uint8))
+
+
+def test_augment_none_trains_on_the_evaluation_images():
+    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.training import make_transforms
+
+    train, evaluation = make_transforms((16, 16), Preprocessing(), "none")
+    torch.manual_seed(0)
+    torch.testing.assert_close(train(digit_image()), evaluation(digit_image()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("augment", ["affine", "inception"])
+def test_augment_moves_training_images_and_keeps_their_size(augment):
+    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.training import make_transforms
+
+    train, evaluation = make_transforms((16, 16), Preprocessing(), augment)
+    plain = evaluation(digit_image())
+    torch.manual_seed(0)
+    moved = [train(digit_image()) for _ in range(4)]
+    assert all(m.shape == plain.shape for m in moved)
+    assert all(not torch.equal(m, plain) for m in moved)
+
+
+@pytest.mark.parametrize("data, expected", [({}, "affine"), ({"dataset_name": "some/dataset"}, "inception")])
+def test_augment_auto_is_affine_for_the_embedded_digits_and_inception_for_a_dataset(data, expected):
+    from hubvit.training import Arguments, resolve_defaults
+
+    assert resolve_defaults(Arguments.build(output_dir="unused", **data)).augment == expected
+
+
+def test_randaugment_magnitude_sets_how_far_each_operation_goes():
+    """Seeded alike, RandAugment picks the same operations at any magnitude; at magnitude 0 most of them (rotation,
+    shear, translation, brightness, colour, contrast, sharpness, posterize) leave the image as it is, so the images
+    change less than at 20 (of torchvision's 0-30 scale)."""
+    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.training import make_transforms
+
+    preprocessing = Preprocessing(resample="bilinear")
+    _, plain = make_transforms((16, 16), preprocessing, "none")
+    change = {}
+    for magnitude in (0, 20):
+        train, _ = make_transforms((16, 16), preprocessing, "none", randaugment=2, magnitude=magnitude)
+        outputs = []
+        for seed in range(20):
+            torch.manual_seed(seed)
+            outputs.append(train(digit_image(seed)) - plain(digit_image(seed)))
+        change[magnitude] = torch.stack(outputs)
+    assert any(not torch.equal(weak, strong) for weak, strong in zip(change[0], change[20]))
+    assert change[0].abs().mean() < change[20].abs().mean()
+
+
+def test_random_erasing_is_applied_to_the_training_images_of_a_run(tmp_path):
+    """The loader's images with --random_erasing 1 are those without it, one rectangle aside (the same seed, epoch and
+    index draw the same augmentation)."""
+    import datasets
+
+    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.training import Arguments, resolve_defaults
+    from hubvit.training.data import make_loaders
+
+    split = datasets.Dataset.from_dict({"image": [digit_image(i) for i in range(3)], "label": [0, 1, 0]})
+    first = {}
+    for probability in (0.0, 1.0):
+        args = resolve_defaults(Arguments.build(output_dir=str(tmp_path), augment="none", random_erasing=probability))
+        train_set, _, _ = make_loaders(args, split, None, (16, 16), Preprocessing())
+        first[probability] = train_set[1][0]
+    changed = (first[1.0] != first[0.0]).any(0)
+    rows, cols = changed.any(1).nonzero().flatten(), changed.any(0).nonzero().flatten()
+    assert 0 < changed.sum() < 16 * 16 and changed.sum() == len(rows) * len(cols)
+
+
+def test_drop_path_rate_reaches_the_model_a_run_starts_from(tmp_path):
+    from hubvit.training import Arguments, load_model, resolve_defaults
+
+    args = resolve_defaults(Arguments.build(output_dir=str(tmp_path), drop_path_rate=0.2))
+    model, _ = load_model(args, ["a", "b"])
+    rates = [layer.drop_path_rate for layer in model.hubvit.encoder.layers]
+    assert model.config.drop_path_rate == 0.2 and rates[0] == 0.0 and rates[-1] == pytest.approx(0.2)

@@ -10,7 +10,8 @@ from pathlib import Path
 import datasets
 import torch
 
-from .arguments import Arguments, apply_named_recipe, check_args, resolve_defaults
+from .arguments import Arguments, apply_named_recipe, resolve_defaults
+from .option_checks import check_args
 from .data import load_run_splits
 from .loop import fit_run, logger, make_accelerator
 from .patch_sizes import ACCURACY_FILE, write_accuracy

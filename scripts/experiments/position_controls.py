@@ -1,0 +1,67 @@
+"""The two controls of the position-embedding experiment (position_embeddings.py), which make "spatial arrangement
+matters" measurable: (a) one fixed shuffle of the patch grid, which cannot change what a model without position
+embedding predicts (it sees a set of patches); (b) a task whose label *is* a position (which quadrant of a blank
+canvas holds a digit), on which such a model cannot beat chance.
+"""
+
+import numpy as np
+import torch
+
+QUADRANTS = ["top-left", "top-right", "bottom-left", "bottom-right"]
+CANVAS, DIGIT, SLACK = 32, 12, 4  # quadrants of 16 px = 4 patches; a 12-px digit at an offset of 0..4 px inside
+
+
+def fixed_permutation(num_patches, seed=0):
+    """One fixed shuffle of the patch grid (never the identity)."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        permutation = torch.randperm(num_patches, generator=generator)
+        if not torch.equal(permutation, torch.arange(num_patches)):
+            return permutation
+
+
+def permute_patches(pixels, patch_size, permutation):
+    """Images (B, C, H, W) whose P x P patches are moved: output patch i is input patch `permutation[i]`."""
+    b, c, h, w = pixels.shape
+    gh, gw = h // patch_size, w // patch_size
+    patches = (
+        pixels.reshape(b, c, gh, patch_size, gw, patch_size)
+        .permute(0, 2, 4, 1, 3, 5)
+        .reshape(b, gh * gw, c, patch_size, patch_size)
+    )
+    patches = patches[:, permutation]
+    return patches.reshape(b, gh, gw, c, patch_size, patch_size).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
+def quadrant_digits(quick=False):
+    """scikit-learn's 1,797 8 x 8 digits, each enlarged to 12 px and pasted into one quadrant of a blank canvas;
+    (train, validation, test), 64/16/20%, stratified, seed 0.
+
+    The label is the quadrant. The quadrant, and the offset inside it, are drawn independently of the digit; the
+    quadrants are whole patches and the offsets the same in each, so a model blind to patch positions sees the same
+    set of patches whichever quadrant holds the digit, and cannot do better than chance (25%).
+    """
+    import datasets
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits().images
+    rng = np.random.default_rng(0)
+    quadrant = rng.integers(0, 4, len(digits))
+    offsets = rng.integers(0, SLACK + 1, (len(digits), 2))
+    images = []
+    for image, q, (oy, ox) in zip(digits, quadrant, offsets):
+        small = Image.fromarray((image * 255 / 16).astype(np.uint8), mode="L").resize((DIGIT, DIGIT), Image.BILINEAR)
+        canvas = np.zeros((CANVAS, CANVAS), dtype=np.uint8)
+        top, left = (q // 2) * CANVAS // 2 + oy, (q % 2) * CANVAS // 2 + ox
+        canvas[top : top + DIGIT, left : left + DIGIT] = np.asarray(small)
+        images.append(Image.fromarray(canvas, mode="L"))
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=QUADRANTS)})
+    data = datasets.Dataset.from_dict({"image": images, "label": quadrant.astype(np.int64)}, features=features)
+    parts = data.train_test_split(test_size=0.2, seed=0, stratify_by_column="label")
+    train, test = parts["train"], parts["test"]
+    parts = train.train_test_split(test_size=0.2, seed=0, stratify_by_column="label")
+    train, validation = parts["train"], parts["test"]
+    if quick:
+        train, validation, test = train.select(range(200)), validation.select(range(60)), test.select(range(100))
+    return train, validation, test
