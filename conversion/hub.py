@@ -176,12 +176,39 @@ def check_files(folder):
             raise PushError(f"{readme} has unreadable YAML metadata: {error}") from None
 
 
+# Digests of folders that loaded in this process: pushing the same bytes again (another branch, a pull request, a
+# private copy) does not start another Python to prove it again.
+_LOADED: dict[str, dict] = {}
+
+
+def loadable_digest(folder):
+    """sha256 over every file the loader can read (the card aside), with their relative paths."""
+    import hashlib
+
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for path in sorted(upload_files(folder)):
+        relative = path.relative_to(folder).as_posix()
+        if relative == "README.md":
+            continue
+        digest.update(relative.encode() + b"\0")
+        with path.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
 def check_loads(folder, timeout=1800):
     """Load `folder` with `trust_remote_code=True` in a Python where hubvit is hidden and run one forward pass.
 
-    Returns what loaded (class, module, output name and shape); raises PushError with the loader's own error.
+    Returns what loaded (class, module, output name and shape); raises PushError with the loader's own error. A
+    folder whose files this process already saw load is not loaded again.
     """
     folder = Path(folder).resolve()
+    key = loadable_digest(folder)
+    if key in _LOADED:
+        return _LOADED[key]
     with tempfile.TemporaryDirectory(prefix="hubvit-check-") as scratch:
         env = {
             **os.environ,
@@ -207,7 +234,8 @@ def check_loads(folder, timeout=1800):
             f"{folder} does not load and run with trust_remote_code=True where hubvit is not installed, so it would "
             "not work from the Hub:\n  " + "\n  ".join(lines[-12:])
         )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    _LOADED[key] = json.loads(result.stdout.strip().splitlines()[-1])
+    return _LOADED[key]
 
 
 def upload_files(folder):

@@ -709,6 +709,28 @@ def test_push_check_refuses_a_folder_whose_position_table_type_differs_from_its_
     assert "unexpected_keys" in str(error.value) and "hubvit.embeddings.position_embedding" in str(error.value)
 
 
+def test_the_load_check_runs_once_per_folder_content_and_again_when_a_file_changes(tmp_path, monkeypatch):
+    from hubvit.conversion import hub
+
+    folder = tiny_folder(tmp_path / "tiny")
+    loads = []
+
+    def fake_run(command, **kwargs):
+        loads.append(command)
+        output = json.dumps({"class": "HubViTForImageClassification", "output": "logits", "shape": [1, 3]})
+        return subprocess.CompletedProcess(command, 0, stdout=output + "\n", stderr="")
+
+    monkeypatch.setattr(hub.subprocess, "run", fake_run)
+    monkeypatch.setattr(hub, "_LOADED", {})
+    first = hub.check_loads(folder)
+    (folder / "README.md").write_text("a card edit changes nothing the loader reads\n")
+    assert hub.check_loads(folder) == first and len(loads) == 1
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-5}))
+    hub.check_loads(folder)
+    assert len(loads) == 2
+
+
 def test_push_help_says_the_load_check_runs_the_folders_code():
     from hubvit.scripts.cli import build_parser
 

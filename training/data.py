@@ -161,7 +161,7 @@ class SeededImages(torch.utils.data.Dataset):
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError, *checks.decompression_bomb_errors()) as error:
             raise UsageError(f"image {int(index)} ({self.source(index)}) cannot be read: {error}") from None
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63))
+            torch.default_generator.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63))
             pixels = self.transform(image)
         return pixels, example[self.label_column]
 
