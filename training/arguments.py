@@ -62,6 +62,7 @@ DEFAULTS = {
         warmup_ratio=0.05,
         label_smoothing=0.1,
         per_device_train_batch_size=64,
+        dataloader_num_workers=1,
     ),
     "dataset": dict(
         learning_rate={
@@ -75,6 +76,7 @@ DEFAULTS = {
         warmup_ratio=0.1,
         label_smoothing=0.0,
         per_device_train_batch_size=32,
+        dataloader_num_workers=0,
     ),
 }
 
@@ -181,7 +183,9 @@ class TrainingArguments:
         help="torch threads per process (default: OMP_NUM_THREADS, which `accelerate launch` sets to 1 for a single "
         "process unless --num_cpu_threads_per_process says otherwise)"
     )
-    dataloader_num_workers: int = option(0)
+    dataloader_num_workers: Optional[int] = option(
+        help=default_help("dataloader_num_workers", "processes preparing batches while the model trains")
+    )
     seed: int = option(0)
     streaming: bool = option(
         False,

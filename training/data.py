@@ -247,7 +247,7 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
             args.label_column_name,
             args.seed,
             args.shuffle_buffer,
-            args.dataloader_num_workers,
+            args.dataloader_num_workers or 0,
         )
     else:
         train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
@@ -256,7 +256,7 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
             batch_size=args.per_device_train_batch_size,
             shuffle=True,
             collate_fn=collate,
-            num_workers=args.dataloader_num_workers,
+            num_workers=args.dataloader_num_workers or 0,
             generator=torch.Generator().manual_seed(args.seed),
         )
     if eval_split is None:
@@ -266,7 +266,7 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
         eval_set,
         batch_size=args.per_device_eval_batch_size,
         collate_fn=collate,
-        num_workers=args.dataloader_num_workers,
+        num_workers=args.dataloader_num_workers or 0,
         generator=torch.Generator().manual_seed(args.seed + 1),
     )
     return train_set, train_loader, eval_loader
