@@ -14,20 +14,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUTES = [
+UNCOMPILED_ROUTE_KINDS = ("eager", "cpu", "onnx", "openvino", "openvino-default", "int8", "onnx-int8")
+UNCOMPILED_ROUTES = [
     "hubvit",
     "timm",
     "transformers",
     "hubvit + optimize_for_cpu",
-    "hubvit compile",
-    "timm compile",
-    "transformers compile",
-    "hubvit compile+freezing",
-    "timm compile+freezing",
-    "transformers compile+freezing",
     "hubvit onnxruntime",
     "timm onnxruntime",
 ]
+COMPILED_ROUTES = ["hubvit compile", "hubvit compile+freezing"]
 OPENVINO_ROUTES = ["hubvit openvino f32", "timm openvino f32"]
 REDUCED_PRECISION_ROUTES = [
     "hubvit + optimize_for_cpu int8 (reduced precision)",
@@ -35,10 +31,9 @@ REDUCED_PRECISION_ROUTES = [
 ]
 
 
-@pytest.mark.heavy
-def test_quick_benchmark_runs_every_route_on_the_same_function():
+def quick_benchmark(*options):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "benchmark.py"), "--quick", "--threads", "1"],
+        [sys.executable, str(ROOT / "benchmarks" / "benchmark.py"), "--quick", "--threads", "1", *options],
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
         capture_output=True,
@@ -46,17 +41,39 @@ def test_quick_benchmark_runs_every_route_on_the_same_function():
         timeout=1200,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
-    inference, training = out.split("ViT-2L/8 (tiny) training step")[0], out.split("ViT-2L/8 (tiny) training step")[1]
+    parts = result.stdout.split("ViT-2L/8 (tiny) training step")  # the case's table, then the summary's row
+    return result.stdout, parts[0], parts[1]
+
+
+def inference_row(route, inference):
+    """(img/s, ratio to timm eager or None, logit difference or "(reference)") of `route`'s row."""
+    row = re.search(rf"^\| {re.escape(route)} \| ([\d.]+) \| ([\d.]+x|n/a) \| \d+ \| (\S+) \|$", inference, re.M)
+    assert row, f"no inference row for {route!r}"
+    return float(row[1]), row[2], row[3]
+
+
+@pytest.mark.heavy
+def test_quick_benchmark_runs_every_uncompiled_route_on_the_same_function():
+    out, inference, training = quick_benchmark("--routes", ",".join(UNCOMPILED_ROUTE_KINDS))
     has_openvino = importlib.util.find_spec("openvino") is not None
-    for route in ROUTES + (OPENVINO_ROUTES if has_openvino else []) + REDUCED_PRECISION_ROUTES:
-        row = re.search(rf"^\| {re.escape(route)} \| ([\d.]+) \| ([\d.]+)x \| \d+ \| (\S+) \|$", inference, re.M)
-        assert row, f"no inference row for {route!r}"
-        assert float(row[1]) > 0
-        if row[3] != "(reference)" and route not in REDUCED_PRECISION_ROUTES:
-            assert float(row[3]) <= 1e-4, f"{route}: logits differ by {row[3]}"
-    for route in ROUTES[:7]:
+    for route in UNCOMPILED_ROUTES + (OPENVINO_ROUTES if has_openvino else []) + REDUCED_PRECISION_ROUTES:
+        speed, ratio, difference = inference_row(route, inference)
+        assert speed > 0 and ratio.endswith("x")
+        if difference != "(reference)" and route not in REDUCED_PRECISION_ROUTES:
+            assert float(difference) <= 1e-4, f"{route}: logits differ by {difference}"
+    for route in UNCOMPILED_ROUTES[:4]:
         assert re.search(rf"^\| {re.escape(route)} \| [\d.]+ \|", training, re.M), f"no training row for {route!r}"
     assert re.search(r"GEMM peak on the encoder's shapes: \d+ GFLOP/s \(MKL \d+, oneDNN \d+\)", out)
     assert re.search(r"^\| ViT-2L/8 \(tiny\) inference \| 2 \| [\d.]+x \| [\d.]+x \| [\d.]+x \| [\d.]+x \(", out, re.M)
     assert re.search(r"^CPU ISA: (AVX2|AVX-512|AVX512-BF16|AMX|\S+)$", out, re.M)
+
+
+@pytest.mark.heavy
+def test_quick_benchmark_compiled_routes_compute_the_same_function():
+    """torch.compile routes are built the same way for every library, so hubvit's alone are run (each compilation
+    costs seconds): with and without freezing in inference, compiled in a training step."""
+    _, inference, training = quick_benchmark("--libraries", "hubvit", "--routes", "eager,compile,freezing")
+    for route in COMPILED_ROUTES:
+        speed, _, difference = inference_row(route, inference)
+        assert speed > 0 and float(difference) <= 1e-4, f"{route}: logits differ by {difference}"
+    assert re.search(r"^\| hubvit compile \| [\d.]+ \|", training, re.M), "no compiled training row"
