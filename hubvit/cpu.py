@@ -122,6 +122,16 @@ def product_shape(direction: str, tokens: int, fan_in: int, fan_out: int) -> tup
     raise HubViTError(f"direction={direction!r}: expected one of {DIRECTIONS}")
 
 
+def operand(kernel, tensor):
+    """A transposed view as `kernel` takes it: MKL reads the strides, oneDNN wants the rows laid out (a copy)."""
+    return tensor.contiguous() if kernel == "onednn" else tensor
+
+
+def all_mkl(chooser, tokens, fan_in, fan_out):
+    """Whether the probe keeps MKL for all three products of a layer over `tokens` rows."""
+    return all(chooser.choose(*product_shape(d, tokens, fan_in, fan_out)) == "mkl" for d in DIRECTIONS)
+
+
 class _FastestLinearFunction(torch.autograd.Function):
     """y = x W^T + b with each of the three products (forward, dL/dx, dL/dW) on the kernel chosen for its shape."""
 
@@ -144,11 +154,11 @@ class _FastestLinearFunction(torch.autograd.Function):
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             kernel = chooser.choose(*product_shape("input-gradient", tokens, fan_in, fan_out))
-            grad_input = LINEAR[kernel](grad_output, weight.t().contiguous(), None)
+            grad_input = LINEAR[kernel](grad_output, operand(kernel, weight.t()), None)
         if ctx.needs_input_grad[1]:
             kernel = chooser.choose(*product_shape("weight-gradient", tokens, fan_in, fan_out))
             input_2d = input.reshape(-1, fan_in)
-            grad_weight = LINEAR[kernel](grad_2d.t().contiguous(), input_2d.t().contiguous(), None)
+            grad_weight = LINEAR[kernel](operand(kernel, grad_2d.t()), operand(kernel, input_2d.t()), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad_2d.sum(0)
         return grad_input, grad_weight, grad_bias, None
@@ -173,9 +183,11 @@ class FastestLinear(nn.Linear):
             or torch.jit.is_tracing()
         ):
             return F.linear(input, self.weight, self.bias)
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, self.weight, self.bias)):
-            return _FastestLinearFunction.apply(input, self.weight, self.bias, self.chooser)
         tokens = input.numel() // input.shape[-1]
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, self.weight, self.bias)):
+            if all_mkl(self.chooser, tokens, self.in_features, self.out_features):
+                return F.linear(input, self.weight, self.bias)  # PyTorch's own backward: no Python in the step
+            return _FastestLinearFunction.apply(input, self.weight, self.bias, self.chooser)
         kernel = self.chooser.choose(*product_shape("forward", tokens, self.in_features, self.out_features))
         return LINEAR[kernel](input, self.weight, self.bias)
 

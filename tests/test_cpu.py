@@ -153,6 +153,24 @@ def test_each_direction_runs_on_the_kernel_chosen_for_its_shape(monkeypatch, wit
     assert_close(layer.weight.grad, reference.weight.grad)
 
 
+def test_training_keeps_pytorchs_own_backward_where_the_probe_keeps_mkl_for_all_three_products(with_onednn):
+    """The custom autograd function costs Python and copies in every step; it is worth it only where oneDNN wins."""
+    tokens, fan_in, fan_out = 2 * 5, 8, 4
+    slower_onednn = {
+        (kernel,) + product_shape(direction, tokens, fan_in, fan_out): {"mkl": 1.0, "onednn": 2.0}[kernel]
+        for kernel in ("mkl", "onednn")
+        for direction in ("forward", "input-gradient", "weight-gradient")
+    }
+    layer = FastestLinear(fan_in, fan_out)
+    layer.chooser = KernelChooser(fake_timings(slower_onednn)[0], rounds=1)
+    output = layer(torch.randn(2, 5, fan_in, requires_grad=True))
+    assert "FastestLinearFunction" not in type(output.grad_fn).__name__
+    one_onednn = {**slower_onednn, ("onednn",) + product_shape("weight-gradient", tokens, fan_in, fan_out): 0.5}
+    layer.chooser = KernelChooser(fake_timings(one_onednn)[0], rounds=1)
+    output = layer(torch.randn(2, 5, fan_in, requires_grad=True))
+    assert "FastestLinearFunction" in type(output.grad_fn).__name__
+
+
 def test_under_inference_the_forward_kernel_is_the_chosen_one(monkeypatch, with_onednn):
     layer = FastestLinear(8, 4)
     measure, _ = fake_timings({("mkl", 6, 8, 4): 1.0, ("onednn", 6, 8, 4): 2.0})
