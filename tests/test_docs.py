@@ -24,9 +24,11 @@ def test_every_registered_table_appears_in_some_document():
 
 @pytest.fixture
 def copy_of_repository(tmp_path):
-    """README.md, docs/ and the JSON it renders from, copied so a test can change a result."""
+    """README.md, docs/, benchmarks/README.md and the JSON they render from, copied so a test can change a result."""
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    shutil.copy(ROOT / "benchmarks" / "README.md", tmp_path / "benchmarks" / "README.md")
     return tmp_path
 
 

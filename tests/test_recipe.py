@@ -372,6 +372,14 @@ def test_augment_auto_is_affine_for_the_embedded_digits_and_inception_for_a_data
     assert resolve_defaults(Arguments.build(output_dir="unused", **data)).augment == expected
 
 
+def test_the_embedded_digits_get_randaugment_by_default_and_augment_none_turns_it_off(tmp_path):
+    from hubvit.training import Arguments, resolve_defaults
+
+    assert resolve_defaults(Arguments.build(output_dir=str(tmp_path))).randaugment == 2
+    assert resolve_defaults(Arguments.build(output_dir=str(tmp_path), augment="none")).randaugment == 0
+    assert resolve_defaults(Arguments.build(output_dir=str(tmp_path), train_dir="images")).randaugment == 0
+
+
 def test_randaugment_magnitude_sets_how_far_each_operation_goes():
     """Seeded alike, RandAugment picks the same operations at any magnitude; at magnitude 0 most of them (rotation,
     shear, translation, brightness, colour, contrast, sharpness, posterize) leave the image as it is, so the images

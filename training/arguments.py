@@ -57,12 +57,13 @@ PRESETS = {
 DEFAULTS = {
     "embedded": dict(
         learning_rate=2e-3,
-        num_train_epochs=20,
+        num_train_epochs=50,
         weight_decay=0.05,
         warmup_ratio=0.05,
         label_smoothing=0.1,
         per_device_train_batch_size=64,
         dataloader_num_workers=1,
+        randaugment=2,
     ),
     "dataset": dict(
         learning_rate={
@@ -77,6 +78,7 @@ DEFAULTS = {
         label_smoothing=0.0,
         per_device_train_batch_size=32,
         dataloader_num_workers=0,
+        randaugment=0,
     ),
 }
 
@@ -172,7 +174,7 @@ class TrainingArguments:
         "inception = random resized crop + flip (the paper); affine = small rotations and shifts (digits); "
         "auto = affine for the embedded digits, inception otherwise",
     )
-    randaugment: int = option(0, "RandAugment ops per image", metavar="NUM_OPS")
+    randaugment: Optional[int] = option(help=default_help("randaugment", "RandAugment ops per image, after --augment"))
     randaugment_magnitude: int = option(9)
     mixup_alpha: float = option(0.0)
     cutmix_alpha: float = option(0.0)
@@ -343,6 +345,8 @@ def resolve_defaults(args):
     """Fill the options left unset from the embedded defaults (no data, model or size option) or the dataset ones."""
     start = "pretrained" if args.model_name_or_path else "scratch"
     embedded = is_embedded(args) and start == "scratch" and args.model_size == "default"
+    if args.augment == "none" and args.randaugment is None:
+        args.randaugment = 0  # no augmentation means none at all
     for key, value in DEFAULTS["embedded" if embedded else "dataset"].items():
         if getattr(args, key) is None:
             setattr(args, key, value[(args.optimizer, start)] if isinstance(value, dict) else value)
