@@ -4,8 +4,10 @@
 
 Each run is `accelerate launch scripts/finetune.py --output_dir DIR --seed S` exactly as a user types it (plus the
 seed), timed from launch to exit, so the wall time includes the launcher, data loading and the analysis pictures.
-Runs go one after another: side by side they would share the machine's cores and the times would mean nothing.
-`--first_seed` and `--merge` let the seeds run in several sittings.
+Runs go one after another: side by side they would share the machine's cores and the times would mean nothing;
+each run records the load average before and after it. The accuracy does not depend on the load (the run is seeded
+and `accelerate launch` fixes the thread count), so seeds may also run in several sittings (`--first_seed`,
+`--merge`).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ def run_seed(seed: int, output_dir: Path) -> dict:
     """One launch of the main command with `--seed seed`: its all_results.json plus the wall time."""
     command = ["accelerate", "launch", str(ROOT / "scripts" / "finetune.py"), "--output_dir", str(output_dir)]
     command += ["--seed", str(seed)]
-    started = time.time()
+    load_before, started = os.getloadavg()[0], time.time()
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     wall = time.time() - started
     results = json.loads((output_dir / "all_results.json").read_text())
-    return {"seed": seed, "wall_time_s": round(wall, 1), **results}
+    load = {"load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2)}
+    return {"seed": seed, "wall_time_s": round(wall, 1), **load, **results}
 
 
 def summarise(runs: list[dict]) -> dict:

@@ -333,7 +333,7 @@ def benchmark_routes(root: Path, kind: str) -> str:
             cells.append("" if value is None else f"**{value:.2f}x**" + (f" ({named})" if named else ""))
         rows.append([title, *cells, ""])
     intro = (
-        f"CPU ISA **{report['isa']}**, {report['threads']} threads, {report['clock']} clock; {report['environment']}. "
+        f"CPU ISA **{report['isa']}**, {report['threads']} threads; {report['environment']}. "
         "Ratios are to timm eager float32 on the same weights and batch, the median over interleaved rounds of each "
         "round's ratio."
     )
