@@ -372,9 +372,11 @@ def test_augment_auto_is_affine_for_the_embedded_digits_and_inception_for_a_data
     assert resolve_defaults(Arguments.build(output_dir="unused", **data)).augment == expected
 
 
-def test_the_embedded_digits_get_randaugment_by_default_and_augment_none_turns_it_off(tmp_path):
+def test_randaugment_defaults_per_column_and_augment_none_turns_it_off(tmp_path, monkeypatch):
     from hubvit.training import Arguments, resolve_defaults
+    from hubvit.training.arguments import DEFAULTS
 
+    monkeypatch.setitem(DEFAULTS["embedded"], "randaugment", 2)
     assert resolve_defaults(Arguments.build(output_dir=str(tmp_path))).randaugment == 2
     assert resolve_defaults(Arguments.build(output_dir=str(tmp_path), augment="none")).randaugment == 0
     assert resolve_defaults(Arguments.build(output_dir=str(tmp_path), train_dir="images")).randaugment == 0

@@ -57,13 +57,13 @@ PRESETS = {
 DEFAULTS = {
     "embedded": dict(
         learning_rate=2e-3,
-        num_train_epochs=50,
+        num_train_epochs=20,
         weight_decay=0.05,
         warmup_ratio=0.05,
         label_smoothing=0.1,
         per_device_train_batch_size=64,
         dataloader_num_workers=1,
-        randaugment=2,
+        randaugment=0,
     ),
     "dataset": dict(
         learning_rate={
