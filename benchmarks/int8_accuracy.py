@@ -141,6 +141,9 @@ def main(argv=None):
     if args.digits:
         from transformers import AutoModelForImageClassification
 
+        if (Path(args.digits) / "model" / "config.json").is_file():  # the run's OUTPUT_DIR rather than its model
+            args.digits = str(Path(args.digits) / "model")
+
         model = AutoModelForImageClassification.from_pretrained(args.digits)
         pixels, labels, split = digits_split(args.digits)
         rows = compare(model, pixels, labels)

@@ -96,6 +96,44 @@ def main_command(root: Path) -> str:
     return markdown_table(["figure", "recorded run"], rows) + "\n\n" + source_line(MAIN_COMMAND_RESULTS)
 
 
+MAIN_COMMAND_SEEDS = "docs/analysis/main_command_seeds.json"
+
+
+@table("main-command-seeds")
+def main_command_seeds(root: Path) -> str:
+    """The main command once per seed (scripts/main_command_seeds.py): accuracy and wall time of each, and spread."""
+    r = read_json(root, MAIN_COMMAND_SEEDS)
+    rows = [
+        (
+            run["seed"],
+            f"{run['eval_accuracy']:.4f} ({round(run['eval_accuracy'] * run['eval_samples'])} of {run['eval_samples']})",
+            f"{run['wall_time_s'] / 60:.1f} min (load {run['load_average_before']:.1f} before, "
+            f"{run['load_average_after']:.1f} after)",
+        )
+        for run in r["runs"]
+    ]
+    s, env = r["summary"], r["environment"]
+    rows.append(
+        (
+            f"**{s['seeds']} seeds**",
+            f"**{s['mean_accuracy']:.4f} +- {s['std_accuracy']:.4f}** (sd; {s['min_accuracy']:.4f}-{s['max_accuracy']:.4f})",
+            f"median {s['median_wall_time_s'] / 60:.1f} min",
+        )
+    )
+    note = (
+        f"{env['cpu_count']} cores, CPU ISA {env['cpu_isa']}, torch {env['torch']}; wall time from launch to exit, "
+        "launcher and analysis pictures included; the load average counts the runs themselves (a training process and "
+        "its data-loader worker, about 2), so a figure well above 2 means something else shared the machine."
+    )
+    return (
+        markdown_table(["seed", "held-out accuracy", "wall time"], rows)
+        + "\n\n"
+        + note
+        + " "
+        + source_line(MAIN_COMMAND_SEEDS)
+    )
+
+
 RECIPE_SCREENING = "docs/analysis/recipe_screening.json"
 
 
