@@ -39,11 +39,12 @@ def test_a_changed_result_makes_the_check_fail_until_rendered(copy_of_repository
     results.write_text(json.dumps(data))
 
     assert render_docs.main(["--check", "--root", str(copy_of_repository)]) == 1
-    assert "README.md: out of date" in capsys.readouterr().out
+    assert "docs/fine-tuning.md: out of date" in capsys.readouterr().out
 
     assert render_docs.main(["--root", str(copy_of_repository)]) == 0
     assert render_docs.main(["--check", "--root", str(copy_of_repository)]) == 0
-    assert "| eval accuracy | 0.5000 (375 of 750 held-out digits) |" in (copy_of_repository / "README.md").read_text()
+    rendered = (copy_of_repository / "docs" / "fine-tuning.md").read_text()
+    assert "| eval accuracy | 0.5000 (375 of 750 held-out digits) |" in rendered
 
 
 def test_rendering_rewrites_only_the_marked_region():
