@@ -182,21 +182,18 @@ _LOADED: dict[str, dict] = {}
 
 
 def loadable_digest(folder):
-    """sha256 over every file the loader can read (the card aside), with their relative paths."""
+    """sha256 over every file the loader can read (the card aside): their relative paths and their own digests."""
     import hashlib
 
+    from .sources import file_sha256
+
     folder = Path(folder)
-    digest = hashlib.sha256()
-    for path in sorted(upload_files(folder)):
-        relative = path.relative_to(folder).as_posix()
-        if relative == "README.md":
-            continue
-        digest.update(relative.encode() + b"\0")
-        with path.open("rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
-        digest.update(b"\0")
-    return digest.hexdigest()
+    entries = [
+        f"{path.relative_to(folder).as_posix()}\0{file_sha256(path)}"
+        for path in sorted(upload_files(folder))
+        if path.relative_to(folder).as_posix() != "README.md"
+    ]
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()
 
 
 def check_loads(folder, timeout=1800):
