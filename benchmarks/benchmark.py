@@ -221,13 +221,25 @@ ROUTE_KINDS = (
     "compile",
     "freezing",
     "onnx",
+    "onnx-fused",
     "openvino",
     "openvino-default",
     "int8",
     "onnx-int8",
     "flash",
 )
-CPU_ROUTES = ("eager", "cpu", "compile", "freezing", "onnx", "openvino", "openvino-default", "int8", "onnx-int8")
+CPU_ROUTES = (
+    "eager",
+    "cpu",
+    "compile",
+    "freezing",
+    "onnx",
+    "onnx-fused",
+    "openvino",
+    "openvino-default",
+    "int8",
+    "onnx-int8",
+)
 CUDA_ROUTES = ("eager", "flash", "compile")
 SUFFIXES = {
     "eager": "",
@@ -235,6 +247,7 @@ SUFFIXES = {
     "compile": " compile",
     "freezing": " compile+freezing",
     "onnx": " onnxruntime",
+    "onnx-fused": " onnxruntime fused",
     "openvino": " openvino f32",
     "openvino-default": " openvino default precision",
     "int8": " + optimize_for_cpu int8",
@@ -293,13 +306,28 @@ def onnx_session(path, threads):
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def int8_onnx_file(path):
-    """`path` with its encoder projections int8, as `hubvit export onnx --int8` writes it."""
+def fused_onnx_file(path, config):
+    """`path` with onnxruntime's fused attention and GELU, as `hubvit export onnx --onnxruntime_fusion` writes it."""
+    import onnx
+
+    from hubvit.conversion.fuse_onnx import fuse_for_onnxruntime
+
+    target = path.with_name(path.stem + ".fused.onnx")
+    if not target.exists():
+        graph = onnx.load(str(path))
+        fuse_for_onnxruntime(graph, config)
+        onnx.save(graph, str(target))
+    return target
+
+
+def int8_onnx_file(path, config):
+    """`path` fused and with its encoder projections int8, as `hubvit export onnx --int8` writes it."""
     from hubvit.conversion.quantize_onnx import quantize_graph
 
+    fused = fused_onnx_file(path, config)
     target = path.with_name(path.stem + ".int8.onnx")
     if not target.exists():
-        quantize_graph(path, target)
+        quantize_graph(fused, target)
     return target
 
 
@@ -374,8 +402,11 @@ class Case:
                     from hubvit import optimize_for_cpu
 
                     self.routes.append(Route(library, kind, optimize_for_cpu(copy.deepcopy(model), precision="int8")))
+                elif kind == "onnx-fused" and library == "hubvit" and cpu_inference:
+                    path = fused_onnx_file(onnx_file(library, model.eval(), self.images, folder), model.config)
+                    self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
                 elif kind == "onnx-int8" and library == "hubvit" and cpu_inference:
-                    path = int8_onnx_file(onnx_file(library, model.eval(), self.images, folder))
+                    path = int8_onnx_file(onnx_file(library, model.eval(), self.images, folder), model.config)
                     self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
         self.optimizers = {}
         if mode == "train":
@@ -690,9 +721,10 @@ def main(argv=None):
         "--routes",
         default=None,
         help="comma-separated: eager, cpu (hubvit.optimize_for_cpu), compile, freezing (compile with inductor "
-        "freezing, CPU inference), onnx (onnxruntime, CPU inference; hubvit and timm), openvino (OpenVINO f32 on "
+        "freezing, CPU inference), onnx (onnxruntime, CPU inference; hubvit and timm), onnx-fused (hubvit's ONNX "
+        "with onnxruntime's fused attention and GELU, `--onnxruntime_fusion`), openvino (OpenVINO f32 on "
         "the ONNX file), openvino-default (OpenVINO's default precision), int8 (optimize_for_cpu(precision='int8')), "
-        "onnx-int8 (hubvit's ONNX quantized by `hubvit export onnx --int8`), flash (CUDA: sdpa forced to flash "
+        "onnx-int8 (hubvit's fused ONNX quantized by `hubvit export onnx --int8`), flash (CUDA: sdpa forced to flash "
         f"attention). CPU default {','.join(CPU_ROUTES)}; CUDA default {','.join(CUDA_ROUTES)}",
     )
     parser.add_argument("--json", metavar="PATH", default=None, help="also write every figure measured to PATH")

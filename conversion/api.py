@@ -243,10 +243,13 @@ def export_onnx(
     opset: int = onnx_export.OPSET,
     tolerance: float = onnx_export.TOLERANCE,
     int8: bool = False,
+    onnxruntime_fusion: bool = False,
 ) -> ExportResult:
     """Write the hubvit folder SRC as one ONNX graph OUT (`.onnx`) with dynamic batch, height and width, after
     onnxruntime reproduces PyTorch within `tolerance` at three sizes (the figures also go to OUT.verification.json).
-    `int8` then quantizes the encoder projections (dynamic, onnxruntime) and records their agreement in that file."""
+    `onnxruntime_fusion` writes attention and GELU as onnxruntime's fused operators (a graph for onnxruntime only);
+    `int8` fuses them too, then quantizes the encoder projections (dynamic, onnxruntime) and records their agreement
+    in that file."""
     options = onnx_export.Options(
         path_text(src, "src"),
         path_text(out, "out"),
@@ -254,6 +257,7 @@ def export_onnx(
         positive(tolerance, "tolerance"),
         flag(overwrite, "overwrite"),
         flag(int8, "int8"),
+        flag(onnxruntime_fusion, "onnxruntime_fusion"),
     )
     check_output_path(options.out, options.src, is_file=True)
     return onnx_export.export(options)

@@ -20,6 +20,7 @@ import torch
 
 from ..limits import check_side_file, require_safetensors, write_text_atomic
 from .common import ConversionError, ExportResult, positive_number, read_hubvit_config
+from .fuse_onnx import fuse_for_onnxruntime
 from .quantize_onnx import quantize_in_place
 
 TOLERANCE = 1e-4
@@ -37,7 +38,14 @@ def add_arguments(parser):
         help="max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)",
     )
     parser.add_argument(
-        "--int8", action="store_true", help="quantize the encoder projections to int8 (onnxruntime, dynamic)"
+        "--int8",
+        action="store_true",
+        help="quantize the encoder projections to int8 (onnxruntime, dynamic; implies --onnxruntime_fusion)",
+    )
+    parser.add_argument(
+        "--onnxruntime_fusion",
+        action="store_true",
+        help="attention and GELU as onnxruntime's fused operators: faster in onnxruntime, not readable by OpenVINO",
     )
     parser.set_defaults(out_is_file=True)
 
@@ -52,6 +60,7 @@ class Options:
     tolerance: float = TOLERANCE
     overwrite: bool = False
     int8: bool = False
+    onnxruntime_fusion: bool = False
 
 
 class Outputs(torch.nn.Module):
@@ -160,14 +169,25 @@ def export_graph(model, path, opset=OPSET):
     return wrapper.names
 
 
-def runtimes(path):
-    """{name: run(names, pixels) -> arrays} for onnxruntime and, where it is installed, OpenVINO (pinned to float32:
-    its default on CPUs with bf16 support is bf16, which is no check of the graph)."""
+def fuse_in_place(path, config):
+    """Rewrite the graph at `path` with onnxruntime's fused attention and GELU; returns the counts fused."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    counts = fuse_for_onnxruntime(graph, config)
+    onnx.save(graph, str(path))
+    print("onnxruntime fusion: " + ", ".join(f"{count} {name}" for name, count in counts.items()))
+    return counts
+
+
+def runtimes(path, openvino=True):
+    """{name: run(names, pixels) -> arrays} for onnxruntime and, where it is installed and `openvino`, OpenVINO
+    (pinned to float32: its default on CPUs with bf16 support is bf16, which is no check of the graph)."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     found = {"onnxruntime": lambda names, pixels: session.run(names, {"pixel_values": pixels})}
-    if importlib.util.find_spec("openvino") is not None:
+    if openvino and importlib.util.find_spec("openvino") is not None:
         import openvino
 
         compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
@@ -180,12 +200,12 @@ def runtimes(path):
     return found
 
 
-def verify(model, path, names):
+def verify(model, path, names, openvino=True):
     """max |runtime - PyTorch| / max |PyTorch| per runtime and output at the export size and the two check sizes."""
     import numpy as np
 
     rows = []
-    for runtime, run in runtimes(path).items():
+    for runtime, run in runtimes(path, openvino).items():
         generator = torch.Generator().manual_seed(1)
         for index, (height, width) in enumerate(check_sizes(model.config)):
             batch = (2, 1, 3)[index % 3]
@@ -242,7 +262,8 @@ def export(args):
     staging = Path(staging)
     try:
         names = export_graph(model, staging, args.opset)
-        rows = verify(model, staging, names)
+        fused = fuse_in_place(staging, model.config) if args.onnxruntime_fusion or args.int8 else None
+        rows = verify(model, staging, names, openvino=fused is None)
         for row in rows:
             relative = row["max_abs_difference"] / max(row["max_abs_output"], 1e-12)
             print(
@@ -278,6 +299,7 @@ def export(args):
         torch=torch.__version__,
         onnxruntime=__import__("onnxruntime").__version__,
         checks=rows,
+        onnxruntime_fusion=fused,
         int8=int8,
     )
     write_text_atomic(report, json.dumps(summary, indent=2) + "\n")

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-UNCOMPILED_ROUTE_KINDS = ("eager", "cpu", "onnx", "openvino", "openvino-default", "int8", "onnx-int8")
+UNCOMPILED_ROUTE_KINDS = ("eager", "cpu", "onnx", "onnx-fused", "openvino", "openvino-default", "int8", "onnx-int8")
 UNCOMPILED_ROUTES = [
     "hubvit",
     "timm",
     "transformers",
     "hubvit + optimize_for_cpu",
     "hubvit onnxruntime",
+    "hubvit onnxruntime fused",
     "timm onnxruntime",
 ]
 COMPILED_ROUTES = ["hubvit compile", "hubvit compile+freezing"]

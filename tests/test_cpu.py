@@ -416,6 +416,7 @@ def test_export_onnx_int8_quantizes_the_encoder_and_agrees_on_99_percent_of_held
     graph = onnx.load(str(tmp_path / "model.onnx")).graph
     operators = [node.op_type for node in graph.node]
     assert operators.count("MatMulInteger") == 4 * model.config.num_hidden_layers
+    assert operators.count("MultiHeadAttention") == model.config.num_hidden_layers, "int8 quantizes the fused graph"
     assert "Conv" in operators and ("Gemm" in operators or "MatMul" in operators), "embedding or head quantized"
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     (logits,) = session.run(None, {"pixel_values": images.numpy()})

@@ -85,6 +85,16 @@ def test_export_writes_the_graph_and_its_verification_beside_it(exported):
 
 
 @pytest.mark.heavy
+def test_the_default_graph_uses_standard_operators_only(exported):
+    """OpenVINO and every other runtime read it: onnxruntime's fused operators are the opt-in of
+    tests/test_export_fusion.py."""
+    _, root = exported
+    graph = onnx.load(str(root / "out" / "model.onnx")).graph
+    assert {node.domain for node in graph.node} <= {"", "ai.onnx"}
+    assert "Softmax" in [node.op_type for node in graph.node]
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize("batch,height,width", [(5, 32, 32), (2, 16, 40), (1, 64, 32)])
 def test_the_graph_matches_pytorch_in_onnxruntime_at_sizes_the_export_did_not_check(exported, batch, height, width):
     model, root = exported
