@@ -30,11 +30,12 @@ def onnx_int8_logits(model, pixels, folder):
     """Logits of `model`'s ONNX export after onnxruntime's int8 quantization (what `export onnx --int8` writes)."""
     import onnxruntime
 
-    from hubvit.conversion.export_onnx import export_graph
+    from hubvit.conversion.export_onnx import export_graph, fuse_in_place
     from hubvit.conversion.quantize_onnx import quantize_graph
 
     path = Path(folder) / "model.onnx"
     export_graph(model, path)
+    fuse_in_place(path, model.config)
     quantize_graph(path, path.with_name("int8.onnx"))
     session = onnxruntime.InferenceSession(str(path.with_name("int8.onnx")), providers=["CPUExecutionProvider"])
     outputs = [session.run(None, {"pixel_values": chunk.numpy()})[0] for chunk in pixels.split(64)]
