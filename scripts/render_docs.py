@@ -340,6 +340,7 @@ def int8_accuracy_cell(accuracy: dict | None, route: str) -> str:
         "hubvit + optimize_for_cpu int8": "torch int8",
         "hubvit onnxruntime int8": "onnxruntime int8",
         "hubvit bf16": "torch bf16",
+        "hubvit openvino default precision": "openvino bf16",
     }.get(route)
     if key not in rows:
         return ""
@@ -388,6 +389,11 @@ def benchmark_routes(root: Path, kind: str) -> str:
 @table("benchmark-avx2")
 def benchmark_avx2(root: Path) -> str:
     return benchmark_routes(root, "avx2")
+
+
+@table("benchmark-amx")
+def benchmark_amx(root: Path) -> str:
+    return benchmark_routes(root, "amx")
 
 
 # ---------------------------------------------------------------------------------------------- rendering
