@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_seed(seed: int, output_dir: Path) -> dict:
-    """One launch of the main command with `--seed seed`: its all_results.json plus the wall time."""
+def run_seed(seed: int, output_dir: Path, flags: tuple[str, ...] = ()) -> dict:
+    """One launch of the main command with `--seed seed` (and `flags`): its all_results.json plus the wall time."""
     command = ["accelerate", "launch", str(ROOT / "scripts" / "finetune.py"), "--output_dir", str(output_dir)]
-    command += ["--seed", str(seed)]
+    command += ["--seed", str(seed), *flags]
     load_before, started = os.getloadavg()[0], time.time()
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     wall = time.time() - started
