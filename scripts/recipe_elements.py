@@ -108,6 +108,7 @@ def write(report: dict, path: Path) -> None:
     """`report` with every arm's summary and paired difference recomputed, to `path`."""
     base = report["arms"].get("base")
     for name, arm in report["arms"].items():
+        arm["change"] = ARMS[name][0] if name in ARMS else arm["change"]
         metric = METRIC.get(name, "eval_accuracy")
         arm["summary"] = summarise(arm["runs"], metric)
         arm["vs_base"] = paired_difference(arm["runs"], base["runs"], metric) if base else None

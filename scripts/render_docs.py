@@ -154,6 +154,41 @@ def recipe_screening(root: Path) -> str:
     )
 
 
+RECIPE_ELEMENTS = "docs/analysis/recipe_elements.json"
+
+
+@table("recipe-elements")
+def recipe_elements(root: Path) -> str:
+    """Each recipe element added alone to the former default, over the same seeds (scripts/recipe_elements.py)."""
+    r = read_json(root, RECIPE_ELEMENTS)
+    rows = []
+    for name, arm in r["arms"].items():
+        s, d = arm["summary"], arm.get("vs_base")
+        if name == "base":
+            difference = "(reference)"
+        else:
+            difference = "n/a" if not d else f"{100 * d['mean']:+.2f} [{100 * d['low']:+.2f}, {100 * d['high']:+.2f}]"
+        rows.append(
+            (
+                arm["change"],
+                ", ".join(f"{accuracy:.4f}" for accuracy in s["accuracies"]),
+                f"{s['mean_accuracy']:.4f} +- {s['std_accuracy']:.4f}",
+                difference,
+                f"{s['median_wall_time_s'] / 60:.1f} min",
+            )
+        )
+    env = r["environment"]
+    note = (
+        f"Seeds {', '.join(str(run['seed']) for run in r['arms']['base']['runs'])} per arm; {env['cpu_count']} cores, "
+        f"CPU ISA {env['cpu_isa']}, torch {env['torch']}; {r['jobs']} launch(es) side by side, so the wall times "
+        + ("count the neighbour. " if r["jobs"] > 1 else "are one run alone. ")
+        + "Difference: mean over seeds of (arm - base) accuracy, in points, with its 95% t interval; an interval "
+        "that contains 0 is no measured effect."
+    )
+    header = ["added to the former default", "accuracy per seed", "mean +- sd", "vs base, points [95% CI]", "wall"]
+    return markdown_table(header, rows) + "\n\n" + note + " " + source_line(RECIPE_ELEMENTS)
+
+
 EXPERIMENTS = {
     "position_embeddings": "Position embeddings",
     "inductive_bias": "Inductive bias: CNN vs ViT",
