@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -631,10 +632,19 @@ def test_hubvit_train_help_works_from_the_installed_wheel(tmp_path):
     )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("hubvit-*.whl")
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=300
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
+    # The dependencies come from the environment running the tests (a virtual environment's packages are not the
+    # base interpreter's "system" ones): its site-packages go on the new venv's path after the venv's own, as plain
+    # paths, so the checkout's editable hubvit (a finder that a .pth file installs) is not seen, only the wheel's.
+    packages = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    (Path(packages) / "test-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     installed = subprocess.run(
         [builder, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
         capture_output=True,
