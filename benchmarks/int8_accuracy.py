@@ -15,6 +15,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -28,30 +29,25 @@ from hubvit.cpu import cpu_isa, has_native_bf16
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "camera", "immunohistochemistry", "retina")
 
 
-def onnx_int8_logits(model, pixels, folder):
-    """Logits of `model`'s ONNX export after onnxruntime's int8 quantization (what `export onnx --int8` writes)."""
+def onnx_int8_logits(path, config, pixels):
+    """Logits of the ONNX export at `path` fused and quantized by onnxruntime (what `export onnx --int8` writes)."""
     import onnxruntime
 
-    from hubvit.conversion.export_onnx import export_graph, fuse_in_place
+    from hubvit.conversion.export_onnx import fuse_in_place
     from hubvit.conversion.quantize_onnx import quantize_graph
 
-    path = Path(folder) / "model.onnx"
-    export_graph(model, path)
-    fuse_in_place(path, model.config)
-    quantize_graph(path, path.with_name("int8.onnx"))
+    fused = shutil.copy(path, path.with_name("fused.onnx"))
+    fuse_in_place(fused, config)
+    quantize_graph(fused, path.with_name("int8.onnx"))
     session = onnxruntime.InferenceSession(str(path.with_name("int8.onnx")), providers=["CPUExecutionProvider"])
     outputs = [session.run(None, {"pixel_values": chunk.numpy()})[0] for chunk in pixels.split(64)]
     return torch.from_numpy(np.concatenate(outputs))
 
 
-def openvino_default_logits(model, pixels, folder):
-    """Logits of `model`'s ONNX export in OpenVINO at the plugin's default precision (bf16 where native)."""
+def openvino_default_logits(path, pixels):
+    """Logits of the ONNX export at `path` in OpenVINO at the plugin's default precision (bf16 where native)."""
     import openvino
 
-    from hubvit.conversion.export_onnx import export_graph
-
-    path = Path(folder) / "plain.onnx"
-    export_graph(model, path)
     core = openvino.Core()
     compiled = core.compile_model(core.read_model(str(path)), "CPU")
     return torch.from_numpy(np.concatenate([compiled(chunk.numpy())[0] for chunk in pixels.split(64)]))
@@ -71,9 +67,13 @@ def compare(model, pixels, labels=None):
         "torch int8": torch_logits(optimize_for_cpu(copy.deepcopy(model), precision="int8"), pixels),
     }
     with tempfile.TemporaryDirectory() as folder:
-        routes["onnxruntime int8"] = onnx_int8_logits(model, pixels, folder)
+        from hubvit.conversion.export_onnx import export_graph
+
+        plain = Path(folder) / "model.onnx"
+        export_graph(model, plain)
+        routes["onnxruntime int8"] = onnx_int8_logits(plain, model.config, pixels)
         if has_native_bf16() and importlib.util.find_spec("openvino") is not None:
-            routes["openvino bf16"] = openvino_default_logits(model, pixels, folder)
+            routes["openvino bf16"] = openvino_default_logits(plain, pixels)
     if has_native_bf16():
         routes["torch bf16"] = torch_logits(optimize_for_cpu(copy.deepcopy(model), precision="bf16"), pixels)
     scale = reference.abs().max().item()
