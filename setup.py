@@ -14,7 +14,7 @@ BENCHMARK = ["timm>=1.0.20", *ONNX]
 JAX = ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"]
 TEST = [
     "pytest>=8",
-    "pytest-xdist>=3.5",
+    "pytest-xdist>=3.6",
     "ruff>=0.6",
     "timm>=1.0.20",
     *JAX,

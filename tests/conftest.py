@@ -26,3 +26,26 @@ def converter_bug(monkeypatch):
         return model
 
     monkeypatch.setattr(writer, "build_model", off_by_a_little)
+
+
+# The test files that take longest (seconds summed over their tests, `pytest --durations=0` on the 2-core CI
+# machine, 2026-12-04), longest first. pytest-xdist hands whole files (`--dist loadfile`) to whichever worker is free,
+# in collection order; starting with the longest keeps one long file from being the last thing a worker runs while
+# the other sits idle. Files not named keep their usual order after these.
+LONGEST_FILES = (
+    "test_finetune.py",
+    "test_benchmark.py",
+    "test_experiments.py",
+    "test_compatibility.py",
+    "test_finetune_fsdp.py",
+    "test_hub_push.py",
+    "test_reliability.py",
+    "test_convert_jax.py",
+    "test_publish.py",
+    "test_transformers_common.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
