@@ -98,8 +98,9 @@ def test_fsdp_on_cpu_is_refused_with_the_reason(data, tmp_path, use_cpu):
 
 
 @pytest.mark.heavy
-@pytest.mark.xfail(
-    not TWO_GPUS, strict=True, reason="Accelerate 1.16 runs FSDP only on GPU-like devices; on CPU the script refuses it"
+@pytest.mark.skipif(
+    not TWO_GPUS,
+    reason="Accelerate 1.16 runs FSDP only on GPU-like devices; on CPU this launch is the refusal test's [default] case",
 )
 def test_fsdp2_trains_checkpoints_and_resumes(data, tmp_path):
     whole = tmp_path / "whole"
