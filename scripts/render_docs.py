@@ -142,11 +142,12 @@ def recipe_screening(root: Path) -> str:
     """Single-seed runs that chose the main command's recipe (their all_results.json and command)."""
     r = read_json(root, RECIPE_SCREENING)
     rows = [
-        (run["change"], f"{run['eval_accuracy']:.4f}", run["global_step"], f"`{run['command']}`") for run in r["runs"]
+        (run["change"], run["cpu"], f"{run['eval_accuracy']:.4f}", run["global_step"], f"`{run['command']}`")
+        for run in r["runs"]
     ]
     return (
         markdown_table(
-            ["change from the former default (20 epochs, no RandAugment)", "held-out accuracy", "updates", "command"],
+            ["change from the default (20 epochs, no RandAugment)", "CPU", "held-out accuracy", "updates", "command"],
             rows,
         )
         + f"\n\n{r['note'][0].upper() + r['note'][1:]}. "
