@@ -36,6 +36,7 @@ ARMS = {
     "mixup": ("mixup, alpha 0.2", ("--mixup_alpha", "0.2")),
     "random_erasing": ("random erasing, probability 0.25", ("--random_erasing", "0.25")),
     "no_smoothing": ("label smoothing 0 instead of 0.1", ("--label_smoothing", "0")),
+    "weight_decay": ("weight decay 0.01 instead of 0.05", ("--weight_decay", "0.01")),
 }
 
 # The accuracy an arm is judged by: EMA does not change the trained weights (they equal base's), its average does.
