@@ -38,8 +38,8 @@ def run_seed(seed: int, output_dir: Path, flags: tuple[str, ...] = ()) -> dict:
     return {"seed": seed, "wall_time_s": round(wall, 1), **load, **results}
 
 
-def summarise(runs: list[dict]) -> dict:
-    accuracies = [run["eval_accuracy"] for run in runs]
+def summarise(runs: list[dict], metric: str = "eval_accuracy") -> dict:
+    accuracies = [run[metric] for run in runs]
     walls = [run["wall_time_s"] for run in runs]
     return {
         "seeds": len(runs),

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from main_command_seeds import environment, run_seed  # noqa: E402
+from main_command_seeds import summarise as summarise_seeds  # noqa: E402
 
 BASE = ("--num_train_epochs", "20", "--randaugment", "0", "--drop_path_rate", "0", "--label_smoothing", "0.1")
 
@@ -58,15 +59,8 @@ def paired_difference(arm: list[dict], base: list[dict], metric: str = "eval_acc
 
 
 def summarise(runs: list[dict], metric: str = "eval_accuracy") -> dict:
-    accuracies = [run[metric] for run in runs]
-    return {
-        "metric": metric,
-        "accuracies": accuracies,
-        "seeds": len(runs),
-        "mean_accuracy": statistics.mean(accuracies),
-        "std_accuracy": statistics.stdev(accuracies) if len(runs) > 1 else 0.0,
-        "median_wall_time_s": statistics.median(run["wall_time_s"] for run in runs),
-    }
+    """`main_command_seeds.summarise` of `metric`, with the metric's name and its per-seed values."""
+    return {"metric": metric, "accuracies": [run[metric] for run in runs], **summarise_seeds(runs, metric)}
 
 
 def main(argv: list[str] | None = None) -> int:
