@@ -8,9 +8,9 @@ With K = 1 Accelerate deletes the only checkpoint before writing its successor; 
 checkpoint through a kill at any moment.
 
 The streaming loader's position and the model EMA are written here, not registered with Accelerate: Accelerate
-pickles registered objects and loads them with `torch.load(weights_only=False)`, which runs whatever a checkpoint
-file holds. Each process's loader position is JSON (`data_loader_state_<rank>.json`), the EMA is safetensors
-(`model_ema.safetensors`), both written before the trainer state.
+pickles registered objects and unpickles them on load with `torch.load`'s weights-only guard off, which runs
+whatever a checkpoint file holds. Each process's loader position is JSON (`data_loader_state_<rank>.json`), the
+EMA is safetensors (`model_ema.safetensors`), both written before the trainer state.
 """
 
 import json
