@@ -506,9 +506,10 @@ def best_per_round(throughput, names):
     return [max(values) for values in zip(*(throughput[name] for name in names))]
 
 
-def gemm_peak(arch, batch_size, threads, clock, repeats=5):
+def gemm_peak(arch, batch_size, threads, clock, repeats=5, flops=2e10):
     """This CPU's float32 GEMM peak on the encoder's products (tokens x in -> out), in GFLOP/s: per shape the faster
-    of MKL (`F.linear`) and oneDNN (`mkldnn._linear_pointwise`), best of `repeats`; returns (peak, per-backend best)."""
+    of MKL (`F.linear`) and oneDNN (`mkldnn._linear_pointwise`), best of `repeats` timings of about `flops` work each
+    per thread; returns (peak, per-backend best)."""
     d, m = arch["hidden_size"], arch["intermediate_size"]
     size, patch = arch.get("image_size", IMAGE_SIZE), arch.get("patch_size", PATCH_SIZE)
     tokens = batch_size * ((size // patch) ** 2 + 1)
@@ -521,7 +522,7 @@ def gemm_peak(arch, batch_size, threads, clock, repeats=5):
         for fan_in, fan_out in ((d, 3 * d), (d, d), (d, m), (m, d)):
             x = torch.randn(tokens, fan_in, generator=generator)
             w, b = torch.randn(fan_out, fan_in, generator=generator) * 0.02, torch.zeros(fan_out)
-            iterations = max(1, round(2e10 / (2 * tokens * fan_in * fan_out) / threads))
+            iterations = max(1, round(flops / (2 * tokens * fan_in * fan_out) / threads))
             for name, multiply in backends.items():
                 multiply(x, w, b)
                 for _ in range(repeats):
@@ -758,7 +759,11 @@ def main(argv=None):
     parser.add_argument(
         "--from-json", metavar="PATH", default=None, help="print the tables of a --json file; measure nothing"
     )
-    parser.add_argument("--quick", action="store_true", help="a 2-layer model at 32 px, batch 2, 2 rounds of 1 step")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a 2-layer model at 32 px, batch 2, 2 rounds of 1 step, a 100x shorter GEMM-peak probe",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch (and onnxruntime) CPU threads")
     parser.add_argument(
         "--clock",
@@ -825,7 +830,9 @@ def main(argv=None):
             peak, detail = None, None
             if args.device == "cpu" and case.mode == "infer":
                 clock = time.process_time if args.clock == "cpu" else time.perf_counter
-                peak, per_backend = gemm_peak(case.arch, case.batch_size, args.threads, clock)
+                peak, per_backend = gemm_peak(
+                    case.arch, case.batch_size, args.threads, clock, flops=2e8 if args.quick else 2e10
+                )
                 detail = ", ".join(f"{name} {rate:.0f}" for name, rate in per_backend.items())
             elif accelerator_peak:
                 peak, detail = accelerator_peak * 1e3, "bf16 dense, data sheet"
