@@ -188,7 +188,7 @@ class Plateau:
         return max(history[-self.patience :]) <= max(history[: -self.patience]) + self.min_delta
 
 
-QUICK_PLATEAU = Plateau(max_epochs=2, patience=1, min_delta=0.0, min_epochs=1)
+QUICK_PLATEAU = Plateau(max_epochs=1, patience=1, min_delta=0.0, min_epochs=1)
 
 
 def prepare_run(args, accelerator, train, model, preprocessing, lr_scale=None):
@@ -334,11 +334,13 @@ def difference(a, b):  # kept for the experiments not yet moved to paired interv
     return ma - mb, float(np.sqrt(sa**2 / len(a) + sb**2 / len(b)))
 
 
-def command(name):
-    """The command line that made these results, as a reader would retype it."""
+def command(name, argv=None):
+    """The command line that made these results, as a reader would retype it: the script's own, or the one
+    `main(argv)` stands for when called from Python."""
     launched = "ACCELERATE_MIXED_PRECISION" in os.environ
+    argv = sys.argv[1:] if argv is None else argv
     return ("accelerate launch " if launched else "python ") + shlex.join(
-        [f"scripts/experiments/{name}.py", *sys.argv[1:]]
+        [f"scripts/experiments/{name}.py", *map(str, argv)]
     )
 
 
