@@ -135,6 +135,13 @@ def test_equivalence_compares_the_whole_interval_with_the_margin(low, high, expe
     assert common.equivalence(diff, 0.002) == expected
 
 
+def test_command_records_the_argv_main_was_called_with_not_the_interpreters():
+    """From Python, `main(argv)` stands for `python scripts/experiments/NAME.py ARGV`, whatever sys.argv holds."""
+    assert common.command("resolution", ["--quick", "--output_dir", Path("/tmp/a b")]) == (
+        "python scripts/experiments/resolution.py --quick --output_dir '/tmp/a b'"
+    )
+
+
 def test_plateau_stops_once_the_last_epochs_do_not_beat_the_best_before_them():
     plateau = common.Plateau(max_epochs=30, patience=3, min_delta=0.003, min_epochs=5)
     rising = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
@@ -216,36 +223,35 @@ def test_cls_in_grid_control_is_the_identity_at_the_old_size_and_moves_every_row
         torch.testing.assert_close(moved[0, new_index], table[0, (r // 2) * 7 + c // 2], rtol=0, atol=1e-7)
 
 
-def run(name, *argv):
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "experiments" / f"{name}.py"), *map(str, argv)],
-        cwd=ROOT,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+def run_in_one_process(calls, timeout=900):
+    """Each experiment's `main(argv)` in turn, in one fresh interpreter, which pays torch's and transformers'
+    imports once (about 7 s per script run on its own): `calls` is a list of (module name, argv)."""
+    code = (
+        "import importlib, sys\n"
+        f"for name, argv in {calls!r}:\n"
+        "    if importlib.import_module(f'hubvit.scripts.experiments.{name}').main(argv):\n"
+        "        sys.exit(f'{name} failed')\n"
     )
-
-
-def finish(process, timeout=900):
-    out, _ = process.communicate(timeout=timeout)
-    assert process.returncode == 0, out[-3000:]
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
 
 
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory):
-    """Every experiment's --quick run into one folder (the independent ones side by side), then the summary."""
+    """Every experiment's --quick run into one folder, then the summary."""
     out = tmp_path_factory.mktemp("experiments")
-    models = out / "models"
-    started = [
-        run("position_embeddings", "--quick", "--output_dir", out, "--models_dir", models),
-        run("inductive_bias", "--quick", "--output_dir", out),
-        run("resolution", "--quick", "--output_dir", out),
-        run("attention_distance", "--quick", "--output_dir", out, "--models_dir", out / "distance_models"),
-    ]
-    for process in started:
-        finish(process)
-    finish(run("summary", "--output_dir", out))
+    common_argv = ["--quick", "--output_dir", str(out)]
+    run_in_one_process(
+        [
+            ("position_embeddings", [*common_argv, "--models_dir", str(out / "models")]),
+            ("inductive_bias", common_argv),
+            ("resolution", common_argv),
+            ("attention_distance", [*common_argv, "--models_dir", str(out / "distance_models")]),
+            ("summary", ["--output_dir", str(out)]),
+        ]
+    )
     return out
 
 
@@ -254,7 +260,7 @@ def quick_results(tmp_path_factory):
 def test_quick_run_writes_json_figure_and_markdown_with_its_command(quick_results, name):
     results = json.loads((quick_results / f"{name}.json").read_text())
     assert results["name"] == name and results["quick"] is True
-    assert results["command"].startswith("python scripts/experiments/") and "--quick" in results["command"]
+    assert results["command"].startswith(f"python scripts/experiments/{name}.py --quick --output_dir ")
     assert results["verdicts"] and all(set(v) == {"claim", "measured", "verdict"} for v in results["verdicts"])
     assert (quick_results / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (quick_results / f"{name}.md").read_text()

@@ -159,7 +159,7 @@ def main(argv=None):
     results = {
         "name": NAME,
         "quick": options.quick,
-        "command": common.command(NAME),
+        "command": common.command(NAME, argv),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}` at {size} x {size}: a "
             f"{grid[0]} x {grid[1]} grid of {patch}-px patches, 4 heads, mean pooling, no [CLS]",

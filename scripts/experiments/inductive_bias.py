@@ -177,7 +177,7 @@ def main(argv=None):
     results = {
         "name": NAME,
         "quick": options.quick,
-        "command": common.command(NAME),
+        "command": common.command(NAME, argv),
         "setup": {
             "vit": f"main-command preset `default` with `{common.VIT_OVERRIDES}`, learned 1D position table: "
             f"{parameters['vit']} parameters, {cost['vit'] / 1e6:.2f}M MACs per image",

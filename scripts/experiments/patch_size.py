@@ -145,7 +145,7 @@ def main(argv=None):
     results = {
         "name": NAME,
         "quick": options.quick,
-        "command": common.command(NAME),
+        "command": common.command(NAME, argv),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}` and the patch size of each arm: "
             f"mean pooling, learned position table over the grid (resized with bicubic + antialias, the "

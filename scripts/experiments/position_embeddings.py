@@ -189,7 +189,7 @@ def main(argv=None):
     results = {
         "name": NAME,
         "quick": options.quick,
-        "command": common.command(NAME),
+        "command": common.command(NAME, argv),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}`: 7 x 7 patches, 4 heads, mean "
             f"pooling, no [CLS]; {parameters} parameters by type",

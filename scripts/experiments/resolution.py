@@ -168,7 +168,7 @@ def main(argv=None):
     results = {
         "name": NAME,
         "quick": options.quick,
-        "command": common.command(NAME),
+        "command": common.command(NAME, argv),
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES},{common.fields_text(FIELDS)}`: [CLS] pooling, learned 1D "
             f"table of 1 + 7 x 7 rows, {sum(p.numel() for p in model.parameters())} parameters",
