@@ -34,15 +34,15 @@ def converter_bug(monkeypatch):
 # the other sits idle. Files not named keep their usual order after these.
 LONGEST_FILES = (
     "test_finetune.py",
-    "test_benchmark.py",
-    "test_experiments.py",
     "test_compatibility.py",
-    "test_finetune_fsdp.py",
-    "test_hub_push.py",
+    "test_experiments.py",
     "test_reliability.py",
+    "test_hub_push.py",
+    "test_benchmark.py",
     "test_convert_jax.py",
     "test_publish.py",
-    "test_transformers_common.py",
+    "test_finetune_fsdp.py",
+    "test_multinode.py",
 )
 
 
