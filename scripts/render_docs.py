@@ -147,7 +147,7 @@ def recipe_screening(root: Path) -> str:
     ]
     return (
         markdown_table(
-            ["change from the default (20 epochs, no RandAugment)", "CPU", "held-out accuracy", "updates", "command"],
+            ["change from the 20-epoch default (no RandAugment)", "CPU", "held-out accuracy", "updates", "command"],
             rows,
         )
         + f"\n\n{r['note'][0].upper() + r['note'][1:]}. "

@@ -57,7 +57,7 @@ PRESETS = {
 DEFAULTS = {
     "embedded": dict(
         learning_rate=2e-3,
-        num_train_epochs=20,
+        num_train_epochs=60,
         weight_decay=0.05,
         warmup_ratio=0.05,
         label_smoothing=0.1,
