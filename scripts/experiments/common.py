@@ -378,10 +378,10 @@ def pyplot():
 
 
 SCHEDULE_NOTE = (
-    "The main command's 20-epoch recipe of the time reached 96.7% on these digits (60 epochs since, see the README). Runs "
-    "recorded before the plateau schedule (a few hundred updates, no validation split) stop short of "
-    "that, and their verdicts describe that regime only; runs with a `validation_accuracy` per seed "
-    "are trained to their validation plateau."
+    "The main command's 20-epoch recipe of the time reached 96.7% on these digits (60 epochs since, see the "
+    "README). Runs recorded before the plateau schedule (a few hundred updates, no validation split) stop short "
+    "of that, and their verdicts describe that regime only; runs with a `validation_accuracy` per seed are "
+    "trained to their validation plateau."
 )
 
 
