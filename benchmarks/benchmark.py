@@ -506,7 +506,7 @@ def best_per_round(throughput, names):
     return [max(values) for values in zip(*(throughput[name] for name in names))]
 
 
-def gemm_peak(arch, batch_size, threads, clock, repeats=5, flops=2e10):
+def gemm_peak(arch, batch_size, threads, clock, flops, repeats=5):
     """This CPU's float32 GEMM peak on the encoder's products (tokens x in -> out), in GFLOP/s: per shape the faster
     of MKL (`F.linear`) and oneDNN (`mkldnn._linear_pointwise`), best of `repeats` timings of about `flops` work each
     per thread; returns (peak, per-backend best)."""

@@ -28,7 +28,7 @@ def converter_bug(monkeypatch):
     monkeypatch.setattr(writer, "build_model", off_by_a_little)
 
 
-# The test files that take longest (seconds summed over their tests, `pytest --durations=0` on the 2-core CI
+# The test files that take longest (seconds summed over their tests, from `pytest --junitxml` on the 2-core CI
 # machine, 2026-12-04), longest first. pytest-xdist hands whole files (`--dist loadfile`) to whichever worker is free,
 # in collection order; starting with the longest keeps one long file from being the last thing a worker runs while
 # the other sits idle. Files not named keep their usual order after these.
