@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from .common import ConversionError
 
 DOMAIN = "com.microsoft"
+LAST_BLOCK_QUERIES = "hubvit.last_block_queries"
 PROJECTION = re.compile(r"encoder\.layers\.(\d+)\.(attention\.qkv|attention\.proj|mlp\.fc1|mlp\.fc2)'")
 ACTIVATIONS = {"gelu": "Gelu", "gelu_pytorch_tanh": "FastGelu"}
 
@@ -60,6 +61,8 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
             f"{config.num_hidden_layers}: not a graph `export_graph` wrote"
         )
     before: dict[int, list] = {}
+    properties = {entry.key: entry.value for entry in model.metadata_props}
+    last_queries = int(properties[LAST_BLOCK_QUERIES]) if LAST_BLOCK_QUERIES in properties else None
     fuse_attention = config.position_embedding_type != "relative_2d"
     activation = ACTIVATIONS.get(config.hidden_act)
     counts = {"MultiHeadAttention": 0, activation or "activation": 0}
@@ -68,26 +71,25 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
             parts = [f"layers.{index}.{name}" for name in ("query", "key", "value")]
             attended = f"layers.{index}.attended"
             proj = block.matmul("attention.proj")
-            before.setdefault(id(proj), []).extend(
-                [
-                    helper.make_node(
-                        "Split",
-                        [block.output("attention.qkv")],
-                        parts,
-                        axis=-1,
-                        num_outputs=3,
-                        name=f"{attended}.split",
-                    ),
-                    helper.make_node(
-                        "MultiHeadAttention",
-                        parts,
-                        [attended],
-                        domain=DOMAIN,
-                        num_heads=config.num_attention_heads,
-                        name=attended,
-                    ),
-                ]
+            inserted = [
+                helper.make_node(
+                    "Split", [block.output("attention.qkv")], parts, axis=-1, num_outputs=3, name=f"{attended}.split"
+                )
+            ]
+            if last_queries is not None and index == max(blocks):
+                inserted.extend(first_tokens(parts[0], last_queries))
+                parts[0] = inserted[-1].output[0]
+            inserted.append(
+                helper.make_node(
+                    "MultiHeadAttention",
+                    parts,
+                    [attended],
+                    domain=DOMAIN,
+                    num_heads=config.num_attention_heads,
+                    name=attended,
+                )
             )
+            before.setdefault(id(proj), []).extend(inserted)
             proj.input[0] = attended
             counts["MultiHeadAttention"] += 1
         if activation:
@@ -106,6 +108,21 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
     if not any(entry.domain == DOMAIN for entry in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return counts
+
+
+def first_tokens(name, count):
+    """Nodes that slice the (batch, tokens, features) tensor `name` to its first `count` tokens: the queries of a
+    last block that updates only the tokens the head reads (`Outputs` in export_onnx)."""
+    from onnx import TensorProto, helper
+
+    bounds = [
+        helper.make_node(
+            "Constant", [], [f"{name}.{key}"], value=helper.make_tensor(key, TensorProto.INT64, [1], [value])
+        )
+        for key, value in (("starts", 0), ("ends", count), ("axes", 1))
+    ]
+    inputs = [name] + [node.output[0] for node in bounds]
+    return bounds + [helper.make_node("Slice", inputs, [f"{name}.first"], name=f"{name}.first")]
 
 
 def keep_live(graph, nodes):

@@ -14,7 +14,7 @@ from transformers import ViTImageProcessor
 from hubvit import HubViTForImageClassification, HubViTModel
 from hubvit.conversion.folder import make_image_processor, write_folder
 from hubvit.scripts.cli import main as cli
-from utils import randomize_, tiny_config
+from utils import mlp_tokens_per_block, randomize_, tiny_config
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -100,6 +100,33 @@ def test_the_graph_matches_pytorch_in_onnxruntime_at_sizes_the_export_did_not_ch
     model, root = exported
     session = onnxruntime.InferenceSession(str(root / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
     x = pixels(batch, height, width, seed=7)
+    (logits,) = session.run(["logits"], {"pixel_values": x.numpy()})
+    with torch.no_grad():
+        expected = model(pixel_values=x).logits.numpy()
+    assert relative_difference(logits, expected) <= 1e-4
+
+
+@pytest.mark.heavy
+def test_the_classifiers_last_block_updates_only_the_class_token(exported):
+    """The logits read [CLS] alone, so the last block's MLP runs on 1 token of 17 (a 4 x 4 grid and [CLS]); the
+    logits still match the model's full forward (the tests above)."""
+    _, root = exported
+    assert mlp_tokens_per_block(root / "out" / "model.onnx", pixels(2, 32, 32)) == [17, 1]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    "config, tokens",
+    [(dict(distillation_token=True), [18, 2]), (dict(pooling="mean"), [17, 17]), (dict(pooling="map"), [17, 17])],
+)
+def test_the_last_block_keeps_every_token_the_head_reads(tmp_path, config, tokens):
+    torch.manual_seed(0)
+    model = randomize_(HubViTForImageClassification(tiny_config(num_labels=3, **config))).eval()
+    write_folder(model, tmp_path / "src")
+    assert cli(["export", "onnx", str(tmp_path / "src"), str(tmp_path / "model.onnx")]) == 0
+    x = pixels(2, 32, 32)
+    assert mlp_tokens_per_block(tmp_path / "model.onnx", x) == tokens
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     (logits,) = session.run(["logits"], {"pixel_values": x.numpy()})
     with torch.no_grad():
         expected = model(pixel_values=x).logits.numpy()

@@ -13,7 +13,7 @@ import torch
 from hubvit import HubViTForImageClassification
 from hubvit.conversion.folder import write_folder
 from hubvit.scripts.cli import main as cli
-from utils import randomize_, tiny_config
+from utils import mlp_tokens_per_block, randomize_, tiny_config
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -54,6 +54,8 @@ def test_each_block_gets_one_attention_and_one_gelu_kernel_with_the_same_logits(
     assert found.count("MultiHeadAttention") == layers and found.count("Gelu") == layers
     assert "Softmax" not in found and "Erf" not in found, "the bypassed operators are still in the graph"
     assert worst_relative_difference(model, path) <= 1e-5
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert mlp_tokens_per_block(path, x) == [17, 1], "the last block's fused attention should query [CLS] alone"
     report = json.loads(path.with_suffix(".verification.json").read_text())
     assert report["onnxruntime_fusion"] == {"MultiHeadAttention": layers, "Gelu": layers}
     assert {check["runtime"] for check in report["checks"]} == {"onnxruntime"}, "OpenVINO cannot read com.microsoft"

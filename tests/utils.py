@@ -102,3 +102,19 @@ def run_without_hubvit(code, cwd):
     if result.returncode != 0:
         raise AssertionError(f"isolated run failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def mlp_tokens_per_block(onnx_path, pixel_values):
+    """How many tokens each encoder block's MLP computes in an exported graph: onnxruntime runs it with every
+    block's first MLP projection as an extra output."""
+    import onnx
+    import onnxruntime
+
+    from hubvit.conversion.fuse_onnx import encoder_blocks
+
+    model = onnx.load(str(onnx_path))
+    blocks = encoder_blocks(model.graph)
+    names = [blocks[index].output("mlp.fc1") for index in sorted(blocks)]
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in names)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [output.shape[1] for output in session.run(names, {"pixel_values": pixel_values.numpy()})]
