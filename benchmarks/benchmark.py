@@ -5,7 +5,9 @@ position row, no dropout, SDPA attention) and runs on the same weights: HubViT's
 other two, and every route's largest logit difference from HubViT's default is printed as proof that all compute the
 same function. Routes (CPU): each library eager; `hubvit.optimize_for_cpu`; each library under `torch.compile`
 (inductor) and, for inference, `torch.compile` with inductor `freezing`; the ONNX exports of hubvit (`hubvit export
-onnx`'s dynamic graph) and timm (static) in onnxruntime.
+onnx`'s dynamic graph) and timm (static) in onnxruntime, and in OpenVINO with hubvit's graph reshaped to the batch's
+shape before compiling, as docs/conversion.md advises for a fixed input size (timm's is static already), and as
+exported (`openvino-dynamic`).
 
 Timing is interleaved: after a warm-up, each round times every route once (in a rotating order). Throughput is the
 median over rounds; a ratio is the median over rounds of that round's ratio, so a shared, noisy machine that slows
@@ -223,6 +225,7 @@ ROUTE_KINDS = (
     "onnx",
     "onnx-fused",
     "openvino",
+    "openvino-dynamic",
     "openvino-default",
     "int8",
     "onnx-int8",
@@ -237,6 +240,7 @@ CPU_ROUTES = (
     "onnx",
     "onnx-fused",
     "openvino",
+    "openvino-dynamic",
     "openvino-default",
     "int8",
     "onnx-int8",
@@ -251,11 +255,19 @@ SUFFIXES = {
     "onnx": " onnxruntime",
     "onnx-fused": " onnxruntime fused",
     "openvino": " openvino f32",
+    "openvino-dynamic": " openvino f32 dynamic shape",
     "openvino-default": " openvino default precision",
     "int8": " + optimize_for_cpu int8",
     "onnx-int8": " onnxruntime int8",
     "bf16": " bf16",
     "flash": " flash attention",
+}
+# The libraries an OpenVINO route is measured for: hubvit's graph compiled as exported (dynamic shape) is a row of
+# its own; timm's export is static already.
+OPENVINO_ROUTES = {
+    "openvino": ("hubvit", "timm"),
+    "openvino-dynamic": ("hubvit",),
+    "openvino-default": ("hubvit", "timm"),
 }
 # Routes that do not compute in float32 (or in the case's dtype): left out of the fp32 "best route" comparisons.
 REDUCED_PRECISION = ("openvino-default", "int8", "onnx-int8", "bf16")
@@ -337,16 +349,19 @@ def int8_onnx_file(path, config):
     return target
 
 
-def openvino_model(path, threads, precision):
-    """OpenVINO's CPU plugin compiling the ONNX file; precision "f32" pins float32, None keeps the plugin's default
-    (bf16 on CPUs with native bf16, f32 elsewhere)."""
+def openvino_model(path, threads, precision, shape=None):
+    """OpenVINO's CPU plugin compiling the ONNX file, with its input fixed to `shape` unless None; precision "f32"
+    pins float32, None keeps the plugin's default (bf16 on CPUs with native bf16, f32 elsewhere)."""
     import openvino
 
     core = openvino.Core()
     config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     if precision:
         config["INFERENCE_PRECISION_HINT"] = precision
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+    model = core.read_model(str(path))
+    if shape is not None:
+        model.reshape({model.input(0).get_any_name(): list(shape)})
+    compiled = core.compile_model(model, "CPU", config)
     return compiled, str(compiled.get_property("INFERENCE_PRECISION_HINT"))
 
 
@@ -394,13 +409,15 @@ class Case:
                 elif kind == "onnx" and library in ("hubvit", "timm") and cpu_inference:
                     path = onnx_file(library, model.eval(), self.images, folder)
                     self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
-                elif kind in ("openvino", "openvino-default") and library in ("hubvit", "timm") and cpu_inference:
+                elif kind in OPENVINO_ROUTES and library in OPENVINO_ROUTES[kind] and cpu_inference:
                     if importlib.util.find_spec("openvino") is None:
                         note = "OpenVINO routes skipped: openvino is not installed (pip install 'hubvit[benchmark]')"
                         self.notes += [] if note in self.notes else [note]
                         continue
                     path = onnx_file(library, model.eval(), self.images, folder)
-                    compiled, precision = openvino_model(path, args.threads, "f32" if kind == "openvino" else None)
+                    shape = None if kind == "openvino-dynamic" else self.images.shape
+                    precision = None if kind == "openvino-default" else "f32"
+                    compiled, precision = openvino_model(path, args.threads, precision, shape)
                     if kind == "openvino-default":
                         self.notes.append(f"OpenVINO's default inference precision here: {precision}")
                     self.routes.append(Route(library, kind, compiled=compiled))

@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-UNCOMPILED_ROUTE_KINDS = ("eager", "cpu", "onnx", "onnx-fused", "openvino", "openvino-default", "int8", "onnx-int8")
+UNCOMPILED_ROUTE_KINDS = (
+    "eager",
+    "cpu",
+    "onnx",
+    "onnx-fused",
+    "openvino",
+    "openvino-dynamic",
+    "openvino-default",
+    "int8",
+    "onnx-int8",
+)
 UNCOMPILED_ROUTES = [
     "hubvit",
     "timm",
@@ -25,7 +35,7 @@ UNCOMPILED_ROUTES = [
     "timm onnxruntime",
 ]
 COMPILED_ROUTES = ["hubvit compile", "hubvit compile+freezing"]
-OPENVINO_ROUTES = ["hubvit openvino f32", "timm openvino f32"]
+OPENVINO_ROUTES = ["hubvit openvino f32", "timm openvino f32", "hubvit openvino f32 dynamic shape"]
 REDUCED_PRECISION_ROUTES = [
     "hubvit + optimize_for_cpu int8 (reduced precision)",
     "hubvit onnxruntime int8 (reduced precision)",

@@ -71,3 +71,13 @@ def test_a_digits_sized_model_matches_pytorch_in_onnxruntime_and_openvino_at_thr
             expected = model(x).logits.numpy()
         actual = compiled(x.numpy())[compiled.output("logits")]
         assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max(), (height, width)
+
+    core = openvino.Core()
+    fixed = core.read_model(str(tmp_path / "digits.onnx"))
+    fixed.reshape({"pixel_values": [3, 1, 35, 49]})  # docs/conversion.md: fix the shape for a fixed input size
+    compiled = core.compile_model(fixed, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    x = torch.randn(3, 1, 35, 49, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(x).logits.numpy()
+    actual = compiled(x.numpy())[compiled.output("logits")]
+    assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max()
