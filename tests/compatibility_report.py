@@ -26,21 +26,16 @@ DATA = REPO / "docs" / "compatibility"
 PAGE = REPO / "docs" / "compatibility.md"
 
 
-def cpu_isa():
-    flags = (
-        Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
-        if Path("/proc/cpuinfo").exists()
-        else ""
-    )
+def cpu_description():
+    """The CPU's model name and its ISA as the benchmarks name it (`hubvit.cpu.cpu_isa`)."""
+    from hubvit.cpu import cpu_isa
+
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor()
     )
-    return f"{model}, {'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'no AVX2'}"
+    return f"{model}, {cpu_isa()}"
 
 
 def releases():
@@ -63,7 +58,9 @@ def releases():
     cpu_seconds = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
     record.write_text(
         json.dumps(
-            dict(seconds=round(time.time() - started), cpu_seconds=round(cpu_seconds), cpu=cpu_isa(), rows=rows),
+            dict(
+                seconds=round(time.time() - started), cpu_seconds=round(cpu_seconds), cpu=cpu_description(), rows=rows
+            ),
             indent=2,
         )
         + "\n"
@@ -134,7 +131,7 @@ def exports(resize):
                 torch=torch.__version__,
                 onnxruntime=onnxruntime.__version__,
                 openvino=openvino.__version__.split("-")[0],
-                cpu=cpu_isa(),
+                cpu=cpu_description(),
                 rows=results,
             ),
             indent=2,
