@@ -298,9 +298,9 @@ class Route:
         return logits_of(self.library, self.module, images)
 
 
-def onnx_file(library, model, images, folder):
-    """The model exported to ONNX once per case (hubvit: the dynamic graph `hubvit export onnx` writes; timm: a
-    static one)."""
+def onnx_file(library, model, images, folder, opset):
+    """The model exported to ONNX once per case (hubvit: the dynamic graph `hubvit export onnx --opset OPSET` writes;
+    timm: a static one at torch.onnx's default opset)."""
     path = folder / f"{library}.onnx"
     if path.exists():
         return path
@@ -308,7 +308,7 @@ def onnx_file(library, model, images, folder):
         if library == "hubvit":
             from hubvit.conversion.export_onnx import export_graph
 
-            export_graph(model, path)
+            export_graph(model, path, opset)
         else:
             torch.onnx.export(model, (images,), dynamo=True, input_names=["pixel_values"], verbose=False).save(
                 str(path)
@@ -407,14 +407,14 @@ class Case:
                 elif kind == "flash" and args.device == "cuda":
                     self.routes.append(Route(library, kind, copy.deepcopy(model)))
                 elif kind == "onnx" and library in ("hubvit", "timm") and cpu_inference:
-                    path = onnx_file(library, model.eval(), self.images, folder)
+                    path = onnx_file(library, model.eval(), self.images, folder, args.opset)
                     self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
                 elif kind in OPENVINO_ROUTES and library in OPENVINO_ROUTES[kind] and cpu_inference:
                     if importlib.util.find_spec("openvino") is None:
                         note = "OpenVINO routes skipped: openvino is not installed (pip install 'hubvit[benchmark]')"
                         self.notes += [] if note in self.notes else [note]
                         continue
-                    path = onnx_file(library, model.eval(), self.images, folder)
+                    path = onnx_file(library, model.eval(), self.images, folder, args.opset)
                     shape = None if kind == "openvino-dynamic" else self.images.shape
                     precision = None if kind == "openvino-default" else "f32"
                     compiled, precision = openvino_model(path, args.threads, precision, shape)
@@ -437,10 +437,14 @@ class Case:
                         Route(library, kind, optimize_for_cpu(bf16, precision="bf16") if library == "hubvit" else bf16)
                     )
                 elif kind == "onnx-fused" and library == "hubvit" and cpu_inference:
-                    path = fused_onnx_file(onnx_file(library, model.eval(), self.images, folder), model.config)
+                    path = fused_onnx_file(
+                        onnx_file(library, model.eval(), self.images, folder, args.opset), model.config
+                    )
                     self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
                 elif kind == "onnx-int8" and library == "hubvit" and cpu_inference:
-                    path = int8_onnx_file(onnx_file(library, model.eval(), self.images, folder), model.config)
+                    path = int8_onnx_file(
+                        onnx_file(library, model.eval(), self.images, folder, args.opset), model.config
+                    )
                     self.routes.append(Route(library, kind, session=onnx_session(path, args.threads)))
         self.optimizers = {}
         if mode == "train":
@@ -580,6 +584,8 @@ def describe_environment(args):
         import openvino
 
         versions += f", openvino {openvino.__version__.split('-')[0]}"
+    if any(route.startswith(("onnx", "openvino")) for route in args.routes) and args.device == "cpu":
+        versions += f", hubvit's ONNX at opset {args.opset}"
     dtype = "bf16 autocast" if args.device == "cuda" and args.dtype == "bfloat16" else args.dtype
     return f"{versions}; device {args.device} ({where}); dtype {dtype}; {args.clock} clock"
 
@@ -791,6 +797,9 @@ def main(argv=None):
     )
     parser.add_argument("--threads", type=int, default=2, help="torch (and onnxruntime) CPU threads")
     parser.add_argument(
+        "--opset", type=int, default=None, help="opset of hubvit's ONNX export (default: `hubvit export onnx`'s)"
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -804,6 +813,10 @@ def main(argv=None):
         render(json.loads(open(args.from_json, encoding="utf-8").read()))
         return
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.opset is None:
+        from hubvit.conversion.export_onnx import OPSET
+
+        args.opset = OPSET
     args.routes = args.routes or ",".join(CUDA_ROUTES if args.device == "cuda" else CPU_ROUTES)
     args.libraries = [name.strip() for name in args.libraries.split(",") if name.strip()]
     args.routes = [name.strip() for name in args.routes.split(",") if name.strip()]

@@ -95,6 +95,32 @@ def test_the_default_graph_uses_standard_operators_only(exported):
 
 
 @pytest.mark.heavy
+def test_the_default_graph_is_opset_20_with_gelu_as_one_operator(exported):
+    """What torch.onnx writes by default; onnxruntime runs one Gelu faster than opset 18's Erf arithmetic."""
+    _, root = exported
+    model = onnx.load(str(root / "out" / "model.onnx"))
+    assert {entry.domain or "ai.onnx": entry.version for entry in model.opset_import}["ai.onnx"] == 20
+    operators = [node.op_type for node in model.graph.node]
+    assert operators.count("Gelu") == 2 and "Erf" not in operators
+
+
+@pytest.mark.heavy
+def test_opset_18_still_exports_for_older_runtimes(tmp_path):
+    model = classifier()
+    write_folder(model, tmp_path / "src")
+    assert cli(["export", "onnx", str(tmp_path / "src"), str(tmp_path / "m.onnx"), "--opset", "18"]) == 0
+    graph = onnx.load(str(tmp_path / "m.onnx"))
+    assert {entry.domain or "ai.onnx": entry.version for entry in graph.opset_import}["ai.onnx"] == 18
+    assert "Gelu" not in [node.op_type for node in graph.graph.node]
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = pixels(2, 24, 40)
+    (logits,) = session.run(["logits"], {"pixel_values": x.numpy()})
+    with torch.no_grad():
+        expected = model(pixel_values=x).logits.numpy()
+    assert relative_difference(logits, expected) <= 1e-4
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize("batch,height,width", [(5, 32, 32), (2, 16, 40), (1, 64, 32)])
 def test_the_graph_matches_pytorch_in_onnxruntime_at_sizes_the_export_did_not_check(exported, batch, height, width):
     model, root = exported
