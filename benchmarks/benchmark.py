@@ -9,7 +9,8 @@ onnx`'s dynamic graph) and timm (static) in onnxruntime, and in OpenVINO with hu
 shape before compiling, as docs/conversion.md advises for a fixed input size (timm's is static already), and as
 exported (`openvino-dynamic`).
 
-Timing is interleaved: after a warm-up, each round times every route once (in a rotating order). Throughput is the
+Timing is interleaved: after a warm-up, each round times every route once (in a rotating order, after a short
+pause that lets the previous route's threads go idle: `SETTLE_SECONDS`). Throughput is the
 median over rounds; a ratio is the median over rounds of that round's ratio, so a shared, noisy machine that slows
 one round slows every route in it alike. For ViT-B/16 inference the script also measures this CPU's float32 GEMM
 peak on the encoder's shapes (the faster of MKL and oneDNN per shape) and prints the fraction hubvit reaches.
@@ -499,8 +500,15 @@ class Case:
         return forward_flops(self.arch) * (3 if self.mode == "train" else 1)
 
 
+# Seconds of idle before each timed route: onnxruntime's intra-op threads spin after a run by default, and on two
+# cores they took about 10% from whichever route came next (ViT-S/16 bf16 after onnxruntime: 79.9 img/s with no
+# pause, 88.4 with 0.3 s), and the rotating order gives each route the same predecessor in most rounds.
+SETTLE_SECONDS = 0.2
+
+
 def run_case(case, args):
-    """Per-route throughput (images/s) of every round, interleaved in a rotating order."""
+    """Per-route throughput (images/s) of every round, interleaved in a rotating order, each timing after a pause
+    that lets the previous route's threads go idle."""
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     routes = case.routes
     for route in routes:
@@ -514,6 +522,7 @@ def run_case(case, args):
     for round_index in range(args.rounds):
         shift = round_index % len(routes)
         for route in routes[shift:] + routes[:shift]:
+            time.sleep(0.0 if args.quick else SETTLE_SECONDS)
             elapsed = case.time(route, iterations, clock)
             throughput[route.name].append(case.batch_size * iterations / elapsed)
     return throughput, iterations
