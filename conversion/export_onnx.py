@@ -2,8 +2,9 @@
 
 The graph comes from `torch.onnx.export(..., dynamo=True)` (torch.export underneath) with the batch and the patch
 grid as symbolic dimensions, so the position table is resized inside the graph exactly as the PyTorch model resizes
-it. Before anything is written the graph runs in onnxruntime next to PyTorch at the export size and two others (one
-larger, one non-square); the figures are printed and stored beside the graph as OUT.verification.json. The image
+it; a classifier's last block runs for the tokens its head reads alone (`Outputs`). Before anything is written the
+graph runs in onnxruntime next to PyTorch's full forward at the export size and two others (one larger, one
+non-square); the figures are printed and stored beside the graph as OUT.verification.json. The image
 processor's settings (mean, std, size, resample, rescaling) and the label names travel in the ONNX metadata_props,
 so a runtime without transformers can preprocess and label.
 """
@@ -24,8 +25,8 @@ from .fuse_onnx import LAST_BLOCK_QUERIES, fuse_for_onnxruntime
 from .quantize_onnx import quantize_in_place
 
 TOLERANCE = 1e-4
-# The opset torch.onnx writes by default: exact GELU is one `Gelu` operator (opset 20), which onnxruntime runs about
-# 7% faster than opset 18's Erf arithmetic on ViT-S/16. 18 is the oldest the exporter writes.
+# The opset torch.onnx writes by default: exact GELU is one `Gelu` operator (opset 20), which onnxruntime runs faster
+# than opset 18's Erf arithmetic (docs/conversion.md). 18 is the oldest the exporter writes.
 OPSET = 20
 MIN_OPSET = 18
 
