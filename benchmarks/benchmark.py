@@ -9,8 +9,9 @@ onnx`'s dynamic graph) and timm (static) in onnxruntime, and in OpenVINO with hu
 shape before compiling, as docs/conversion.md advises for a fixed input size (timm's is static already), and as
 exported (`openvino-dynamic`).
 
-Timing is interleaved: after a warm-up, each round times every route once (in a rotating order, after a short
-pause that lets the previous route's threads go idle: `SETTLE_SECONDS`). Throughput is the
+Timing is interleaved: after a warm-up, each round times every route once, in an order shuffled per round (seeded)
+so that no route always follows the same one, each after a short pause that lets the previous route's threads go
+idle (`SETTLE_SECONDS`). Throughput is the
 median over rounds; a ratio is the median over rounds of that round's ratio, so a shared, noisy machine that slows
 one round slows every route in it alike. For ViT-B/16 inference the script also measures this CPU's float32 GEMM
 peak on the encoder's shapes (the faster of MKL and oneDNN per shape) and prints the fraction hubvit reaches.
@@ -24,6 +25,7 @@ peak on the encoder's shapes (the faster of MKL and oneDNN per shape) and prints
 import argparse
 import importlib.util
 import platform
+import random
 import re
 import statistics
 import sys
@@ -502,13 +504,14 @@ class Case:
 
 # Seconds of idle before each timed route: onnxruntime's intra-op threads spin after a run by default, and on two
 # cores they took about 10% from whichever route came next (ViT-S/16 bf16 after onnxruntime: 79.9 img/s with no
-# pause, 88.4 with 0.3 s), and the rotating order gives each route the same predecessor in most rounds.
+# pause, 88.4 with 0.3 s); with a rotating order a route had the same predecessor in most rounds, so the loss landed
+# on the same routes in every run.
 SETTLE_SECONDS = 0.2
 
 
 def run_case(case, args):
-    """Per-route throughput (images/s) of every round, interleaved in a rotating order, each timing after a pause
-    that lets the previous route's threads go idle."""
+    """Per-route throughput (images/s) of every round, interleaved in an order shuffled per round (seeded by the
+    round), each timing after a pause that lets the previous route's threads go idle."""
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     routes = case.routes
     for route in routes:
@@ -520,8 +523,7 @@ def run_case(case, args):
         iterations = max(1, round(args.seconds / slowest))
     throughput = {route.name: [] for route in routes}
     for round_index in range(args.rounds):
-        shift = round_index % len(routes)
-        for route in routes[shift:] + routes[:shift]:
+        for route in random.Random(round_index).sample(routes, len(routes)):
             time.sleep(0.0 if args.quick else SETTLE_SECONDS)
             elapsed = case.time(route, iterations, clock)
             throughput[route.name].append(case.batch_size * iterations / elapsed)
