@@ -220,21 +220,6 @@ def logits_of(library, model, images):
     return model(images) if library == "timm" else model(pixel_values=images).logits
 
 
-ROUTE_KINDS = (
-    "eager",
-    "cpu",
-    "compile",
-    "freezing",
-    "onnx",
-    "onnx-fused",
-    "openvino",
-    "openvino-dynamic",
-    "openvino-default",
-    "int8",
-    "onnx-int8",
-    "bf16",
-    "flash",
-)
 CPU_ROUTES = (
     "eager",
     "cpu",
@@ -250,6 +235,7 @@ CPU_ROUTES = (
     "bf16",
 )
 CUDA_ROUTES = ("eager", "flash", "compile")
+ROUTE_KINDS = tuple(dict.fromkeys(CPU_ROUTES + CUDA_ROUTES))
 SUFFIXES = {
     "eager": "",
     "cpu": " + optimize_for_cpu",

@@ -63,6 +63,7 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
     before: dict[int, list] = {}
     properties = {entry.key: entry.value for entry in model.metadata_props}
     last_queries = int(properties[LAST_BLOCK_QUERIES]) if LAST_BLOCK_QUERIES in properties else None
+    last = max(blocks)
     fuse_attention = config.position_embedding_type != "relative_2d"
     activation = ACTIVATIONS.get(config.hidden_act)
     counts = {"MultiHeadAttention": 0, activation or "activation": 0}
@@ -76,7 +77,7 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
                     "Split", [block.output("attention.qkv")], parts, axis=-1, num_outputs=3, name=f"{attended}.split"
                 )
             ]
-            if last_queries is not None and index == max(blocks):
+            if last_queries is not None and index == last:
                 inserted.extend(first_tokens(parts[0], last_queries))
                 parts[0] = inserted[-1].output[0]
             inserted.append(
