@@ -10,6 +10,7 @@ import errno
 import os
 import re
 import shutil
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -197,3 +198,12 @@ def worker_error_line(error):
         return text
     last = [line for line in text.strip().splitlines() if line.strip()][-1]
     return last.split(": ", 1)[1] if ": " in last and last.split(": ", 1)[0].endswith("Error") else last
+
+
+def release_worker_error(error: BaseException) -> None:
+    """Clear the frames an error from a DataLoader worker passed through, so the loader's iterator, and its worker
+    processes, go when the error goes. torch re-raises a worker's error from a frame that holds it in a local, a
+    reference cycle through the traceback: the iterator then waited for some later garbage collection, whose
+    finalizer spends seconds stopping the workers at whatever point, in whatever thread, it happens to run."""
+    if "DataLoader worker" in str(error):
+        traceback.clear_frames(error.__traceback__)

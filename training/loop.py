@@ -351,17 +351,21 @@ def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
     )
     started, window, metrics = time.time(), Window(), {}
     run.model.train()
-    while position.epoch < run.schedule.num_epochs:
-        batches = train_epoch(run, position, progress, window)
-        metrics = end_of_epoch(run, position, batches) or metrics
-        if position.global_step >= run.schedule.max_steps:
-            break
-        position.epoch += 1
-    progress.close()
-    train_runtime = time.time() - started
-    if not metrics and run.eval_loader is not None:
-        metrics = evaluate_run(run)
-    by_patch_size = evaluate_each_patch_size(
-        accelerator, run.model, run.eval_loader, parse_patch_sizes(args.patch_sizes)
-    )
+    try:
+        while position.epoch < run.schedule.num_epochs:
+            batches = train_epoch(run, position, progress, window)
+            metrics = end_of_epoch(run, position, batches) or metrics
+            if position.global_step >= run.schedule.max_steps:
+                break
+            position.epoch += 1
+        progress.close()
+        train_runtime = time.time() - started
+        if not metrics and run.eval_loader is not None:
+            metrics = evaluate_run(run)
+        by_patch_size = evaluate_each_patch_size(
+            accelerator, run.model, run.eval_loader, parse_patch_sizes(args.patch_sizes)
+        )
+    except Exception as error:
+        checks.release_worker_error(error)
+        raise
     return run, results(run, metrics, position.global_step, train_runtime, by_patch_size)
