@@ -150,18 +150,40 @@ def test_webdataset_shards_stream_with_their_class_names(tmp_path):
     assert [y for _, labels in batches for y in labels.tolist()] == [i % 3 for i in range(12)]
 
 
-def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_resume(parquet_shards):
+def two_worker_epochs(folder):
+    """Batches of a whole epoch, of its first 4 batches and of the rest resumed from their state, read by two
+    workers; run in a fresh process (`__main__` below): forked from a pytest-xdist worker, these workers cut it off
+    from the controller in some full test runs (tests/test_reliability_training.py: bad_image_run)."""
+
     def loader():
-        return streaming.streaming_loader(
-            str(parquet_shards), TO_TENSOR, batch_size=5, buffer_size=8, seed=2, num_workers=2
-        )
+        return streaming.streaming_loader(str(folder), TO_TENSOR, batch_size=5, buffer_size=8, seed=2, num_workers=2)
 
     whole, _ = read_epoch(loader())
-    assert sorted(i for b in whole for i in b) == list(range(48)) and len(whole) == len(loader()) == 10
     first, state = read_epoch(loader(), stop=4)
     resumed = loader()
     resumed.load_state_dict(state)
-    assert first + read_epoch(resumed)[0] == whole
+    return {"whole": whole, "promised": len(loader()), "first": first, "rest": read_epoch(resumed)[0]}
+
+
+def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_resume(parquet_shards):
+    import subprocess
+
+    from test_reliability import ENV, ROOT
+
+    result = subprocess.run(
+        [sys.executable, __file__, str(parquet_shards)],
+        check=False,
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    epochs = json.loads(result.stdout.strip().splitlines()[-1])
+    whole = epochs["whole"]
+    assert sorted(i for b in whole for i in b) == list(range(48)) and len(whole) == epochs["promised"] == 10
+    assert epochs["first"] + epochs["rest"] == whole
 
 
 @pytest.mark.heavy
@@ -288,3 +310,7 @@ def test_embedded_digits_shard_into_equal_parts_keeping_every_id(tmp_path):
 def test_a_shard_count_outside_one_to_the_example_count_is_refused(tmp_path, num_shards):
     with pytest.raises(shards.ShardError, match=rf"num_shards must be an int in \[1, 20\].*got {num_shards}"):
         shards.write_shards(id_images(20), tmp_path, num_shards=num_shards)
+
+
+if __name__ == "__main__":
+    print(json.dumps(two_worker_epochs(sys.argv[1])))
