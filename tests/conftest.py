@@ -9,6 +9,21 @@ except ImportError:  # tests/ imported as a package
 import pytest  # noqa: E402
 
 
+def decline_openvino_telemetry():
+    """`import openvino` starts OpenVINO's converter, which sends usage statistics to Google Analytics unless the
+    user has declined (a consent file in the home folder) or CI=true, from a process it forks off a background
+    thread. Tests reach no network, and a fork of a pytest-xdist worker is no place for a web request: declined here
+    for every test process (subprocesses that may import openvino get `utils.NO_OPENVINO_TELEMETRY`)."""
+    try:
+        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+    except ImportError:
+        return
+    OptInChecker.check = lambda self, *args, **kwargs: ConsentCheckResult.DECLINED
+
+
+decline_openvino_telemetry()
+
+
 @pytest.fixture
 def converter_bug(monkeypatch):
     """Every converted model gets one weight off by 1e-3 of its scale, as a subtle mapping bug would; the check

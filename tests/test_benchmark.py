@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from utils import NO_OPENVINO_TELEMETRY
 
 ROOT = Path(__file__).resolve().parent.parent
 UNCOMPILED_ROUTE_KINDS = (
@@ -46,7 +47,7 @@ def quick_benchmark(*options):
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "benchmark.py"), "--quick", "--threads", "1", *options],
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **NO_OPENVINO_TELEMETRY},
         capture_output=True,
         text=True,
         timeout=1200,

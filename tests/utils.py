@@ -27,6 +27,11 @@ TINY_TORCHVISION = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, 
 TINY_PYTORCH = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96)
 
 
+# The environment variable OpenVINO's telemetry reads to stay silent (tests/conftest.py: decline_openvino_telemetry),
+# for subprocesses that may import openvino.
+NO_OPENVINO_TELEMETRY = {"CI": "true"}
+
+
 def tiny_config(**overrides):
     from hubvit import HubViTConfig
 
