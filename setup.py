@@ -13,7 +13,7 @@ TRAIN = ["accelerate", "datasets", "evaluate", "mlxtend>=0.23", "tensorboard", "
 BENCHMARK = ["timm>=1.0.20", *ONNX]
 JAX = ["jax>=0.4.30", "jaxlib>=0.4.30", "flax>=0.10", "scipy"]
 TEST = [
-    "pytest>=8",
+    "pytest>=9",
     "pytest-xdist>=3.6",
     "ruff>=0.6",
     "timm>=1.0.20",
