@@ -41,6 +41,19 @@ ENV = {
 # --- helpers ------------------------------------------------------------------------------------------------------
 
 
+def run_python(*args, timeout=600):
+    """`python *args` in a fresh interpreter from the repository root, with the tests' environment; text output."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        check=False,
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def jax_arrays(seed=0, width=8, heads=2, mlp=16, patch=4, image=8, classes=3):
     """A one-block ViT in the original vision_transformer .npz layout (FACTS.md section 1), random weights."""
     rng = np.random.default_rng(seed)

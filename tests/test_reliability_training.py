@@ -80,10 +80,7 @@ def bad_image_run(tmp_path, code):
     by one DataLoader worker. A fresh process because the workers are forked: forked from a pytest-xdist worker
     (a process with threads of its own), such runs cut that worker off from the controller in about half of the
     full test runs ("node down: Not properly terminated"), the cause not pinned down."""
-    import subprocess
-    import sys
-
-    from test_reliability import ENV, ROOT
+    from test_reliability import run_python
 
     train = folders(tmp_path, ["a", "b"], n=6)
     (train / "b" / "3.png").write_bytes(b"garbage")
@@ -91,15 +88,7 @@ def bad_image_run(tmp_path, code):
         *map(str, ["--train_dir", train, "--train_val_split", "0.5", "--per_device_train_batch_size", "6"]),
         *["--dataloader_num_workers", "1", *TINY, "--max_train_steps", "1", "--output_dir", str(tmp_path / "out")],
     ]
-    return subprocess.run(
-        [sys.executable, "-c", f"argv = {argv!r}\n{code}"],
-        check=False,
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_python("-c", f"argv = {argv!r}\n{code}")
 
 
 def test_a_bad_image_in_a_dataloader_worker_is_one_line(tmp_path):
@@ -303,10 +292,7 @@ def test_an_empty_train_split_is_named(tmp_path, capsys):
 
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_checkpoint(tmp_path, finetune_data):  # noqa: F811
     """RLIMIT_FSIZE makes every write past 16 kB fail with EFBIG, as a full disk fails with ENOSPC."""
-    import subprocess
-    import sys
-
-    from test_reliability import ENV, ROOT
+    from test_reliability import run_python
 
     out = tmp_path / "out"
     argv = [
@@ -325,9 +311,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_check
         "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
         f"sys.exit(main({argv!r}))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], check=False, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
-    )
+    run = run_python("-c", code)
     assert run.returncode == 2, run.stderr[-3000:]
     line = one_error(run.stderr)
     assert "cannot write the checkpoint checkpoint_1" in line and "File too large" in line

@@ -166,19 +166,9 @@ def two_worker_epochs(folder):
 
 
 def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_resume(parquet_shards):
-    import subprocess
+    from test_reliability import run_python
 
-    from test_reliability import ENV, ROOT
-
-    result = subprocess.run(
-        [sys.executable, __file__, str(parquet_shards)],
-        check=False,
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_python(__file__, parquet_shards)
     assert result.returncode == 0, result.stderr[-3000:]
     epochs = json.loads(result.stdout.strip().splitlines()[-1])
     whole = epochs["whole"]
