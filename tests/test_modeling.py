@@ -275,19 +275,41 @@ def test_final_layer_norm_eps_applies_to_the_final_norm_only():
     assert {layer.norm1.eps for layer in model.encoder.layers} == {1e-5}
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+def enable_checkpointing(model, **options):
+    """transformers 5.25 calls it activation checkpointing; the old name still works there, with a FutureWarning."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable(**options)
+
+
+def gradients_with_and_without_checkpointing(**options):
     config = tiny_config(num_labels=5, drop_path_rate=0.0)
     plain, checkpointed = make(config), make(config)
-    checkpointed.gradient_checkpointing_enable()
+    enable_checkpointing(checkpointed, **options)
     x, labels = pixels(), torch.tensor([0, 4])
     grads = []
     for model in (plain, checkpointed):
         model.train()
         model(x, labels=labels).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
-    assert checkpointed.hubvit.encoder.layers[0].gradient_checkpointing
-    for name, grad in grads[0].items():
-        assert_close(grads[1][name], grad)
+    return checkpointed, grads
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    checkpointed, (plain, recomputed) = gradients_with_and_without_checkpointing()
+    assert all(layer.gradient_checkpointing for layer in checkpointed.hubvit.encoder.layers)
+    for name, grad in plain.items():
+        assert_close(recomputed[name], grad)
+
+
+@pytest.mark.skipif(
+    not hasattr(HubViTModel, "activation_checkpointing_enable"), reason="every_n_layers came with transformers 5.25"
+)
+def test_checkpointing_every_other_block_gives_the_same_gradients():
+    checkpointed, (plain, recomputed) = gradients_with_and_without_checkpointing(every_n_layers=2)
+    flags = [layer.gradient_checkpointing for layer in checkpointed.hubvit.encoder.layers]
+    assert flags == [index % 2 == 0 for index in range(len(flags))]
+    for name, grad in plain.items():
+        assert_close(recomputed[name], grad)
 
 
 @pytest.mark.parametrize("options", [dict(), dict(position_embedding_type="relative_2d", pooling="map")], ids=option_id)
