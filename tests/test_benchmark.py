@@ -6,6 +6,7 @@ difference); speed is not asserted here: performance targets live in the benchma
 """
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -89,3 +90,23 @@ def test_quick_benchmark_compiled_routes_compute_the_same_function():
         speed, _, difference = inference_row(route, inference)
         assert speed > 0 and float(difference) <= 1e-4, f"{route}: logits differ by {difference}"
     assert re.search(r"^\| hubvit compile \| [\d.]+ \|", training, re.M), "no compiled training row"
+
+
+def test_activation_checkpointing_benchmark_measures_both_settings_in_their_own_processes(tmp_path):
+    record = tmp_path / "record.json"
+    script = ROOT / "benchmarks" / "activation_checkpointing.py"
+    options = ["--model", "ti16", "--batch_size", "2", "--steps", "1", "--repeats", "1", "--threads", "1"]
+    result = subprocess.run(
+        [sys.executable, str(script), *options, "--json", str(record)],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^\| off \| [\d.]+ GiB \| [\d.]+ s \|$", result.stdout, re.M)
+    assert re.search(r"^\| on \| [\d.]+ GiB \| [\d.]+ s \|$", result.stdout, re.M)
+    runs = json.loads(record.read_text())["runs"]
+    assert {setting: len(results) for setting, results in runs.items()} == {"off": 1, "on": 1}
+    assert all(run["peak_mib"] > 0 and run["step_s"] > 0 for results in runs.values() for run in results)

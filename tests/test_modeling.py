@@ -281,22 +281,33 @@ def enable_checkpointing(model, **options):
     enable(**options)
 
 
-def gradients_with_and_without_checkpointing(**options):
+def gradients_with_and_without_checkpointing(monkeypatch, **options):
+    """Gradients of one loss without and with checkpointing, and how many times each block's MLP ran in the second.
+
+    Counted where the MLP's forward starts: torch stops recomputing a block once it has every tensor the backward
+    needs (inside fc2), so a forward hook, which runs when the MLP returns, would not see the recomputation.
+    """
+    from hubvit.modeling.modeling_hubvit import HubViTMLP
+
     config = tiny_config(num_labels=5, drop_path_rate=0.0)
     plain, checkpointed = make(config), make(config)
     enable_checkpointing(checkpointed, **options)
     x, labels = pixels(), torch.tensor([0, 4])
-    grads = []
+    grads, calls, forward = [], [], HubViTMLP.forward
     for model in (plain, checkpointed):
         model.train()
+        if model is checkpointed:
+            monkeypatch.setattr(HubViTMLP, "forward", lambda module, h: calls.append(module) or forward(module, h))
         model(x, labels=labels).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
-    return checkpointed, grads
+    layers = checkpointed.hubvit.encoder.layers
+    return checkpointed, grads, [sum(call is layer.mlp for call in calls) for layer in layers]
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
-    checkpointed, (plain, recomputed) = gradients_with_and_without_checkpointing()
+def test_gradient_checkpointing_recomputes_every_block_and_gives_the_same_gradients(monkeypatch):
+    checkpointed, (plain, recomputed), runs = gradients_with_and_without_checkpointing(monkeypatch)
     assert all(layer.gradient_checkpointing for layer in checkpointed.hubvit.encoder.layers)
+    assert runs == [2] * len(runs)
     for name, grad in plain.items():
         assert_close(recomputed[name], grad)
 
@@ -304,10 +315,9 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 @pytest.mark.skipif(
     not hasattr(HubViTModel, "activation_checkpointing_enable"), reason="every_n_layers came with transformers 5.25"
 )
-def test_checkpointing_every_other_block_gives_the_same_gradients():
-    checkpointed, (plain, recomputed) = gradients_with_and_without_checkpointing(every_n_layers=2)
-    flags = [layer.gradient_checkpointing for layer in checkpointed.hubvit.encoder.layers]
-    assert flags == [index % 2 == 0 for index in range(len(flags))]
+def test_checkpointing_every_other_block_recomputes_those_only(monkeypatch):
+    checkpointed, (plain, recomputed), runs = gradients_with_and_without_checkpointing(monkeypatch, every_n_layers=2)
+    assert runs == [2 if index % 2 == 0 else 1 for index in range(len(runs))]
     for name, grad in plain.items():
         assert_close(recomputed[name], grad)
 

@@ -178,6 +178,27 @@ def test_accumulation_steps_the_optimizer_every_k_batches_and_at_the_end_of_the_
     assert seen == {1: ([1, 2, 3, 4, 5], 5), 2: ([2, 4, 5], 3)}
 
 
+# --- gradient_checkpointing ---------------------------------------------------------------------------------------
+
+
+def test_gradient_checkpointing_recomputes_every_block_and_keeps_the_update(tmp_path, monkeypatch):
+    pixels, labels = batch(8)
+    plain, _ = steps(prepared_run(tmp_path), [(pixels, labels)])
+    run = prepared_run(tmp_path, gradient_checkpointing=True)
+    blocks = run.accelerator.unwrap_model(run.model).hubvit.encoder.layers
+    mlp_class, calls = type(blocks[0].mlp), []
+    forward = mlp_class.forward
+    # Counted where the MLP's forward starts: torch stops recomputing a block as soon as it has every tensor the
+    # backward needs (inside fc2), so a forward hook, which runs when the MLP returns, sees only the first pass.
+    monkeypatch.setattr(mlp_class, "forward", lambda module, x: calls.append(module) or forward(module, x))
+    checkpointed, _ = steps(run, [(pixels, labels)])
+    assert all(block.gradient_checkpointing for block in blocks)
+    assert len(calls) == 2 * len(blocks), "each block's MLP runs in the forward pass and again in the backward pass"
+    assert plain.abs().max() > 1000 * UPDATE_ATOL
+    # The recomputation runs the same float32 kernels on the same inputs: the update matches to UPDATE_ATOL.
+    torch.testing.assert_close(checkpointed, plain, rtol=0, atol=UPDATE_ATOL)
+
+
 # --- max_grad_norm ------------------------------------------------------------------------------------------------
 
 

@@ -202,6 +202,11 @@ class TrainingArguments:
     drop_path_rate: Optional[float] = option(
         help="stochastic depth of the last encoder block, linear in depth (replaces the model config's)"
     )
+    gradient_checkpointing: bool = option(
+        False,
+        "recompute each encoder block's activations in the backward pass instead of keeping them: activation memory "
+        "of one block instead of all, for about one more forward pass of compute",
+    )
     torch_compile: Optional[str] = option(
         help="compile the model with this torch.compile backend (bare flag: inductor)",
         nargs="?",

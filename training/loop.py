@@ -22,7 +22,7 @@ from .arguments import UsageError
 from .checkpoints import load_checkpoint, project_configuration, resolve_checkpoint, save_checkpoint
 from .data import make_loaders, make_mixer
 from .evaluation import evaluate_each_patch_size, evaluate_model
-from .model import make_optimizer
+from .model import enable_activation_checkpointing, make_optimizer
 from .patch_sizes import parse_patch_sizes, sampler
 
 logger = logging.getLogger("hubvit.finetune")
@@ -138,6 +138,8 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
         num_warmup_steps=schedule.warmup * processes,
         num_training_steps=schedule.max_steps * processes,
     )
+    if getattr(args, "gradient_checkpointing", False):
+        enable_activation_checkpointing(model)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
     num_train = train_loader.num_examples if streamed else len(train_split)

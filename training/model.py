@@ -201,3 +201,13 @@ def make_optimizer(args, model, lr_scale=None):
     if args.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=args.learning_rate, momentum=args.momentum)
     return torch.optim.AdamW(groups, lr=args.learning_rate)
+
+
+def enable_activation_checkpointing(model):
+    """transformers' own checkpointing of every encoder block (`activation_checkpointing_enable` from 5.25, the
+    older `gradient_checkpointing_enable` before), non-reentrant so that DDP and FSDP accept it."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

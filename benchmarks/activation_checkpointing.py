@@ -1,0 +1,99 @@
+"""What `--gradient_checkpointing` buys and costs: peak resident memory and time of a training step, with and without.
+
+Each setting runs in its own fresh process (peak resident memory is per process), alternating, `--repeats` times:
+one warm-up step, then `--steps` timed steps of SGD on random images at the model's size.
+
+    python benchmarks/activation_checkpointing.py [--model s16] [--batch_size 32] [--repeats 2] [--json PATH]
+"""
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+MODELS = {
+    "ti16": dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
+    "s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
+    "b16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+def measure(model_key, batch_size, steps, checkpointing):
+    """(peak resident MiB of this process, median step seconds) for `steps` training steps after one warm-up."""
+    from hubvit import HubViTConfig, HubViTForImageClassification
+    from hubvit.training.model import enable_activation_checkpointing
+
+    torch.manual_seed(0)
+    config = HubViTConfig(**MODELS[model_key], num_labels=10)
+    model = HubViTForImageClassification(config).train()
+    if checkpointing:
+        enable_activation_checkpointing(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    pixels = torch.randn(batch_size, 3, *config.image_size_2d)
+    labels = torch.arange(batch_size) % 10
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)
+        model(pixel_values=pixels, labels=labels).loss.backward()
+        optimizer.step()
+
+    step()
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - started)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, statistics.median(times)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="s16")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json")
+    parser.add_argument("--child", choices=("on", "off"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.child:
+        peak, seconds = measure(args.model, args.batch_size, args.steps, args.child == "on")
+        print(json.dumps({"peak_mib": peak, "step_s": seconds}))
+        return
+    from hubvit.cpu import cpu_isa
+
+    runs = {"off": [], "on": []}
+    for _ in range(args.repeats):
+        for setting in runs:
+            command = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", setting]
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            runs[setting].append(json.loads(output.strip().splitlines()[-1]))
+    summary = {
+        setting: {key: statistics.median(run[key] for run in results) for key in ("peak_mib", "step_s")}
+        for setting, results in runs.items()
+    }
+    print(
+        f"ViT-{args.model[:-2].upper()}/16 training step, batch {args.batch_size}, {args.threads} threads, "
+        f"CPU ISA {cpu_isa()} ({platform.machine()}), torch {torch.__version__}; median of {args.repeats} processes"
+    )
+    print("| activation checkpointing | peak resident memory | step time |\n| --- | --- | --- |")
+    for setting, figures in summary.items():
+        print(f"| {setting} | {figures['peak_mib'] / 1024:.2f} GiB | {figures['step_s']:.2f} s |")
+    off, on = summary["off"], summary["on"]
+    print(f"memory x{on['peak_mib'] / off['peak_mib']:.2f}, time x{on['step_s'] / off['step_s']:.2f}")
+    if args.json:
+        record = dict(vars(args), isa=cpu_isa(), torch=torch.__version__, runs=runs, summary=summary)
+        record.pop("child")
+        with open(args.json, "w") as handle:
+            json.dump(record, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
