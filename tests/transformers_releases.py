@@ -8,8 +8,9 @@ requests, ...) comes from the running environment: the folder goes first on a ch
 torch is the one the suite itself runs.
 
 The pins are the newest huggingface_hub and tokenizers each release's own metadata admits (read from its wheel):
-4.46 wants `huggingface-hub<1.0` and `tokenizers<0.21`, 4.57 `tokenizers<=0.23`, 5.x `huggingface-hub>=1.3,<2`,
-whose HTTP client (httpx) the environment's huggingface_hub 2 does not use.
+4.46 wants `huggingface-hub<1.0` and `tokenizers<0.21`, 4.57 `tokenizers<=0.23`, 5.0 to 5.10 `huggingface-hub>=1.3,<2`,
+whose HTTP client (httpx) the environment's huggingface_hub 2 does not use, and 5.24 `huggingface-hub<3` and
+`tokenizers<0.24`.
 
 If the registry cannot be reached and nothing is cached, the install fails with pip's reason: the compatibility
 test is part of the suite, and a skip would report a green run that never ran.
@@ -28,6 +29,7 @@ RELEASES = {
     "4.57.6": ("huggingface_hub==0.36.2", "tokenizers==0.22.2"),
     "5.0.0": ("huggingface_hub==1.33.0", "tokenizers==0.22.2", *HTTPX),
     "5.10.4": ("huggingface_hub==1.33.0", "tokenizers==0.22.2", *HTTPX),
+    "5.24.0": ("huggingface_hub==2.4.0", "tokenizers==0.23.3"),  # the oldest release setup.py accepts
 }
 
 
