@@ -437,7 +437,9 @@ def free_port():
 
 
 @pytest.mark.heavy
-def test_two_ddp_processes_on_cpu(digits_like, tmp_path):
+@pytest.mark.parametrize("options", [[], ["--gradient_checkpointing"]], ids=["plain", "gradient_checkpointing"])
+def test_two_ddp_processes_on_cpu(digits_like, tmp_path, options):
+    """DDP over gloo, plain and with activation checkpointing (each block recomputed inside DDP's backward)."""
     out = tmp_path / "ddp"
     launcher = (
         "-m",
@@ -473,6 +475,7 @@ def test_two_ddp_processes_on_cpu(digits_like, tmp_path):
             "2",
             "--output_dir",
             str(out),
+            *options,
         ],
         launcher=launcher,
         extra_env={"ACCELERATE_USE_CPU": "1"},

@@ -284,8 +284,8 @@ def enable_checkpointing(model, **options):
 def gradients_with_and_without_checkpointing(monkeypatch, **options):
     """Gradients of one loss without and with checkpointing, and how many times each block's MLP ran in the second.
 
-    Counted where the MLP's forward starts: torch stops recomputing a block once it has every tensor the backward
-    needs (inside fc2), so a forward hook, which runs when the MLP returns, would not see the recomputation.
+    Counted where the MLP's forward starts: in this block (no layer scale, no drop path) torch stops recomputing inside
+    fc2, once it has every tensor the backward needs, so a hook on the MLP's return would miss the recomputation.
     """
     from hubvit.modeling.modeling_hubvit import HubViTMLP
 

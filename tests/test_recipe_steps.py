@@ -11,6 +11,7 @@ that the effect it measures is far larger than its tolerance, so that an ignored
 """
 
 import copy
+from types import SimpleNamespace
 
 import datasets
 import numpy as np
@@ -188,8 +189,8 @@ def test_gradient_checkpointing_recomputes_every_block_and_keeps_the_update(tmp_
     blocks = run.accelerator.unwrap_model(run.model).hubvit.encoder.layers
     mlp_class, calls = type(blocks[0].mlp), []
     forward = mlp_class.forward
-    # Counted where the MLP's forward starts: torch stops recomputing a block as soon as it has every tensor the
-    # backward needs (inside fc2), so a forward hook, which runs when the MLP returns, sees only the first pass.
+    # Counted where the MLP's forward starts: in this block (no layer scale, no drop path) torch stops recomputing
+    # inside fc2, once it has every tensor the backward needs, so a hook on the MLP's return would miss it.
     monkeypatch.setattr(mlp_class, "forward", lambda module, x: calls.append(module) or forward(module, x))
     checkpointed, _ = steps(run, [(pixels, labels)])
     assert all(block.gradient_checkpointing for block in blocks)
@@ -197,6 +198,16 @@ def test_gradient_checkpointing_recomputes_every_block_and_keeps_the_update(tmp_
     assert plain.abs().max() > 1000 * UPDATE_ATOL
     # The recomputation runs the same float32 kernels on the same inputs: the update matches to UPDATE_ATOL.
     torch.testing.assert_close(checkpointed, plain, rtol=0, atol=UPDATE_ATOL)
+
+
+def test_gradient_checkpointing_under_fsdp_points_to_fsdps_own(caplog):
+    from accelerate.utils import DistributedType
+
+    model = tiny_model()
+    with caplog.at_level("WARNING", logger="hubvit.finetune"):
+        loop.enable_checkpointing(SimpleNamespace(distributed_type=DistributedType.FSDP), model)
+    assert "fsdp_activation_checkpointing: true" in caplog.text
+    assert all(block.gradient_checkpointing for block in model.hubvit.encoder.layers)
 
 
 # --- max_grad_norm ------------------------------------------------------------------------------------------------

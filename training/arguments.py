@@ -204,8 +204,8 @@ class TrainingArguments:
     )
     gradient_checkpointing: bool = option(
         False,
-        "recompute each encoder block's activations in the backward pass instead of keeping them: activation memory "
-        "of one block instead of all, for about one more forward pass of compute",
+        "keep only each encoder block's input and recompute the block in the backward pass: less activation memory "
+        "for up to one more forward pass of compute",
     )
     torch_compile: Optional[str] = option(
         help="compile the model with this torch.compile backend (bare flag: inductor)",

@@ -139,7 +139,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
         num_training_steps=schedule.max_steps * processes,
     )
     if getattr(args, "gradient_checkpointing", False):
-        enable_activation_checkpointing(model)
+        enable_checkpointing(accelerator, model)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
     num_train = train_loader.num_examples if streamed else len(train_split)
@@ -158,6 +158,20 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
         make_ema(args, accelerator, model),
         draw,
     )
+
+
+def enable_checkpointing(accelerator, model):
+    """`--gradient_checkpointing` on the unwrapped model. Under FSDP, FSDP's own activation checkpointing (Accelerate's
+    `fsdp_activation_checkpointing`) is the better choice, as transformers' Trainer also warns: recomputing a block
+    outside FSDP's wrapper all-gathers its weights once more in the backward pass."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type == DistributedType.FSDP:
+        logger.warning(
+            "--gradient_checkpointing under FSDP all-gathers each block's weights again in the backward pass; "
+            "fsdp_activation_checkpointing: true in the Accelerate config checkpoints without that"
+        )
+    enable_activation_checkpointing(model)
 
 
 def make_ema(args, accelerator, model):

@@ -205,7 +205,7 @@ def make_optimizer(args, model, lr_scale=None):
 
 def enable_activation_checkpointing(model):
     """transformers' own checkpointing of every encoder block (`activation_checkpointing_enable` from 5.25, the
-    older `gradient_checkpointing_enable` before), non-reentrant so that DDP and FSDP accept it."""
+    older `gradient_checkpointing_enable` before), non-reentrant as PyTorch recommends (4.x defaults to reentrant)."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
