@@ -44,16 +44,22 @@ REDUCED_PRECISION_ROUTES = [
 ]
 
 
-def quick_benchmark(*options):
+def run_benchmark(script, *options, timeout=1200):
+    """`python benchmarks/SCRIPT *options` from the repository root, offline; fails the test with its stderr."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "benchmark.py"), "--quick", "--threads", "1", *options],
+        [sys.executable, str(ROOT / "benchmarks" / script), *options],
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **NO_OPENVINO_TELEMETRY},
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=timeout,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def quick_benchmark(*options):
+    result = run_benchmark("benchmark.py", "--quick", "--threads", "1", *options)
     parts = result.stdout.split("ViT-2L/8 (tiny) training step")  # the case's table, then the summary's row
     return result.stdout, parts[0], parts[1]
 
@@ -94,17 +100,8 @@ def test_quick_benchmark_compiled_routes_compute_the_same_function():
 
 def test_activation_checkpointing_benchmark_measures_both_settings_in_their_own_processes(tmp_path):
     record = tmp_path / "record.json"
-    script = ROOT / "benchmarks" / "activation_checkpointing.py"
     options = ["--model", "ti16", "--batch_size", "2", "--steps", "1", "--repeats", "1", "--threads", "1"]
-    result = subprocess.run(
-        [sys.executable, str(script), *options, "--json", str(record)],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_benchmark("activation_checkpointing.py", *options, "--json", str(record), timeout=600)
     for setting in ("off", "on"):
         assert re.search(rf"^\| {setting} \| [\d.]+ GiB \| [\d.]+ s \| [\d.]+ s \|$", result.stdout, re.M), setting
     runs = json.loads(record.read_text())["runs"]
