@@ -9,9 +9,9 @@ mapped by `package_dir` in setup.py (a source checkout needs `pip install -e .`)
 
 import importlib
 
-from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+from transformers import AutoBackbone, AutoConfig, AutoModel, AutoModelForImageClassification
 
-from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
+from .modeling import HubViTBackbone, HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
 from .cpu import optimize_for_cpu
 from .errors import ConversionError, HubViTError, OutputExistsError
 
@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 AutoConfig.register(HubViTConfig.model_type, HubViTConfig, exist_ok=True)
 AutoModel.register(HubViTConfig, HubViTModel, exist_ok=True)
 AutoModelForImageClassification.register(HubViTConfig, HubViTForImageClassification, exist_ok=True)
+AutoBackbone.register(HubViTConfig, HubViTBackbone, exist_ok=True)
 
 _CONVERSION = "hubvit.conversion.api"
 _ANALYSIS = "hubvit.analysis.commands"
@@ -66,6 +67,7 @@ __all__ = [
     "HubViTConfig",
     "HubViTModel",
     "HubViTForImageClassification",
+    "HubViTBackbone",
     "HubViTPreTrainedModel",
     "optimize_for_cpu",
     "HubViTError",

@@ -1,6 +1,6 @@
 """The model that travels to the Hub: configuration and modeling files, flat, relative imports only."""
 
 from .configuration_hubvit import HubViTConfig
-from .modeling_hubvit import HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
+from .modeling_hubvit import HubViTBackbone, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
 
-__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel"]
+__all__ = ["HubViTConfig", "HubViTModel", "HubViTForImageClassification", "HubViTBackbone", "HubViTPreTrainedModel"]

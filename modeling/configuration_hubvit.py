@@ -6,6 +6,11 @@ hubvit itself. Field names follow transformers' `ViTConfig` where it has one.
 
 from transformers import PretrainedConfig
 
+try:
+    from transformers.backbone_utils import BackboneConfigMixin  # 5.25
+except ImportError:  # 4.46 to 5.24
+    from transformers.utils.backbone_utils import BackboneConfigMixin
+
 POSITION_EMBEDDING_TYPES = ("learned", "learned_2d", "relative_2d", "sincos_2d", "none")
 POOLING_TYPES = ("cls", "mean", "map", "first", "cls_mean", "none")
 HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
@@ -25,7 +30,7 @@ def to_2tuple(value, name):
     return pair
 
 
-class HubViTConfig(PretrainedConfig):
+class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     r"""Every option exists for a checkpoint family (named in brackets); defaults are ViT-B/16 at 224 as in the paper.
 
     Args:
@@ -67,6 +72,11 @@ class HubViTConfig(PretrainedConfig):
         representation_size: Dense + tanh before the head (ImageNet-21k checkpoints of the original repo).
         dynamic_img_pad: pad inputs on the bottom/right to a multiple of the patch instead of refusing them (timm).
         initializer_range: std of the learned position table and tokens at initialisation.
+        out_features, out_indices: which stages `HubViTBackbone` returns, as transformers' backbones name them:
+            `stem` (the encoder input) and `stage1` ... `stageN` (each block's output); the last stage by default.
+        apply_layernorm: the backbone applies the final norm to each returned stage (as `Dinov2Config`).
+        reshape_hidden_states: the backbone returns (batch, hidden_size, rows, columns) maps without the prefix
+            tokens; False returns (batch, tokens, hidden_size) with them (what Depth Anything's and DPT's necks read).
     """
 
     model_type = "hubvit"
@@ -104,6 +114,10 @@ class HubViTConfig(PretrainedConfig):
         representation_size=None,
         dynamic_img_pad=False,
         initializer_range=0.02,
+        out_features=None,
+        out_indices=None,
+        apply_layernorm=True,
+        reshape_hidden_states=True,
         **kwargs,
     ):
         self.image_size = list(to_2tuple(image_size, "image_size")) if not isinstance(image_size, int) else image_size
@@ -137,16 +151,99 @@ class HubViTConfig(PretrainedConfig):
         self.representation_size = representation_size
         self.dynamic_img_pad = dynamic_img_pad
         self.initializer_range = initializer_range
+        self.apply_layernorm = apply_layernorm
+        self.reshape_hidden_states = reshape_hidden_states
+        kwargs.pop("stage_names", None)  # derived from num_hidden_layers (written by transformers' own backbones)
         kwargs.setdefault(
             "auto_map",
             {
                 "AutoConfig": "configuration_hubvit.HubViTConfig",
                 "AutoModel": "modeling_hubvit.HubViTModel",
                 "AutoModelForImageClassification": "modeling_hubvit.HubViTForImageClassification",
+                "AutoBackbone": "modeling_hubvit.HubViTBackbone",
             },
         )
+        auto_map = kwargs["auto_map"]
+        model = auto_map.get("AutoModel") if isinstance(auto_map, dict) else None
+        if isinstance(model, str) and model.endswith(".HubViTModel") and "AutoBackbone" not in auto_map:
+            # a folder saved before the backbone existed: saved again by this code, it gains it
+            kwargs["auto_map"] = {**auto_map, "AutoBackbone": model[: -len("HubViTModel")] + "HubViTBackbone"}
         super().__init__(**kwargs)
         self.validate_architecture()
+        self.set_output_features_output_indices(out_features, out_indices)
+
+    # --- backbone stages (transformers' `BackboneConfigMixin`, checked the same way on every release) -------------
+
+    @property
+    def stage_names(self):
+        """`stem` (the encoder input) then `stage1` ... `stageN`: one per block, so it follows `num_hidden_layers`."""
+        return ["stem"] + [f"stage{i}" for i in range(1, self.num_hidden_layers + 1)]
+
+    def set_output_features_output_indices(self, out_features, out_indices):
+        """Align `out_features` and `out_indices` (either may be None; both None: the last stage), refusing
+        unknown, repeated or unordered stages with the value and the stages named."""
+        stages = self.stage_names
+        if out_indices is not None:
+            if isinstance(out_indices, int) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in out_indices
+            ):
+                raise ValueError(f"out_indices must be a list of ints, got {out_indices!r}")
+            out_indices = list(out_indices)
+            bad = [i for i in out_indices if not -len(stages) <= i < len(stages)]
+            if bad:
+                raise ValueError(
+                    f"out_indices={out_indices} has {bad} outside the {len(stages)} stages of this "
+                    f"{self.num_hidden_layers}-block model: expected indices in [{-len(stages)}, {len(stages) - 1}] "
+                    f"over {stages}"
+                )
+        if out_features is not None:
+            if isinstance(out_features, str) or not all(isinstance(f, str) for f in out_features):
+                raise ValueError(f"out_features must be a list of stage names, got {out_features!r}")
+            out_features = list(out_features)
+            bad = [f for f in out_features if f not in stages]
+            if bad:
+                raise ValueError(f"out_features={out_features} has unknown stages {bad}; expected names from {stages}")
+        if out_indices is None and out_features is None:
+            out_indices = [len(stages) - 1]
+        positions = (
+            [stages.index(f) for f in out_features] if out_indices is None else [i % len(stages) for i in out_indices]
+        )
+        if out_features is not None and out_indices is not None and out_features != [stages[i] for i in positions]:
+            raise ValueError(
+                f"out_features={out_features} and out_indices={out_indices} name different stages "
+                f"({[stages[i] for i in positions]}); pass one of them"
+            )
+        if positions != sorted(set(positions)):
+            given = out_indices if out_indices is not None else out_features
+            raise ValueError(f"stages must be given once each in the order of {stages}, got {given}")
+        self._out_features = [stages[i] for i in positions]
+        self._out_indices = list(out_indices) if out_indices is not None else positions
+
+    def verify_out_features_out_indices(self):
+        self.set_output_features_output_indices(self._out_features, self._out_indices)
+
+    @property
+    def out_features(self):
+        return self._out_features
+
+    @out_features.setter
+    def out_features(self, out_features):
+        self.set_output_features_output_indices(out_features, None)
+
+    @property
+    def out_indices(self):
+        return self._out_indices
+
+    @out_indices.setter
+    def out_indices(self, out_indices):
+        self.set_output_features_output_indices(None, out_indices)
+
+    def to_dict(self):
+        output = super().to_dict()
+        for name in ("out_features", "out_indices"):
+            output.pop(f"_{name}", None)
+            output[name] = list(getattr(self, f"_{name}"))
+        return output
 
     @property
     def image_size_2d(self):

@@ -21,7 +21,7 @@ import transformers
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.modeling_outputs import BackboneOutput, BaseModelOutputWithPooling, ImageClassifierOutput
 
 from .configuration_hubvit import HubViTConfig, to_2tuple
 from .patch_resize_hubvit import check_resize_options, patch_pair, resize_patch_kernel
@@ -34,6 +34,11 @@ try:
     from typing import Unpack
 except ImportError:  # Python 3.10; typing_extensions comes with torch
     from typing_extensions import Unpack
+
+try:
+    from transformers.backbone_utils import BackboneMixin  # 5.25
+except ImportError:  # 4.46 to 5.24 (5.25 still has this path, with a deprecation warning)
+    from transformers.utils.backbone_utils import BackboneMixin
 
 try:
     from transformers import initialization as init  # 5.0: initialisers that skip weights loaded from a checkpoint
@@ -739,7 +744,114 @@ def check_kwargs(kwargs, model):
         raise TypeError(f"{type(model).__name__}.forward() got unexpected keyword arguments {unknown}")
 
 
-class HubViTModel(HubViTPreTrainedModel):
+def take_indices(num_blocks, indices):
+    """timm's `feature_take_indices`: which blocks `indices` names (None: all, an int n: the last n, a list: those,
+    negative ones counted from the end), and the last of them."""
+    if indices is None:
+        indices = num_blocks
+    if isinstance(indices, int) and not isinstance(indices, bool):
+        if not 0 < indices <= num_blocks:
+            raise ValueError(f"indices={indices} asks for the last {indices} blocks; expected 1 to {num_blocks}")
+        take = list(range(num_blocks - indices, num_blocks))
+    else:
+        if isinstance(indices, str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            raise ValueError(f"indices must be None, an int or a list of ints, got {indices!r}")
+        take = [num_blocks + i if i < 0 else i for i in indices]
+        bad = [i for i, t in zip(indices, take) if not 0 <= t < num_blocks]
+        if bad or not take:
+            raise ValueError(
+                f"indices={list(indices)} names no block or blocks outside this {num_blocks}-block model ({bad}); "
+                f"expected block indices 0 to {num_blocks - 1} (or -{num_blocks} to -1)"
+            )
+    return take, max(take)
+
+
+class HubViTDenseFeatures:
+    """Per-block token maps for dense heads, on any module with the body's `embeddings`, `pre_norm`, `encoder` and
+    `norm` (`HubViTModel`, `HubViTBackbone`)."""
+
+    def run_blocks(self, pixel_values, last_block, patch_size=None, output_attentions=False):
+        """The encoder input and the outputs of blocks 0 ... `last_block` (before the final norm), the patch grid,
+        and each run block's attention weights when asked for."""
+        pixel_values = check_pixel_values(pixel_values, self.config, patch_size)
+        pixel_values = pixel_values.to(self.embeddings.patch_embedding.weight.dtype)
+        hidden_states, grid = self.embeddings(pixel_values, patch_size)
+        if self.pre_norm is not None:
+            hidden_states = self.pre_norm(hidden_states)
+        states, attentions, handles = [hidden_states], [], []
+        layers = self.encoder.layers[: last_block + 1]
+        if output_attentions:
+            handles = [
+                layer.attention.register_forward_hook(lambda module, inputs, out: attentions.append(out[1]))
+                for layer in layers
+            ]
+        try:
+            for layer in layers:
+                hidden_states = layer(hidden_states, grid, None, output_attentions=output_attentions)
+                states.append(hidden_states)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return states, grid, attentions
+
+    def final_norm(self, hidden_states):
+        """The final norm on tokens; models that norm after pooling (`fc_norm`) have none, as in timm."""
+        return hidden_states if self.norm is None else self.norm(hidden_states)
+
+    def to_feature_map(self, hidden_states, grid):
+        """(batch, tokens, D) -> (batch, D, rows, columns): prefix tokens dropped, patches in row-major order."""
+        patches = hidden_states[:, self.config.num_prefix_tokens :]
+        return patches.reshape(patches.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+
+    def forward_intermediates(
+        self,
+        pixel_values,
+        indices=None,
+        return_prefix_tokens=False,
+        norm=False,
+        stop_early=False,
+        output_fmt="NCHW",
+        intermediates_only=False,
+        output_dict=False,
+        *,
+        patch_size=None,
+    ):
+        """timm's `VisionTransformer.forward_intermediates`, same arguments and results, so timm-style dense code
+        (detection and segmentation necks, feature probes) runs on a hubvit model unchanged.
+
+        `indices` are block indices (None: every block, an int n: the last n); intermediates come in block order,
+        before the final norm unless `norm`; `output_fmt` "NCHW" gives (batch, D, rows, columns) without the
+        prefix tokens (with `return_prefix_tokens`, (map, prefix tokens) pairs), "NLC" the patch tokens. Returns
+        (final tokens after the norm, intermediates), the intermediates alone, or timm's dict (`output_dict`).
+        `stop_early` runs no block after the last one asked for (the final tokens are then that block's).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r} is not supported; expected 'NCHW' or 'NLC'")
+        take, last = take_indices(len(self.encoder.layers), indices)
+        run_to = last if stop_early else len(self.encoder.layers) - 1
+        states, grid, _ = self.run_blocks(pixel_values, run_to, patch_size)
+        chosen = [self.final_norm(states[i + 1]) if norm else states[i + 1] for i in range(run_to + 1) if i in take]
+        prefix_count = self.config.num_prefix_tokens
+        prefix = [state[:, :prefix_count] for state in chosen] if prefix_count else None
+        if output_fmt == "NCHW":
+            chosen = [self.to_feature_map(state, grid) for state in chosen]
+        else:
+            chosen = [state[:, prefix_count:] for state in chosen]
+        if output_dict:
+            result = {"image_intermediates": chosen}
+            if prefix is not None and return_prefix_tokens:
+                result["image_intermediates_prefix"] = prefix
+            if not intermediates_only:
+                result["image_features"] = self.final_norm(states[-1])
+            return result
+        if return_prefix_tokens and prefix is not None:
+            chosen = list(zip(chosen, prefix))
+        if intermediates_only:
+            return chosen
+        return self.final_norm(states[-1]), chosen
+
+
+class HubViTModel(HubViTDenseFeatures, HubViTPreTrainedModel):
     """The ViT body: `last_hidden_state` after the final norm and `pooler_output`, the vector the classifier reads.
 
     `hidden_states` holds the encoder input (after `pre_norm`) and every block's output, before the final norm;
@@ -863,6 +975,19 @@ class HubViTModel(HubViTPreTrainedModel):
         embeddings.patch_resize_options = {"method": "pi", "interpolation": interpolation, "antialias": antialias}
         return self
 
+    def prune_intermediate_layers(self, indices=1):
+        """timm's `prune_intermediate_layers`: drop the blocks after the last of `indices` (as `forward_intermediates`
+        reads them), so the model computes only what those intermediates need; returns the block indices.
+
+        The config follows (`num_hidden_layers`, and the backbone stages of those blocks), so the pruned model saves
+        and reloads as it is. Unlike timm it keeps the final norm and the pooler: they are part of the saved model.
+        """
+        take, last = take_indices(len(self.encoder.layers), indices)
+        self.encoder.layers = self.encoder.layers[: last + 1]
+        self.config.num_hidden_layers = last + 1
+        self.config.out_indices = sorted({i + 1 for i in take})
+        return take
+
 
 @dataclass
 class HubViTImageClassifierOutput(ImageClassifierOutput):
@@ -947,6 +1072,76 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         return self
 
 
+class HubViTBackbone(BackboneMixin, HubViTDenseFeatures, HubViTPreTrainedModel):
+    """The ViT body as a transformers backbone (`AutoBackbone`), what Depth Anything, DPT, UperNet and Mask2Former
+    load from a `backbone_config`: stages `stem` (the encoder input) and `stage1` ... `stageN` (each block's output),
+    chosen by the config's `out_features` / `out_indices`, normed by the final norm (`apply_layernorm`) and shaped
+    as (batch, D, rows, columns) maps without prefix tokens (`reshape_hidden_states`), as `Dinov2Backbone` does.
+
+    Its weights have the body's names, so it loads from any hubvit folder (a classifier's head and the pooler are
+    left out). It runs no block after the last one asked for unless hidden states or attentions are wanted.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [
+        r"^(hubvit\.)?pooler\.",
+        r"^classifier\.",
+        r"^distillation_classifier\.",
+        r"^pre_logits\.",
+    ]
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__(config)
+        if "__init__" not in vars(BackboneMixin):  # before 5.0 a backbone initialises its stages itself
+            self._init_backbone(config)
+        self.num_features = [config.hidden_size] * (config.num_hidden_layers + 1)
+        self.embeddings = HubViTEmbeddings(config)
+        self.pre_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
+        self.encoder = HubViTEncoder(config)
+        self.norm = None if config.fc_norm else nn.LayerNorm(config.hidden_size, eps=config.final_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.patch_embedding
+
+    def forward(
+        self,
+        pixel_values=None,
+        output_hidden_states=None,
+        output_attentions=None,
+        return_dict=None,
+        patch_size=None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
+        """`BackboneOutput`: `feature_maps` for the chosen stages, `hidden_states` (every stage, before the norm)
+        and `attentions` when asked for. Any input size whose sides divide by the patch (and any `patch_size`)."""
+        check_kwargs(kwargs, self)
+        config = self.config
+        hidden = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        want_attentions = bool(config.output_attentions if output_attentions is None else output_attentions)
+        return_dict = getattr(config, "return_dict", True) if return_dict is None else return_dict
+        stages = list(self.stage_names)
+        positions = [stages.index(name) for name in self.out_features]
+        last_block = len(self.encoder.layers) - 1 if hidden or want_attentions else max(positions) - 1
+        states, grid, attentions = self.run_blocks(pixel_values, last_block, patch_size, want_attentions)
+        feature_maps = []
+        for position in positions:
+            state = self.final_norm(states[position]) if config.apply_layernorm else states[position]
+            feature_maps.append(self.to_feature_map(state, grid) if config.reshape_hidden_states else state)
+        hidden_states = None
+        if hidden:
+            hidden_states = tuple(states)
+            if not isinstance(hidden, bool):  # transformers 5's selection by index: the others are None
+                chosen = [hidden] if isinstance(hidden, int) else list(hidden)
+                keep = {i % len(states) for i in chosen if -len(states) <= i < len(states)}
+                hidden_states = tuple(h if i in keep else None for i, h in enumerate(states))
+        outputs = BackboneOutput(
+            feature_maps=tuple(feature_maps),
+            hidden_states=hidden_states,
+            attentions=tuple(attentions) if want_attentions else None,
+        )
+        return outputs if return_dict else outputs.to_tuple()
+
+
 def register_with_optimum():
     """Under `optimum-cli export onnx --trust-remote-code` (optimum's exporter already imported, nothing imported
     here otherwise), tell optimum's task manager how to export hubvit: as its ViT, inputs and outputs alike."""
@@ -971,5 +1166,6 @@ register_with_optimum()
 HubViTConfig.register_for_auto_class()
 HubViTModel.register_for_auto_class("AutoModel")
 HubViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+HubViTBackbone.register_for_auto_class("AutoBackbone")
 
-__all__ = ["HubViTModel", "HubViTForImageClassification", "HubViTPreTrainedModel"]
+__all__ = ["HubViTModel", "HubViTForImageClassification", "HubViTBackbone", "HubViTPreTrainedModel"]

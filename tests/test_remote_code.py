@@ -25,6 +25,7 @@ def test_folder_loads_and_runs_without_hubvit(tmp_path):
         "AutoConfig",
         "AutoModel",
         "AutoModelForImageClassification",
+        "AutoBackbone",
     }
 
     x = torch.randn(2, 3, 40, 24, generator=torch.Generator().manual_seed(0))
