@@ -125,10 +125,23 @@ def test_augmentations_replay_after_resume(parquet_shards):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_a_shard_count_the_world_size_does_not_divide_is_refused(parquet_shards):
+def test_fewer_shards_than_processes_are_refused(parquet_shards):
     stream = streaming.open_stream(str(parquet_shards))
-    with pytest.raises(streaming.StreamingError, match="4 shards cannot be split over 3 processes.*multiple of 3"):
-        streaming.shard_for_process(stream, 0, 3)
+    with pytest.raises(streaming.StreamingError, match=r"4 shard\(s\) cannot be split over 5 processes.*at least 5"):
+        streaming.shard_for_process(stream, 0, 5)
+
+
+def test_a_shard_count_the_world_size_does_not_divide_trains_when_the_batch_counts_agree(tmp_path):
+    """Whole shards per process, fixed for the run: 3 shards of 8, 8 and 16 give two processes 16 examples each."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    dataset = id_images(32)
+    for index, rows in enumerate((range(0, 8), range(8, 24), range(24, 32))):
+        dataset.select(rows).to_parquet(str(folder / f"train-{index:05d}-of-00003.parquet"))
+    loaders = [streaming.streaming_loader(str(folder), TO_TENSOR, 4, rank, 2, buffer_size=0) for rank in (0, 1)]
+    read = [[i for b in read_epoch(loader)[0] for i in b] for loader in loaders]
+    assert [len(loader) for loader in loaders] == [4, 4]
+    assert read == [list(range(0, 8)) + list(range(24, 32)), list(range(8, 24))]
 
 
 def test_unequal_batch_counts_are_refused(tmp_path):
@@ -137,9 +150,16 @@ def test_unequal_batch_counts_are_refused(tmp_path):
         streaming.streaming_loader(str(tmp_path), TO_TENSOR, batch_size=5, rank=0, world_size=2)
 
 
+def test_an_epoch_that_reads_another_count_than_promised_stops_naming_both(parquet_shards):
+    """The other processes would wait for this one's missing batch forever; an error ends the launch instead."""
+    loader = streaming.streaming_loader(str(parquet_shards), TO_TENSOR, batch_size=5, num_examples=[50])
+    with pytest.raises(streaming.StreamingError, match="process 0 read 48 examples in epoch 0; expected 50"):
+        read_epoch(loader)
+
+
 def test_webdataset_shards_stream_with_their_class_names(tmp_path):
     shards.write_shards(id_images(12), tmp_path, num_shards=2, format="webdataset", shuffle_seed=None)
-    stream = streaming.open_stream(str(tmp_path), label_column="cls")
+    stream = streaming.open_stream(str(tmp_path), label_column="cls", image_column="png")
     assert stream.features["cls"].names == ["a", "b", "c"]
     loader = streaming.streaming_loader(
         str(tmp_path), TO_TENSOR, batch_size=4, image_column="png", label_column="cls", buffer_size=0

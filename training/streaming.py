@@ -2,11 +2,13 @@
 
 Three properties, each tested:
 
-- Every example is read once per epoch by exactly one process. `datasets.distributed.split_dataset_by_node` assigns
-  whole shards only when the shard count is a multiple of the world size; otherwise it makes every process read every
-  example and skip the others' (datasets #6623, #5961), so that case is refused here with the numbers. The loader is
-  never passed through `accelerator.prepare`, whose default for iterable data (`dispatch_batches=True`) would make
-  rank 0 read everything and broadcast it.
+- Every example is read once per epoch by exactly one process, and every process reads the same number of batches
+  in every epoch. Process r reads shards r, r + W, r + 2W, ... through `IterableDataset.shard(W, r, contiguous=False)`,
+  taken before any epoch is set: datasets (5.2) re-orders the shards at every epoch > 0, and
+  `split_dataset_by_node` splits after that re-ordering, so with shards of unequal sizes it would give a process other
+  shards, and another example count, in each epoch (DDP then waits forever). The loader is never passed through
+  `accelerator.prepare`, whose default for iterable data (`dispatch_batches=True`) would make rank 0 read everything
+  and broadcast it.
 - Shuffling with a bounded buffer: blocks of `buffer_size` consecutive examples, each permuted by a generator seeded
   with (seed, epoch, block). `datasets`' own `shuffle(buffer_size=...)` cannot resume exactly: its state does not hold
   the buffer (datasets 5.2, `BufferShuffledExamplesIterable.load_state_dict` refills it and the buffered examples are
@@ -14,12 +16,20 @@ Three properties, each tested:
 - Mid-epoch resume through the data loader's state: a torchdata `StatefulDataLoader` over `StreamingImages`, whose
   state is the source's own `state_dict()` at the start of the current block plus the position inside it. Resuming
   re-reads at most one block. Checkpoints store each process's state as JSON (checkpoints.py), never as a pickle.
+
+A local folder of parquet shards is checked before anything trains, from the footers and the label column only: one
+line names the shard (and row) that cannot be read, lacks a column, or holds labels that are not class ids of the
+same classes as the other shards. Images are decoded here, not by datasets, so a broken one is named by its shard
+and row too.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,59 +55,235 @@ def shard_files(folder: Path, split: str) -> tuple[str, list[Path]]:
     raise StreamingError(f"folder {str(folder)!r} has no {split}-*.parquet or {split}-*.tar shards")
 
 
+@dataclass(frozen=True)
+class ParquetShards:
+    """The parquet shards of one split that hold examples, their row counts, and the classes their labels name."""
+
+    files: tuple[Path, ...]
+    rows: tuple[int, ...]
+    names: tuple[str, ...]
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def read_footer(file: Path, split: str):
+    """(rows, features) of a parquet shard from its footer; features from datasets' schema metadata when it has some."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        footer = pq.ParquetFile(file)
+        return footer.metadata.num_rows, datasets.Features.from_arrow_schema(footer.schema_arrow)
+    except (pa.ArrowException, OSError, ValueError, TypeError, KeyError) as error:
+        raise StreamingError(
+            f"{split} shard {file} is not a readable parquet file ({first_line(error)}); expected a shard written by "
+            "datasets, pandas or pyarrow"
+        ) from None
+
+
+def label_names(split: str, shards: list[tuple[Path, Any]], label_column: str) -> tuple[str, ...] | None:
+    """The class names every shard's label feature gives (None: integers, names still to come from the values).
+    Shards that disagree are refused: the same id would mean another class in each (datasets' own
+    `concatenate_datasets` refuses such features too, rather than mapping them by name)."""
+    (first, feature), *others = shards
+    for file, other in others:
+        if other == feature:
+            continue
+        if isinstance(other, datasets.ClassLabel) and isinstance(feature, datasets.ClassLabel):
+            raise StreamingError(
+                f"{split} shards {first} and {file} name their classes differently: {feature.names} and "
+                f"{other.names}; expected the same class names, in the same order, in every shard"
+            )
+        raise StreamingError(
+            f"{split} shards {first} and {file} store column {label_column!r} as {feature} and {other}; expected "
+            "the same label type in every shard"
+        )
+    if isinstance(feature, datasets.ClassLabel):
+        return tuple(feature.names)
+    if isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint")):
+        return None
+    raise StreamingError(
+        f"{split} shard {first}: column {label_column!r} holds {feature}; expected integer class ids or a "
+        "datasets ClassLabel (use --label_column_name for another column)"
+    )
+
+
+def check_label_values(split: str, file: Path, label_column: str, names: tuple[str, ...] | None) -> int:
+    """The largest label of a shard, read from its label column alone; a missing, negative or unknown one is
+    refused with its row."""
+    import pyarrow.parquet as pq
+
+    try:
+        values = pq.read_table(file, columns=[label_column]).column(0)
+    except (OSError, ValueError) as error:
+        raise StreamingError(f"{split} shard {file}: column {label_column!r} cannot be read ({first_line(error)})")
+    if values.null_count:
+        row = values.to_pylist().index(None)
+        raise StreamingError(f"{split} shard {file}, row {row}: no label (null); expected a class id")
+    labels = values.to_numpy()
+    bad = np.flatnonzero((labels < 0) | (labels >= len(names) if names is not None else False))
+    if bad.size:
+        row = int(bad[0])
+        expected = f"0..{len(names) - 1} ({len(names)} classes)" if names is not None else "a class id >= 0"
+        raise StreamingError(
+            f"{split} shard {file}, row {row}: label {int(labels[row])} is not a class; expected {expected}"
+        )
+    return int(labels.max())
+
+
+def survey_parquet(
+    folder: Path, split: str, image_column: str, label_column: str, names: tuple[str, ...] | None = None
+) -> ParquetShards:
+    """The shards of `split` that hold examples, checked from their footers and label column: every one readable,
+    with both columns, labels that are class ids of the same classes (`names`: those of the training shards).
+    Integer labels without names get "0".."max" (each label is its class id, as a `ClassLabel` cast keeps it)."""
+    _, files = shard_files(folder, split)
+    surveyed = [(file, *read_footer(file, split)) for file in files]
+    full = [(file, rows, features) for file, rows, features in surveyed if rows]
+    if not full:
+        raise StreamingError(
+            f"every {split} shard in {folder} is empty (0 rows): {', '.join(f.name for f in files)}; expected at "
+            "least one example"
+        )
+    for file, _, features in full:
+        for flag, column in (("--image_column_name", image_column), ("--label_column_name", label_column)):
+            if column not in features:
+                raise StreamingError(
+                    f"{flag} {column!r} is not a column of {split} shard {file}; its columns: {sorted(features)}"
+                )
+    found = label_names(split, [(file, features[label_column]) for file, _, features in full], label_column)
+    if names is not None and found is not None and found != names:
+        raise StreamingError(
+            f"{split} shard {full[0][0]} names its classes {list(found)}, the train shards {list(names)}; "
+            "expected the same class names, in the same order"
+        )
+    known = found or names
+    largest = max(check_label_values(split, file, label_column, known) for file, _, _ in full)
+    return ParquetShards(
+        tuple(f for f, _, _ in full),
+        tuple(r for _, r, _ in full),
+        known or tuple(str(i) for i in range(largest + 1)),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_survey(key: tuple, folder: Path, split: str, image_column: str, label_column: str, names):
+    return survey_parquet(folder, split, image_column, label_column, names)
+
+
+def parquet_shards(
+    folder: Path, split: str, image_column: str, label_column: str, names: tuple[str, ...] | None = None
+) -> ParquetShards:
+    """`survey_parquet`, done once per process for unchanged files (the splits and the loader both need it)."""
+    _, files = shard_files(folder, split)
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _cached_survey(key, folder, split, image_column, label_column, names)
+
+
 def open_stream(
-    source: str, split: str = "train", config_name: str | None = None, label_column: str = "label"
+    source: str,
+    split: str = "train",
+    config_name: str | None = None,
+    label_column: str = "label",
+    image_column: str = "image",
 ) -> datasets.IterableDataset:
     """An `IterableDataset` over `source`: a local folder of parquet or webdataset shards, or any name or path
-    `datasets.load_dataset` takes. Webdataset labels get their class names from `classes.txt` beside the shards."""
+    `datasets.load_dataset` takes. Its label column is a `ClassLabel` (webdataset labels get their names from
+    `classes.txt` beside the shards) and its images stay undecoded (`StreamingImages` decodes them)."""
     folder = Path(source)
     if not folder.is_dir():
-        return datasets.load_dataset(source, config_name, split=split, streaming=True)
-    builder, files = shard_files(folder, split)
-    stream = datasets.load_dataset(builder, data_files={split: [str(f) for f in files]}, split=split, streaming=True)
-    names = folder / "classes.txt"
-    if builder == "webdataset" and names.is_file() and label_column in (stream.features or {}):
-        stream = stream.cast_column(label_column, datasets.ClassLabel(names=names.read_text().split()))
-    return stream
+        stream = datasets.load_dataset(source, config_name, split=split, streaming=True)
+    else:
+        builder, files = shard_files(folder, split)
+        names = None
+        if builder == "parquet":
+            surveyed = parquet_shards(folder, split, image_column, label_column)
+            files, names = list(surveyed.files), surveyed.names
+        stream = datasets.load_dataset(
+            builder, data_files={split: [str(f) for f in files]}, split=split, streaming=True
+        )
+        listed = folder / "classes.txt"
+        if builder == "webdataset" and listed.is_file() and label_column in (stream.features or {}):
+            names = listed.read_text().split()
+        if names is not None:
+            stream = stream.cast_column(label_column, datasets.ClassLabel(names=list(names)))
+    features = stream.features or {}
+    for flag, column in (("--image_column_name", image_column), ("--label_column_name", label_column)):
+        if column not in features:
+            raise StreamingError(f"{flag} {column!r} is not a column of {source!r}; its columns: {sorted(features)}")
+    if not isinstance(features[label_column], datasets.ClassLabel):
+        raise StreamingError(
+            f"column {label_column!r} of {source!r} is {features[label_column]}, not a class label; expected a "
+            "datasets ClassLabel (or a local folder of parquet shards with integer labels)"
+        )
+    return stream.cast_column(image_column, datasets.Image(decode=False))
 
 
 def shard_for_process(stream: datasets.IterableDataset, rank: int, world_size: int) -> datasets.IterableDataset:
-    """This process's shards; refuses a shard count the world size does not divide (every process would read all)."""
+    """This process's shards (r, r + W, r + 2W, ...), the same in every epoch; fewer shards than processes are
+    refused (a process would read nothing). Whether the shards give equal batch counts is `streaming_loader`'s check."""
     if world_size == 1:
         return stream
-    if stream.num_shards % world_size:
+    if stream.num_shards < world_size:
         raise StreamingError(
-            f"{stream.num_shards} shards cannot be split over {world_size} processes: datasets would make every "
-            f"process read every example; expected a multiple of {world_size} shards (rewrite them with "
-            f"scripts/write_shards.py --num_shards {world_size * max(1, stream.num_shards // world_size)})"
+            f"{stream.num_shards} shard(s) cannot be split over {world_size} processes: each process reads whole "
+            f"shards; expected at least {world_size} (rewrite them with scripts/write_shards.py --num_shards "
+            f"{world_size})"
         )
-    from datasets.distributed import split_dataset_by_node
-
-    return split_dataset_by_node(stream, rank=rank, world_size=world_size)
+    return stream.shard(world_size, rank, contiguous=False)
 
 
-def rows_per_process(source: str, split: str, world_size: int) -> list[int] | None:
-    """Examples each process reads per epoch, from parquet footers (no data read); None when not knowable cheaply.
-
-    `split_dataset_by_node` gives rank r the shards r, r + W, r + 2W, ... (datasets 5.2; the counting test checks it).
-    """
+def rows_per_process(source: str, split: str, world_size: int, image_column: str, label_column: str):
+    """Examples each process reads per epoch, from parquet footers (no data read); None when not knowable cheaply."""
     folder = Path(source)
-    if not folder.is_dir():
+    if not folder.is_dir() or shard_files(folder, split)[0] != "parquet":
         return None
-    builder, files = shard_files(folder, split)
-    if builder != "parquet":
-        return None
+    rows = parquet_shards(folder, split, image_column, label_column).rows
+    return [sum(rows[rank::world_size]) for rank in range(world_size)]
+
+
+def locate(files: list[Path] | None, image_column: str, payload: bytes | None) -> str:
+    """The shard and row holding these image bytes: a broken image is named where a user can find it. Read only
+    after a failure, row group by row group."""
+    if not files or payload is None:
+        return "an example"
     import pyarrow.parquet as pq
 
-    rows = [pq.ParquetFile(f).metadata.num_rows for f in files]
-    return [sum(rows[rank::world_size]) for rank in range(world_size)]
+    for file in files:
+        start = 0
+        for batch in pq.ParquetFile(file).iter_batches(columns=[image_column]):
+            column = batch.column(0)
+            values = column.field("bytes") if hasattr(column, "field") else column
+            for row, value in enumerate(values.to_pylist()):
+                if value == payload:
+                    return f"shard {file}, row {start + row}"
+            start += len(batch)
+    return "an example"
+
+
+def broken_shard(files: list[Path] | None) -> str:
+    """The first of `files` that pyarrow cannot read whole (a shard corrupted after its footer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for file in files or ():
+        start = 0
+        try:
+            for batch in pq.ParquetFile(file).iter_batches():
+                start += len(batch)
+        except (pa.ArrowException, OSError):
+            return f"shard {file}, after row {start},"
+    return "a shard"
 
 
 class StreamingImages(torch.utils.data.IterableDataset):
     """(pixels, label) pairs from a stream, block-shuffled, with a state the data loader saves and restores.
 
     Augmentation randomness is a function of (seed, epoch, rank, worker, block, position) only, so a resumed run
-    draws the same augmentations.
+    draws the same augmentations. `files`: this process's parquet shards, to name the one a bad example is in.
     """
 
     def __init__(
@@ -109,6 +295,7 @@ class StreamingImages(torch.utils.data.IterableDataset):
         seed: int = 0,
         buffer_size: int = 1000,
         rank: int = 0,
+        files: list[Path] | None = None,
     ):
         super().__init__()
         if buffer_size < 0:
@@ -116,12 +303,17 @@ class StreamingImages(torch.utils.data.IterableDataset):
         self.stream, self.transform = stream, transform
         self.image_column, self.label_column = image_column, label_column
         self.seed, self.buffer_size, self.rank = seed, buffer_size, rank
+        self.files = files
+        self.num_classes = len(stream.features[label_column].names)
         self.epoch = 0
         self._state: dict[str, Any] = {}
         self._resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
+        """Also the stream's epoch, set here before workers start: datasets keeps it in shared memory and updates it
+        with a read-then-add, so workers setting it at once raced (one worker read another epoch's shard order)."""
         self.epoch = epoch
+        self.stream.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self._state)
@@ -135,14 +327,49 @@ class StreamingImages(torch.utils.data.IterableDataset):
         generator = np.random.default_rng([self.seed, epoch, self.rank, worker, block])
         return generator.permutation(size)
 
+    def _decode(self, raw: Any):
+        from PIL import Image, UnidentifiedImageError
+
+        from .checks import TrainingInputError, checked_image, decompression_bomb_errors
+
+        raw = raw or {}
+        payload = raw.get("bytes")
+        try:
+            image = Image.open(io.BytesIO(payload) if payload is not None else raw["path"])
+            return checked_image(image).convert("RGB")
+        except (
+            UnidentifiedImageError,
+            OSError,
+            ValueError,
+            SyntaxError,
+            KeyError,
+            TypeError,
+            TrainingInputError,
+            *decompression_bomb_errors(),
+        ) as error:
+            where = locate(self.files, self.image_column, payload)
+            raise StreamingError(f"{where}: the image cannot be read ({first_line(error)})") from None
+
     def _example(self, example: dict, seed: list[int]):
-        image = example[self.image_column].convert("RGB")
+        label = example[self.label_column]
+        if label is None or not 0 <= int(label) < self.num_classes:
+            where = locate(self.files, self.image_column, (example[self.image_column] or {}).get("bytes"))
+            raise StreamingError(f"{where}: label {label!r} is not a class; expected 0..{self.num_classes - 1}")
+        image = self._decode(example[self.image_column])
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(
                 int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] % (2**63))
             )
             pixels = self.transform(image)
-        return pixels, int(example[self.label_column])
+        return pixels, int(label)
+
+    def _fill(self, examples, size: int) -> list:
+        import pyarrow as pa
+
+        try:
+            return [example for _, example in zip(range(size), examples)]
+        except (pa.ArrowException, OSError) as error:
+            raise StreamingError(f"{broken_shard(self.files)} cannot be read ({first_line(error)})") from None
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -150,12 +377,11 @@ class StreamingImages(torch.utils.data.IterableDataset):
         resume, self._resume = self._resume, None
         if resume and resume["epoch"] != self.epoch:
             resume = None
-        epoch = resume["epoch"] if resume else self.epoch
+        epoch = self.epoch
         block = resume["block"] if resume else 0
         skip = resume["position"] if resume else 0
         if resume and resume.get("block_start") is not None:
             self.stream.load_state_dict(resume["block_start"])
-        self.stream.set_epoch(epoch)
         examples = iter(self.stream)
         size = max(self.buffer_size, 1)
         while True:
@@ -163,7 +389,7 @@ class StreamingImages(torch.utils.data.IterableDataset):
                 start = resume.get("block_start")
             else:
                 start = self.stream.state_dict() if block else None
-            buffer = [example for _, example in zip(range(size), examples)]
+            buffer = self._fill(examples, size)
             if not buffer:
                 break
             for position, index in enumerate(self._order(epoch, worker, block, len(buffer))):
@@ -186,16 +412,25 @@ class StreamingLoader:
     this process's position as its state (plain lists and numbers, so a checkpoint stores it as JSON).
 
     Workers yield single examples and batches are formed here, so the batch count is ceil(examples / batch size)
-    whatever the number of workers (worker-made batches would each end with a partial one)."""
+    whatever the number of workers (worker-made batches would each end with a partial one). An epoch read from its
+    start that gives another example count than promised stops with both numbers: the other processes would wait
+    for this one's next batch forever."""
 
     def __init__(
-        self, images: StreamingImages, batch_size: int, batches_per_epoch: int, num_examples: int, num_workers: int = 0
+        self,
+        images: StreamingImages,
+        batch_size: int,
+        batches_per_epoch: int,
+        num_examples: int,
+        num_workers: int = 0,
+        examples_per_epoch: int | None = None,
     ):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         self.images, self.batches_per_epoch, self.num_examples = images, batches_per_epoch, num_examples
-        self.batch_size = batch_size
+        self.batch_size, self.examples_per_epoch = batch_size, examples_per_epoch
         self.loader = StatefulDataLoader(images, batch_size=None, num_workers=num_workers)
+        self._resumed = False
 
     def __len__(self) -> int:
         return self.batches_per_epoch
@@ -204,19 +439,27 @@ class StreamingLoader:
         self.images.set_epoch(epoch)
 
     def __iter__(self):
-        batch = []
+        resumed, self._resumed = self._resumed, False
+        batch, read = [], 0
         for example in self.loader:
             batch.append(example)
+            read += 1
             if len(batch) == self.batch_size:
                 yield collate(batch)
                 batch = []
         if batch:
             yield collate(batch)
+        if not resumed and self.examples_per_epoch is not None and read != self.examples_per_epoch:
+            raise StreamingError(
+                f"process {self.images.rank} read {read} examples in epoch {self.images.epoch}; expected "
+                f"{self.examples_per_epoch} (did the shards change during the run?)"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resumed = True
         self.loader.load_state_dict(state)
 
 
@@ -248,8 +491,12 @@ def streaming_loader(
 ) -> StreamingLoader:
     """This process's loader over `source`. Batches per epoch come from parquet footers or `num_examples` (examples
     per process); a layout that gives processes different batch counts is refused, as DDP would hang on it."""
-    stream = shard_for_process(open_stream(source, split, config_name, label_column), rank, world_size)
-    counts = num_examples or rows_per_process(source, split, world_size) or count_by_reading(stream, label_column)
+    stream = shard_for_process(open_stream(source, split, config_name, label_column, image_column), rank, world_size)
+    counts = (
+        num_examples
+        or rows_per_process(source, split, world_size, image_column, label_column)
+        or count_by_reading(stream, label_column)
+    )
     batches = [math.ceil(n / batch_size) for n in counts]
     if len(set(batches)) > 1:
         raise StreamingError(
@@ -257,22 +504,30 @@ def streaming_loader(
             f"of {batch_size}; expected equal batch counts (rewrite the shards with sizes that split "
             "evenly, or change the batch size)"
         )
-    images = StreamingImages(stream, transform, image_column, label_column, seed, buffer_size, rank)
-    return StreamingLoader(images, batch_size, batches[rank], sum(counts), num_workers)
+    folder = Path(source)
+    files = None
+    if folder.is_dir() and shard_files(folder, split)[0] == "parquet":
+        files = list(parquet_shards(folder, split, image_column, label_column).files)[rank::world_size]
+    images = StreamingImages(stream, transform, image_column, label_column, seed, buffer_size, rank, files)
+    return StreamingLoader(images, batch_size, batches[rank], sum(counts), num_workers, counts[rank])
 
 
 def streaming_splits(args: Any):
     """(train stream, eval `Dataset`, provenance, eval split name) for `--streaming --dataset_name SOURCE`: training
     examples are streamed; the validation split (`validation-*` shards) is loaded as a map-style dataset, which
-    evaluation on every process needs."""
+    evaluation on every process needs, with the training split's classes."""
     source = args.dataset_name
     if not source:
         raise StreamingError("--streaming needs --dataset_name (a folder of shards or a datasets source)")
-    train = open_stream(source, "train", args.dataset_config_name, args.label_column_name)
+    image_column, label_column = args.image_column_name, args.label_column_name
+    train = open_stream(source, "train", args.dataset_config_name, label_column, image_column)
+    names = tuple(train.features[label_column].names)
     folder = Path(source)
     try:
         if folder.is_dir():
             builder, files = shard_files(folder, "validation")
+            if builder == "parquet":
+                files = list(parquet_shards(folder, "validation", image_column, label_column, names).files)
             evaluation = datasets.load_dataset(
                 builder, data_files={"validation": [str(f) for f in files]}, split="validation"
             )
@@ -280,6 +535,16 @@ def streaming_splits(args: Any):
             evaluation = datasets.load_dataset(source, args.dataset_config_name, split="validation")
     except (StreamingError, ValueError) as error:
         raise StreamingError(f"--streaming needs a validation split in {source!r} ({error})") from None
+    label = evaluation.features.get(label_column)
+    if isinstance(label, datasets.ClassLabel) and tuple(label.names) != names:
+        raise StreamingError(
+            f"the validation split of {source!r} names its classes {label.names}, the train split {list(names)}; "
+            "expected the same class names, in the same order"
+        )
+    if label is not None and not isinstance(label, datasets.ClassLabel):
+        evaluation = evaluation.cast_column(label_column, datasets.ClassLabel(names=list(names)))
+    if image_column in evaluation.features and not isinstance(evaluation.features[image_column], datasets.Image):
+        evaluation = evaluation.cast_column(image_column, datasets.Image())
     if args.max_eval_samples:
         evaluation = evaluation.shuffle(seed=args.seed).select(range(min(args.max_eval_samples, len(evaluation))))
     return train, evaluation, f"streamed shards {source}", "validation"
