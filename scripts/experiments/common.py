@@ -7,6 +7,7 @@ options, by the same loop.
 
 import argparse
 import json
+import logging
 import os
 import platform
 import shlex
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "experiments"
 # The experiments' ViT: the main command's default preset (4 heads, mean pooling) with 4-px patches, so 28 x 28
@@ -56,17 +58,22 @@ def parser(description, quick_help="a tiny run (seconds to a minute) for the tes
     return p
 
 
-def setup(options):
-    """Seeds list, quiet logging, thread count; returns the seeds."""
+def setup_quietly(threads=None):
+    """Thread count; datasets' and transformers' own progress and warnings off (a script's entry point only)."""
     import datasets
     import transformers
 
-    if options.cpu_threads:
-        torch.set_num_threads(options.cpu_threads)
+    if threads:
+        torch.set_num_threads(threads)
     datasets.utils.logging.set_verbosity_error()
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
     os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+def setup(options):
+    """Seeds list, quiet logging, thread count; returns the seeds."""
+    setup_quietly(options.cpu_threads)
     Path(options.output_dir).mkdir(parents=True, exist_ok=True)
     count = options.seeds or (1 if options.quick else DEFAULT_SEEDS)
     return list(range(options.first_seed, options.first_seed + count))
@@ -199,11 +206,61 @@ def prepare_run(args, accelerator, train, model, preprocessing, lr_scale=None):
     return loop.prepare(args, accelerator, train, None, model, preprocessing, lr_scale=lr_scale)
 
 
-def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, lr_scale=None):
+def _item_in_memory(self, index):
+    return self.pixels[index], int(self.labels[index])
+
+
+def deterministic_transform(args):
+    return args.augment == "none" and not args.randaugment and not args.random_erasing
+
+
+def keep_in_memory(run, split, preprocessing, size):
+    """Decode and transform the training images once instead of every epoch: only for a deterministic training
+    transform (no augmentation), whose output then equals what it gives every epoch, so the batches are the same."""
+    if not deterministic_transform(run.args):
+        return False
+    pixels, labels = eval_tensors(split, preprocessing, size)
+    data = run.train_set
+    data.__class__ = type("ImagesInMemory", (type(data),), {"__getitem__": _item_in_memory})
+    data.pixels, data.labels = pixels, labels
+    return True
+
+
+def save_atomically(obj, path):
+    """`torch.save` to a temporary file in the same folder, then a rename: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, temporary)
+    os.replace(temporary, path)
+
+
+def rng_states():
+    import random
+
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_states(states):
+    import random
+
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+
+
+def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, lr_scale=None, checkpoint=None):
     """Train with the main command's update step (`hubvit.training.loop.train_epoch`) one epoch at a time until
     `plateau` says stop; returns the best-validation model (unwrapped, eval mode) and a record of the run:
     epochs run, updates run, the best epoch and its updates, its validation accuracy, the per-epoch history, and
-    whether the plateau or the cap stopped it."""
+    whether the plateau or the cap stopped it.
+
+    With `checkpoint` (a file path), the whole state (model, optimizer, schedule, plateau history, best weights,
+    RNG states, epoch) is saved there after every epoch, and a call that finds it resumes exactly where it
+    stopped: a unit of the campaign cut short by the end of a session loses one epoch at most. A finished fit
+    leaves its best weights and record there, so that a caller interrupted later does not train it again; the
+    caller deletes the file when it no longer needs it.
+    """
     from accelerate.utils import set_seed
     from hubvit.training import loop
     from tqdm.auto import tqdm
@@ -211,15 +268,32 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
     set_seed(args.seed)
     args.max_train_steps, args.num_train_epochs = None, plateau.max_epochs
     started = time.time()
+    size = tuple(model.config.image_size_2d)
     run = prepare_run(args, accelerator, train, model, preprocessing, lr_scale)
-    pixels, labels = eval_tensors(validation, preprocessing, tuple(model.config.image_size_2d))
+    in_memory = keep_in_memory(run, train, preprocessing, size)
     inner = accelerator.unwrap_model(run.model)
+    saved = torch.load(checkpoint, weights_only=False) if checkpoint and Path(checkpoint).is_file() else None
+    if saved is not None and saved.get("finished"):
+        inner.load_state_dict(saved["best_state"])
+        return inner.eval(), saved["record"]
+    pixels, labels = eval_tensors(validation, preprocessing, size)
     position, progress, history = loop.Position(), tqdm(disable=True), []
-    best_state, best_epoch, stopped = None, -1, "cap"
+    best_state, best_epoch, stopped, spent, evaluating = None, -1, "cap", 0.0, 0.0
+    if saved is not None:
+        inner.load_state_dict(saved["model"])
+        run.optimizer.load_state_dict(saved["optimizer"])
+        run.scheduler.load_state_dict(saved["scheduler"])
+        position = loop.Position(global_step=saved["global_step"], epoch=saved["epoch"])
+        history, best_state, best_epoch = saved["history"], saved["best_state"], saved["best_epoch"]
+        spent, evaluating = saved["seconds"], saved["eval_seconds"]
+        set_rng_states(saved["rng"])
+        logger.info("resumed %s after epoch %d", checkpoint, position.epoch)
     run.model.train()
     while position.epoch < plateau.max_epochs:
         loop.train_epoch(run, position, progress, loop.Window())
+        scored = time.time()
         history.append(accuracy(predict(inner, pixels), labels))
+        evaluating += time.time() - scored
         inner.train()
         if best_state is None or history[-1] > history[best_epoch]:
             best_epoch = position.epoch
@@ -228,6 +302,23 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
         if plateau.reached(history):
             stopped = "plateau"
             break
+        if checkpoint and position.epoch < plateau.max_epochs:
+            save_atomically(
+                {
+                    "model": inner.state_dict(),
+                    "optimizer": run.optimizer.state_dict(),
+                    "scheduler": run.scheduler.state_dict(),
+                    "global_step": position.global_step,
+                    "epoch": position.epoch,
+                    "history": history,
+                    "best_state": best_state,
+                    "best_epoch": best_epoch,
+                    "seconds": spent + time.time() - started,
+                    "eval_seconds": evaluating,
+                    "rng": rng_states(),
+                },
+                checkpoint,
+            )
     inner.load_state_dict(best_state)
     accelerator.free_memory()
     record = {
@@ -238,9 +329,125 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
         "validation_accuracy": history[best_epoch],
         "validation_history": history,
         "stopped_by": stopped,
-        "train_seconds": round(time.time() - started, 1),
+        "train_seconds": round(spent + time.time() - started, 1),
+        "eval_seconds": round(evaluating, 1),
+        "images_in_memory": in_memory,
     }
+    if checkpoint:
+        save_atomically({"finished": True, "best_state": best_state, "record": record}, checkpoint)
     return inner.eval(), record
+
+
+REQUIRED_SEEDS = DEFAULT_SEEDS
+TIMING_KEYS = ("train_seconds", "eval_seconds", "unit_seconds", "minutes")
+
+
+class Context:
+    """What every unit of one experiment shares in one process (splits, test tensors, the Accelerator), built on
+    first use by the experiment's `build`, so that a runner going through many units pays for it once."""
+
+    def __init__(self, options):
+        self.options = options
+        self._accelerator = None
+        self.build()
+
+    def build(self):
+        pass
+
+    @property
+    def accelerator(self):
+        if self._accelerator is None:
+            self._accelerator = accelerator_for(self.options.output_dir)
+        return self._accelerator
+
+
+def checkpoint_file(folder, name):
+    return None if folder is None else Path(folder) / f"{name}.pt"
+
+
+def fit_summary(fitted):
+    """What a unit keeps of a `fit_to_plateau` record besides the values its experiment reports."""
+    keys = ("epochs", "updates", "best_epoch", "validation_accuracy", "validation_history", "stopped_by")
+    return {k: fitted[k] for k in keys} | {k: fitted[k] for k in ("train_seconds", "eval_seconds") if k in fitted}
+
+
+def unit_record(experiment, arm, seed, quick, setup, values, fits, extra=None):
+    """The JSON-able record of one finished (experiment, arm, seed) unit: the setup it ran under (units are pooled
+    only when it is the same), the per-seed values its experiment reports, its fits (`fit_summary`), its minutes
+    of training (the fits' seconds, resumed parts added), and where it ran."""
+    return {
+        "experiment": experiment,
+        "arm": arm,
+        "seed": seed,
+        "quick": quick,
+        "setup": setup,
+        "values": values,
+        "fits": fits,
+        "minutes": round(sum(f.get("train_seconds", 0.0) for f in fits.values()) / 60, 2),
+        **(extra or {}),
+        "environment": {
+            "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+            "torch": torch.__version__,
+        },
+    }
+
+
+def gather(records, arms, keys):
+    """(setup, runs) from unit records: `runs[arm][key]` lists ordered by seed, as the experiments' summaries read
+    them; records whose setup differs from the first are refused."""
+    setups = {json.dumps(r["setup"], sort_keys=True) for r in records}
+    if len(setups) != 1:
+        raise ValueError(f"the unit records of {records[0]['experiment']} differ in their setup; only seeds may differ")
+    runs = {arm: {key: [] for key in keys} for arm in arms}
+    for record in sorted(records, key=lambda r: (r["seed"], arms.index(r["arm"]))):
+        run = runs[record["arm"]]
+        run["seeds"].append(record["seed"])
+        for key in keys:
+            if key != "seeds":
+                run[key].append(record["values"][key])
+    return records[0]["setup"], runs
+
+
+def minutes_per_run(records):
+    """Measured minutes per unit (whole unit, resumed parts added): min, median, max and count."""
+    minutes = sorted(r["minutes"] for r in records if r.get("minutes") is not None)
+    if not minutes:
+        return None
+    return {
+        "min": minutes[0],
+        "median": float(np.median(minutes)),
+        "max": minutes[-1],
+        "runs": len(minutes),
+        "torch_threads": sorted({r["environment"]["torch_threads"] for r in records}),
+    }
+
+
+def seed_counts(runs):
+    return {arm: len(run["seeds"]) for arm, run in runs.items()}
+
+
+def undecided(verdicts, runs, required=REQUIRED_SEEDS):
+    """Verdicts as they may be stated: while an arm has fewer than `required` seeds, each says "not yet decided"
+    and how many seeds each arm has, then what the seeds so far show."""
+    short = {arm: n for arm, n in seed_counts(runs).items() if n < required}
+    if not short:
+        return verdicts
+    counts = ", ".join(f"{arm} {n}" for arm, n in short.items())
+    return [
+        dict(v, verdict=f"not yet decided (seeds of {required} so far: {counts}); the seeds so far: {v['verdict']}")
+        for v in verdicts
+    ]
+
+
+def write_json_atomically(path, data):
+    """JSON through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temporary, path)
 
 
 def paired_difference(a, b, confidence=0.95):
@@ -389,6 +596,22 @@ def pct(x):
     return f"{100 * x:.2f}"
 
 
+def campaign_text(results):
+    """For a page built from campaign runs: seeds per arm against the five required, minutes per run."""
+    counts = seed_counts(results["runs"])
+    seeds = ", ".join(f"{arm} {n} of {REQUIRED_SEEDS} seeds" for arm, n in counts.items())
+    short = [arm for arm, n in counts.items() if n < REQUIRED_SEEDS]
+    timing = results["environment"]["minutes_per_run"]
+    return (
+        f"**Built from {results['environment']['units']} campaign runs** (`docs/experiments/runs/{results['name']}/`, "
+        "one JSON per arm and seed; `python scripts/experiments/campaign.py report` rebuilds this page). "
+        f"Seeds so far: {seeds}"
+        + (f"; verdicts stay *not yet decided* until every arm has {REQUIRED_SEEDS}" if short else "")
+        + f". Minutes of training per run: median {timing['median']:.1f} ({timing['min']:.1f}-{timing['max']:.1f}, "
+        f"{timing['runs']} runs, {', '.join(map(str, timing['torch_threads']))} torch thread(s) each).\n\n"
+    )
+
+
 def header(title, results, claim):
     """The top of every experiment's markdown: what was claimed, how it was measured, where, how long."""
     env = results["environment"]
@@ -399,8 +622,14 @@ def header(title, results, claim):
     )
     return (
         f"# {title}\n{quick}\n**Claim.** {claim}\n\n**Command.** `{results['command']}`\n\n"
-        f"Measured on a shared 2-core CPU machine ({env['torch_threads']} torch thread(s), load average "
-        f"{env['load_average_at_end'][0]} at the end, other jobs running): wall time {env['wall_time_s'] / 60:.1f} min"
+        + (campaign_text(results) if env.get("units") else "")
+        + f"Measured on a shared 2-core CPU machine ({env['torch_threads']} torch thread(s), load average "
+        f"{env['load_average_at_end'][0]} at the end, other jobs running): "
+        + (
+            f"{env['wall_time_s'] / 60:.0f} min of training in all"
+            if env.get("units")
+            else f"wall time {env['wall_time_s'] / 60:.1f} min"
+        )
         + (
             f" ({env['parallel_parts']} processes side by side, one per seed, pooled with `--merge`)"
             if env.get("parallel_parts")

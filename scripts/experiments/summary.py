@@ -46,7 +46,9 @@ def main(argv=None):
         "trained to their validation plateau, five seeds or more, and judged by paired 95% intervals; rows "
         "marked *short schedule* come from runs recorded before that (three seeds, a few hundred updates, no "
         'validation split) and describe that regime only. "Not resolved" means the seeds cannot decide. Each '
-        "experiment's page has its table, figure, setup and limits.",
+        "experiment's page has its table, figure, setup and limits. Pages built from the campaign's runs (one "
+        "record per arm and seed in `runs/`, [campaign.md](campaign.md)) say how many of the five seeds each arm has; "
+        'until every arm has five, their verdicts read "not yet decided".',
         "",
         common.SCHEDULE_NOTE,
         "",

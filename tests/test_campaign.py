@@ -1,0 +1,209 @@
+"""scripts/experiments/campaign.py: units that resume exactly, records that add up, pages built from them.
+
+Tiny --quick-sized units only: what is checked is the bookkeeping (resume, skip, pooling, "not yet decided"),
+never accuracy.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+from hubvit.scripts.experiments import campaign, common, position_embeddings
+
+TIMING = set(common.TIMING_KEYS)
+
+
+def without_timing(value):
+    """A record with its measured seconds and minutes (and where it ran) left out: everything else must match."""
+    if isinstance(value, dict):
+        return {k: without_timing(v) for k, v in value.items() if k not in TIMING and k != "environment"}
+    if isinstance(value, list):
+        return [without_timing(v) for v in value]
+    return value
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_epoch(monkeypatch, at_call):
+    """Make `loop.train_epoch` raise on its `at_call`-th call, as the end of a session would stop a unit."""
+    from hubvit.training import loop
+
+    real, calls = loop.train_epoch, []
+
+    def train_epoch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise Interrupted
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_epoch", train_epoch)
+    return calls
+
+
+def count_epochs(monkeypatch):
+    from hubvit.training import loop
+
+    real, calls = loop.train_epoch, []
+
+    def train_epoch(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_epoch", train_epoch)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def digits():
+    common.setup_quietly(1)
+    return common.digits_train_validation_test(quick=True)
+
+
+def fit(digits, tmp_path, checkpoint):
+    train, validation, _ = digits
+    args = common.training_args(tmp_path / "out", 0, augment="none")
+    model, preprocessing = common.build_vit(args, train.features["label"].names, {"position_embedding_type": "learned"})
+    plateau = common.Plateau(max_epochs=3, patience=1, min_delta=0.0, min_epochs=3)
+    accelerator = common.accelerator_for(tmp_path / "out")
+    return common.fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, None, checkpoint)
+
+
+@pytest.mark.heavy
+def test_a_fit_interrupted_after_an_epoch_resumes_to_the_same_weights_and_record(digits, tmp_path, monkeypatch):
+    whole, whole_record = fit(digits, tmp_path, None)
+    checkpoint = tmp_path / "state" / "digits.pt"
+    interrupt_epoch(monkeypatch, at_call=3)
+    with pytest.raises(Interrupted):
+        fit(digits, tmp_path, checkpoint)
+    assert torch.load(checkpoint, weights_only=False)["epoch"] == 2
+    monkeypatch.undo()
+    calls = count_epochs(monkeypatch)
+    resumed, resumed_record = fit(digits, tmp_path, checkpoint)
+    assert len(calls) == 1  # only the third epoch was trained again
+    assert without_timing(resumed_record) == without_timing(whole_record)
+    assert len(whole_record["validation_history"]) == 3
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.load(checkpoint, weights_only=False)["finished"]
+    calls.clear()
+    again, again_record = fit(digits, tmp_path, checkpoint)  # a finished fit is not trained again
+    assert calls == [] and again_record == resumed_record
+
+
+@pytest.mark.heavy
+def test_training_images_kept_in_memory_give_the_loaders_batches(digits, tmp_path):
+    train, _, _ = digits
+    args = common.training_args(tmp_path / "out", 3, augment="none")
+    model, preprocessing = common.build_vit(args, train.features["label"].names, {"position_embedding_type": "none"})
+    accelerator = common.accelerator_for(tmp_path / "out")
+    run = common.prepare_run(args, accelerator, train, model, preprocessing)
+    for epoch in (0, 1):
+        run.train_set.set_epoch(epoch)
+        run.train_loader.set_epoch(epoch)
+        if epoch == 0:
+            decoded = list(run.train_loader)
+        else:
+            decoded_1 = list(run.train_loader)
+    assert common.keep_in_memory(run, train, preprocessing, (28, 28))
+    for epoch, expected in ((0, decoded), (1, decoded_1)):
+        run.train_set.set_epoch(epoch)
+        run.train_loader.set_epoch(epoch)
+        batches = list(run.train_loader)
+        assert len(batches) == len(expected)
+        for (pixels, labels), (want_pixels, want_labels) in zip(batches, expected):
+            assert torch.equal(pixels, want_pixels) and torch.equal(labels, want_labels)
+    assert not torch.equal(decoded[0][1], decoded_1[0][1])  # the epochs are shuffled differently
+
+
+def campaign_argv(tmp_path, *extra):
+    return [
+        "--quick",
+        "--seeds",
+        "2",
+        "--threads",
+        "1",
+        "--runs_dir",
+        str(tmp_path / "runs"),
+        "--checkpoints_dir",
+        str(tmp_path / "checkpoints"),
+        "--output_dir",
+        str(tmp_path / "docs"),
+        *extra,
+    ]
+
+
+@pytest.mark.heavy
+def test_a_unit_stopped_in_its_second_fit_resumes_to_the_same_record(tmp_path, monkeypatch):
+    only = ["--only", "position_embeddings:sincos_2d:1"]
+    assert campaign.main(["run", *campaign_argv(tmp_path / "whole", *only)]) == 0
+    whole = json.loads((tmp_path / "whole/runs/position_embeddings/sincos_2d-seed1.json").read_text())
+    interrupt_epoch(monkeypatch, at_call=2)  # the quadrant fit's first epoch, after the digits fit finished
+    with pytest.raises(Interrupted):
+        campaign.main(["run", *campaign_argv(tmp_path / "cut", *only)])
+    assert not (tmp_path / "cut/runs/position_embeddings/sincos_2d-seed1.json").exists()
+    assert (tmp_path / "cut/checkpoints/position_embeddings/sincos_2d-seed1/digits.pt").is_file()
+    monkeypatch.undo()
+    calls = count_epochs(monkeypatch)
+    assert campaign.main(["run", *campaign_argv(tmp_path / "cut", *only)]) == 0
+    assert len(calls) == 1  # the digits fit was finished: only the quadrant fit trains
+    resumed = json.loads((tmp_path / "cut/runs/position_embeddings/sincos_2d-seed1.json").read_text())
+    assert without_timing(resumed) == without_timing(whole) and resumed["values"]["accuracy"] > 0
+    assert not (tmp_path / "cut/checkpoints/position_embeddings/sincos_2d-seed1").exists()
+
+
+def test_queue_is_seed_major_and_covers_every_arm_and_seed():
+    units = campaign.queue(seeds=5, experiments=["position_embeddings"])
+    arms = position_embeddings.ARMS
+    assert len(units) == len(set(units)) == 5 * len(arms)
+    assert [u[2] for u in units] == sorted(u[2] for u in units)
+    assert [u[1] for u in units[: len(arms)]] == arms
+    assert campaign.selected(units, ["position_embeddings:none"]) == [u for u in units if u[1] == "none"]
+
+
+def test_a_lock_is_held_while_its_process_runs_and_taken_over_after(tmp_path):
+    lock = tmp_path / "unit.lock"
+    assert campaign.claim(lock)
+    assert not campaign.claim(lock)  # held by this (running) process
+    lock.write_text(json.dumps({"pid": os.getpid(), "start": "not this process's start"}))
+    assert campaign.claim(lock)  # the pid was reused by another process: the lock is stale
+
+
+def test_verdicts_say_not_yet_decided_while_an_arm_has_fewer_than_five_seeds():
+    verdicts = [{"claim": "c", "measured": "m", "verdict": "holds"}]
+    five = {"a": {"seeds": [0, 1, 2, 3, 4]}, "b": {"seeds": [0, 1, 2, 3, 4]}}
+    assert common.undecided(verdicts, five) == verdicts
+    short = common.undecided(verdicts, {**five, "b": {"seeds": [0, 1]}})
+    assert short[0]["verdict"].startswith("not yet decided") and "b 2" in short[0]["verdict"]
+    assert "holds" in short[0]["verdict"] and "a 5" not in short[0]["verdict"]
+
+
+@pytest.mark.heavy
+def test_campaign_runs_skips_finished_units_and_reports_from_the_records(tmp_path, capsys):
+    argv = campaign_argv(tmp_path, "--only", "position_embeddings")
+    assert campaign.main(["run", *argv, "--max_units", "5"]) == 0
+    runs = tmp_path / "runs" / "position_embeddings"
+    assert sorted(p.name for p in runs.iterdir()) == sorted(f"{arm}-seed0.json" for arm in position_embeddings.ARMS)
+    stamps = {p.name: p.stat().st_mtime_ns for p in runs.iterdir()}
+
+    capsys.readouterr()
+    assert campaign.main(["status", *argv]) == 0
+    status = capsys.readouterr().out
+    assert "position_embeddings: 5 done / 5 remaining" in status and "min per run" in status
+
+    assert campaign.main(["report", *argv]) == 0
+    results = json.loads((tmp_path / "docs" / "position_embeddings.json").read_text())
+    assert all(r["seeds"] == [0] for r in results["runs"].values())
+    assert all(v["verdict"].startswith("not yet decided") for v in results["verdicts"])
+    assert results["minutes_per_run"]["runs"] == 5
+    page = (tmp_path / "docs" / "position_embeddings.md").read_text()
+    assert "1 of 5 seeds" in page
+    readme = (tmp_path / "docs" / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| [Position")]
+    assert rows and all("not yet decided" in row and "short schedule" not in row for row in rows)
+
+    assert campaign.main(["run", *argv, "--only", "position_embeddings:none:0"]) == 0  # finished: skipped
+    assert {p.name: p.stat().st_mtime_ns for p in runs.iterdir()} == stamps
