@@ -1,4 +1,4 @@
-"""Installs the `hubvit` namespace onto the repository's top-level folders (modeling/, conversion/, training/, scripts/).
+"""Installs the `hubvit` namespace onto the repository's top-level folders (modeling/, conversion/, training/, cli/, ...).
 
 `pip install hubvit` is enough to load and convert checkpoints; fine-tuning, publishing and plotting are extras
 (`.[train]`, `.[publish]`, `.[plot]`), and `.[test]` pulls everything the test suite and the linter run.
@@ -37,6 +37,7 @@ setup(
     python_requires=">=3.11",
     packages=[
         "hubvit",
+        "hubvit.cli",
         "hubvit.modeling",
         "hubvit.conversion",
         "hubvit.scripts",
@@ -47,6 +48,7 @@ setup(
     ],
     package_dir={
         "hubvit": "hubvit",
+        "hubvit.cli": "cli",
         "hubvit.model_cards": "model_cards",
         "hubvit.modeling": "modeling",
         "hubvit.conversion": "conversion",
@@ -74,5 +76,5 @@ setup(
         "jax": JAX,
         "test": TEST,
     },
-    entry_points={"console_scripts": ["hubvit=hubvit.scripts.cli:main"]},
+    entry_points={"console_scripts": ["hubvit=hubvit.cli:main"]},
 )

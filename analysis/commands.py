@@ -1,8 +1,7 @@
-"""`info` and the analyses as Python functions (`hubvit.info`, `hubvit.analyze_attention_distance`,
-`hubvit.analyze_position_similarity`, `hubvit.analyze_attention_map`), each returning a small record, and the
-`hubvit info` / `hubvit analyze ...` flags that map onto them (`add_commands`) and print what they return."""
+"""`info` and the analyses: for each, its options (`InfoOptions`, ...) and its run function, which returns a small
+record. The command table (`hubvit.commands`) makes them `hubvit.info`, `hubvit.analyze_attention_distance`, ... and
+`hubvit info` / `hubvit analyze ...`."""
 
-import argparse
 import csv
 import json
 from dataclasses import dataclass, field
@@ -12,107 +11,27 @@ import numpy as np
 
 from ..errors import HubViTError
 from ..limits import check_config_sizes
+from ..modeling.configuration_hubvit import POSITION_KINDS
+from ..options import argument, choice, nonempty_path, option, path_text, settle, text
 from . import attention, info as counts, plots, position, source
 
 SRC_HELP = "a hubvit folder, a Hub repo id, or a preset SIZE/PATCH (ti, s, b, l, h; e.g. b/16, h/14, b/32)"
-DISTANCE_HELP = """Mean attention distance (Dosovitskiy et al., 2021, Figure 7): for each layer and head, the
-attention-weighted distance in pixels between a query patch and the patches it attends to, averaged over query
-patches and images. Prefix tokens ([CLS], registers, distillation) have no place in the image: queries and keys are
-restricted to patch tokens and each query's weights over patches are renormalised to sum to 1, so the number is the
-distance of the attention a patch pays to other patches. The attention mass left on prefix tokens is written beside
-it (prefix_attention). Images are streamed in batches and reduced as they go: memory does not grow with their
-number. Writes attention_distance.json, .csv (layer x head) and .png."""
 
 
-def add_commands(commands):
-    """Adds `info` and `analyze` to the `hubvit` command's subparsers."""
-    parser = commands.add_parser(
-        "info",
-        help="tokens, attention memory, parameters and FLOPs of a model",
-        description="The arithmetic of 'Vision Transformer (ViT) from First Principles' for a model: patch "
-        "grid, sequence "
-        "length, attention-score memory beside pixel-level tokens, parameters and "
-        "multiply-accumulates by part.",
-    )
-    parser.add_argument("src", metavar="SRC", help=SRC_HELP)
-    parser.add_argument("--image-size", type=counts.parse_image_size, help="int or HxW (default: the model's)")
-    parser.add_argument("--batch-size", type=int, default=1, help="for the attention memory (default 1)")
-    parser.add_argument("--dtype", default="float32", help="of the attention scores: float32, float16, bfloat16, ...")
-    parser.add_argument("--patch-sizes", type=int_list, help="comma-separated patch sides, one row each: 32,16,14,8")
-    parser.add_argument(
-        "--accuracy",
-        metavar="JSON",
-        help="measured accuracy per patch side for the --patch-sizes "
-        f"rows (default: SRC/{counts.PATCH_ACCURACY_FILE} when SRC is a folder that has one)",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.set_defaults(run=info, show=show_info)
-
-    analyze = commands.add_parser("analyze", help="attention distance, position similarity, attention maps")
-    kinds = analyze.add_subparsers(dest="analysis", required=True)
-
-    distance = kinds.add_parser(
-        "attention-distance", help="mean attention distance per layer and head", description=DISTANCE_HELP
-    )
-    distance.add_argument("src", metavar="SRC", help=SRC_HELP)
-    data = distance.add_mutually_exclusive_group(required=True)
-    data.add_argument("--images", metavar="DIR", help="a folder of image files (searched recursively)")
-    data.add_argument(
-        "--dataset", metavar="NAME_OR_PATH", help="a `datasets` Hub id, local folder or save_to_disk folder"
-    )
-    distance.add_argument("--split", help="dataset split (default: validation, else test, else the first)")
-    distance.add_argument("--image-column", default="image")
-    distance.add_argument("--max-images", type=int, default=128, help="default 128, as in the paper")
-    distance.add_argument("--batch-size", type=int, default=16)
-    common(distance)
-    distance.set_defaults(run=analyze_attention_distance, show=show_analysis)
-
-    similarity = kinds.add_parser(
-        "position-similarity",
-        help="cosine similarity of the position embeddings",
-        description="Cosine similarity of each patch's position vector with every other "
-        "patch's, as G x G tiles (learned, learned_2d, sincos_2d); each head's bias over "
-        "(dy, dx) for relative_2d. Prints the stripe score: mean similarity of same-row or "
-        "same-column pairs minus that of other pairs at the same distance.",
-    )
-    similarity.add_argument("src", metavar="SRC", help=SRC_HELP)
-    similarity.add_argument("--layer", type=int, default=0, help="block whose relative bias to draw (relative_2d)")
-    common(similarity)
-    similarity.set_defaults(run=analyze_position_similarity, show=show_analysis)
-
-    attention_map = kinds.add_parser(
-        "attention-map",
-        help="attention rollout or one head's map over an image",
-        description="Attention rollout (Abnar and Zuidema, 2020: heads averaged, "
-        "identity added, rows renormalised, multiplied through the layers) from [CLS], "
-        "or from the mean of the patch queries without [CLS]; or the last layer's "
-        "attention (--method last-layer, one --head or their mean).",
-    )
-    attention_map.add_argument("src", metavar="SRC", help=SRC_HELP)
-    attention_map.add_argument("image", metavar="IMAGE", help="an image file")
-    attention_map.add_argument("--method", choices=["rollout", "last-layer"], default="rollout")
-    attention_map.add_argument("--head", type=int, help="with last-layer: the head (default: mean of all heads)")
-    common(attention_map)
-    attention_map.set_defaults(run=analyze_attention_map, show=show_analysis)
-
-
-def common(parser):
-    parser.add_argument(
-        "--image-size",
-        type=counts.parse_image_size,
-        help="int or HxW; the position tables are resized as the model does (default: native)",
-    )
-    parser.add_argument("--output-dir", default="analysis", help="where the files go (default: ./analysis)")
-
-
-def int_list(text):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints such as 32,16,14,8, got {text!r}")
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive ints such as 32,16,14,8, got {text!r}")
-    return values
+def parse_patch_sizes(value):
+    """`patch_sizes`: comma-separated text ('32,16,14,8') or a list of positive ints; a list of ints."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = [int(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            raise HubViTError(f"patch_sizes={value!r}; expected comma-separated ints such as 32,16,14,8") from None
+        if not value:
+            raise HubViTError("patch_sizes=''; expected comma-separated ints such as 32,16,14,8")
+    if not isinstance(value, (list, tuple)):
+        raise HubViTError(f"patch_sizes={value!r}; expected a list of positive ints or text such as '32,16,14,8'")
+    return [positive_int(patch, "patch_sizes") for patch in value]
 
 
 def output_folder(output_dir):
@@ -151,57 +70,63 @@ class InfoResult:
     patch_sizes: list | None = None
 
 
-def info(
-    src, *, image_size=None, batch_size: int = 1, dtype: str = "float32", patch_sizes: list | None = None, accuracy=None
-) -> InfoResult:
-    """Tokens, attention memory (for `batch_size` images, scores in `dtype`), parameters and multiply-accumulates of
-    SRC (a hubvit folder, a Hub repo id or a preset such as 'b/16') at `image_size` (int, (h, w) or 'HxW'; default
-    the model's), counted from the config alone; `patch_sizes` adds one row per patch side, with the accuracy measured
-    at that side where `accuracy` (a `patch_size_accuracy.json`; default SRC's own, when SRC is a folder with one)
-    records it."""
-    image_size = image_size_of(image_size)
-    batch_size = positive_int(batch_size, "batch_size")
-    counts.dtype_bytes(dtype)
-    if patch_sizes is not None:
-        patch_sizes = [positive_int(patch, "patch_sizes") for patch in patch_sizes]
+IMAGE_SIZE_HELP = "int or HxW; the position tables are resized as the model does (default: native)"
+OUTPUT_HELP = "where the files go (default: ./analysis)"
+
+
+@dataclass(frozen=True)
+class InfoOptions:
+    """The arithmetic of 'Vision Transformer (ViT) from First Principles' for a model: tokens, attention memory (for
+    `batch_size` images, scores in `dtype`), parameters and multiply-accumulates by part of SRC (a hubvit folder, a
+    Hub repo id or a preset such as 'b/16') at `image_size` (int, (h, w) or 'HxW'; default the model's), counted
+    from the config alone; `patch_sizes` adds one row per patch side, with the accuracy measured at that side where
+    `accuracy` (a `patch_size_accuracy.json`; default SRC's own, when SRC is a folder with one) records it."""
+
+    src: str = argument("SRC", SRC_HELP)
+    image_size: int | tuple | str | None = option(None, "int or HxW (default: the model's)")
+    batch_size: int = option(1, "for the attention memory (default 1)")
+    dtype: str = option("float32", "of the attention scores: float32, float16, bfloat16, ...")
+    patch_sizes: list | str | None = option(None, "comma-separated patch sides, one row each: 32,16,14,8")
+    accuracy: str | None = option(
+        None,
+        "measured accuracy per patch side for the --patch-sizes rows (default: SRC/"
+        f"{counts.PATCH_ACCURACY_FILE} when SRC is a folder that has one)",
+        metavar="JSON",
+    )
+
+    def __post_init__(self):
+        counts.dtype_bytes(self.dtype)
+        settle(
+            self,
+            src=nonempty_path(self.src, "src"),
+            image_size=image_size_of(self.image_size),
+            batch_size=positive_int(self.batch_size, "batch_size"),
+            patch_sizes=parse_patch_sizes(self.patch_sizes),
+            accuracy=None if self.accuracy is None else path_text(self.accuracy, "accuracy"),
+        )
+
+
+def run_info(options: InfoOptions) -> InfoResult:
+    src, image_size, batch_size, dtype = options.src, options.image_size, options.batch_size, options.dtype
     config = source.load_config(src, image_size)
     head = source.has_head(config)
     summary = counts.summary(config, image_size, batch_size, dtype, head)
     rows = None
-    if patch_sizes:
+    if options.patch_sizes:
         found = Path(src) / counts.PATCH_ACCURACY_FILE
-        path = accuracy if accuracy is not None else (found if found.is_file() else None)
+        path = options.accuracy if options.accuracy is not None else (found if found.is_file() else None)
         measured = counts.read_patch_accuracy(path)[0] if path is not None else None
-        rows = counts.patch_size_rows(config, patch_sizes, image_size, batch_size, dtype, head, measured)
+        rows = counts.patch_size_rows(config, options.patch_sizes, image_size, batch_size, dtype, head, measured)
     return InfoResult(summary, rows)
-
-
-def show_info(result, args):
-    if args.json:
-        print(
-            json.dumps(
-                {**result.summary, **({"patch_sizes": result.patch_sizes} if result.patch_sizes else {})}, indent=2
-            )
-        )
-        return
-    print(counts.format_summary(result.summary, args.src))
-    if result.patch_sizes:
-        print(f"\nBy patch size (attention memory at batch {args.batch_size}, {args.dtype}):")
-        print(counts.format_patch_rows(result.patch_sizes))
 
 
 @dataclass(frozen=True)
 class AnalysisResult:
-    """What an analysis wrote (`files`, first the picture) and its figures (`values`: e.g. the mean attention distance
-    per layer and head, or the stripe score); `message` says it in one line."""
+    """What an analysis wrote (`files`, first the picture; none when there was nothing to draw) and its figures
+    (`values`: e.g. the mean attention distance per layer and head, or the stripe score)."""
 
     files: list
     values: dict = field(default_factory=dict)
-    message: str = ""
-
-
-def show_analysis(result, args):
-    print(result.message)
 
 
 def write_distance(result, folder, title):
@@ -215,48 +140,74 @@ def write_distance(result, folder, title):
     return plots.plot_attention_distance(result, folder / "attention_distance.png", title)
 
 
-def analyze_attention_distance(
-    src,
-    *,
-    images=None,
-    dataset=None,
-    split: str | None = None,
-    image_column: str = "image",
-    max_images: int = 128,
-    batch_size: int = 16,
-    image_size=None,
-    output_dir="analysis",
-) -> AnalysisResult:
-    """Mean attention distance per layer and head (the paper's Figure 7) of SRC over `max_images` images from a
-    folder (`images`) or a `datasets` dataset (`dataset`, `split`, `image_column`); writes attention_distance.json,
-    .csv and .png into `output_dir`. See `hubvit analyze attention-distance --help` for the exact definition."""
-    if (images is None) == (dataset is None):
-        raise HubViTError(f"images={images!r}, dataset={dataset!r}; give exactly one: a folder of images or a dataset")
-    max_images, batch_size = positive_int(max_images, "max_images"), positive_int(batch_size, "batch_size")
-    image_size = image_size_of(image_size)
+@dataclass(frozen=True)
+class AttentionDistanceOptions:
+    """Mean attention distance per layer and head (Dosovitskiy et al., 2021, Figure 7) of SRC over `max_images`
+    images from a folder (`images`) or a `datasets` dataset (`dataset`, `split`, `image_column`); writes
+    attention_distance.json, .csv (layer x head) and .png into `output_dir`.
+
+    For each layer and head: the attention-weighted distance in pixels between a query patch and the patches it
+    attends to, averaged over query patches and images. Prefix tokens ([CLS], registers, distillation) have no place
+    in the image: queries and keys are restricted to patch tokens and each query's weights over patches are
+    renormalised to sum to 1, so the number is the distance of the attention a patch pays to other patches. The
+    attention mass left on prefix tokens is written beside it (prefix_attention). Images are streamed in batches and
+    reduced as they go: memory does not grow with their number."""
+
+    src: str = argument("SRC", SRC_HELP)
+    images: str | None = option(None, "a folder of image files (searched recursively); or --dataset", metavar="DIR")
+    dataset: str | None = option(
+        None, "a `datasets` Hub id, local folder or save_to_disk folder; or --images", metavar="NAME_OR_PATH"
+    )
+    split: str | None = option(None, "dataset split (default: validation, else test, else the first)")
+    image_column: str = option("image", "the dataset's image column")
+    max_images: int = option(128, "default 128, as in the paper")
+    batch_size: int = option(16, "images per forward pass")
+    image_size: int | tuple | str | None = option(None, IMAGE_SIZE_HELP)
+    output_dir: str = option("analysis", OUTPUT_HELP)
+
+    def __post_init__(self):
+        if (self.images is None) == (self.dataset is None):
+            raise HubViTError(
+                f"images={self.images!r}, dataset={self.dataset!r}; give exactly one: a folder of images or a dataset"
+            )
+        settle(
+            self,
+            src=nonempty_path(self.src, "src"),
+            images=None if self.images is None else path_text(self.images, "images"),
+            dataset=text(self.dataset, "dataset"),
+            split=text(self.split, "split"),
+            image_column=text(self.image_column, "image_column", optional=False),
+            max_images=positive_int(self.max_images, "max_images"),
+            batch_size=positive_int(self.batch_size, "batch_size"),
+            image_size=image_size_of(self.image_size),
+            output_dir=nonempty_path(self.output_dir, "output_dir"),
+        )
+
+
+def run_attention_distance(options: AttentionDistanceOptions) -> AnalysisResult:
+    src, image_size = options.src, options.image_size
     model, processor = source.load_model(src, image_size if source.is_preset(src) else None)
     check_size(model.config, image_size)
-    stream = source.iter_images(images, dataset, split, image_column, max_images)
-    batches = source.pixel_batches(stream, processor, model.config, batch_size, image_size)
-    result = attention.attention_distance(model, batches)
-    path = write_distance(result, output_folder(output_dir), f"{src}")
-    message = (
-        f"{result['images']} images; mean attention distance per layer (pixels, mean of heads): "
-        + ", ".join(f"{np.mean(row):.1f}" for row in result["mean_distance"])
-        + f"\nwrote {path} and its .json/.csv"
+    stream = source.iter_images(
+        options.images, options.dataset, options.split, options.image_column, options.max_images
     )
-    files = [path, path.with_suffix(".json"), path.with_suffix(".csv")]
-    return AnalysisResult(files, result, message)
+    batches = source.pixel_batches(stream, processor, model.config, options.batch_size, image_size)
+    result = attention.attention_distance(model, batches)
+    path = write_distance(result, output_folder(options.output_dir), f"{src}")
+    return AnalysisResult([path, path.with_suffix(".json"), path.with_suffix(".csv")], result)
 
 
 def similarity_figures(model, folder, image_size=None, layer=0, title=""):
-    """Writes the position figure for `model` into `folder`; returns (message, stripe score or None, files)."""
+    """Writes the position figure for `model` into `folder`; returns its values (position kind, stripe score or
+    None, heads of a relative bias) and the files written (none for a model without position embeddings)."""
     config = attention.body(model).config
     grid = counts.grid_of(config, image_size) if image_size else config.grid_size
     kind = config.position_embedding_type
-    if kind == "none":
-        return "position_embedding_type='none': this model has no position table to draw", None, []
-    if kind == "relative_2d":
+    values = {"position_embedding_type": kind, "stripe_score": None}
+    described = POSITION_KINDS[kind]
+    if not (described.adds_table or described.attention_bias):
+        return values, []
+    if described.attention_bias:
         tables = position.relative_bias_tables(model, layer, grid)
         np.save(folder / "relative_position_bias.npy", tables.numpy())
         path = plots.plot_relative_bias(
@@ -264,26 +215,45 @@ def similarity_figures(model, folder, image_size=None, layer=0, title=""):
             folder / "relative_position_bias.png",
             f"{title} relative bias, layer {layer}, grid {grid[0]}x{grid[1]}",
         )
-        return f"wrote {path} ({tables.shape[0]} heads over (dy, dx))", None, [path, path.with_suffix(".npy")]
+        return {**values, "heads": tables.shape[0]}, [path, path.with_suffix(".npy")]
     similarity = position.cosine_similarity_grid(position.position_table(model, grid), grid)
     np.save(folder / "position_similarity.npy", similarity.numpy())
     score = position.stripe_score(similarity)
     path = plots.plot_position_similarity(
         similarity, folder / "position_similarity.png", f"{title} {kind} position embeddings, grid {grid[0]}x{grid[1]}"
     )
-    message = f"wrote {path}; stripe score {'n/a (grid too small)' if score is None else f'{score:.3f}'}"
-    return message, score, [path, path.with_suffix(".npy")]
+    return {**values, "stripe_score": score}, [path, path.with_suffix(".npy")]
 
 
-def analyze_position_similarity(src, *, layer: int = 0, image_size=None, output_dir="analysis") -> AnalysisResult:
-    """Cosine similarity of the position embeddings of SRC as grid tiles (learned, learned_2d, sincos_2d), or each
-    head's relative bias of block `layer` (relative_2d), drawn into `output_dir`; `values["stripe_score"]`: mean
-    similarity of same-row or same-column pairs minus that of other pairs at the same distance."""
-    image_size = image_size_of(image_size)
+@dataclass(frozen=True)
+class PositionSimilarityOptions:
+    """Cosine similarity of each patch's position vector with every other patch's, as G x G tiles (learned,
+    learned_2d, sincos_2d), or each head's relative bias over (dy, dx) of block `layer` (relative_2d), drawn into
+    `output_dir`; `values["stripe_score"]`: mean similarity of same-row or same-column pairs minus that of other
+    pairs at the same distance."""
+
+    src: str = argument("SRC", SRC_HELP)
+    layer: int = option(0, "block whose relative bias to draw (relative_2d)")
+    image_size: int | tuple | str | None = option(None, IMAGE_SIZE_HELP)
+    output_dir: str = option("analysis", OUTPUT_HELP)
+
+    def __post_init__(self):
+        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
+            raise HubViTError(f"layer={self.layer!r}; expected a block index >= 0")
+        settle(
+            self,
+            src=nonempty_path(self.src, "src"),
+            image_size=image_size_of(self.image_size),
+            output_dir=nonempty_path(self.output_dir, "output_dir"),
+        )
+
+
+def run_position_similarity(options: PositionSimilarityOptions) -> AnalysisResult:
+    src, image_size = options.src, options.image_size
     model, _ = source.load_model(src, image_size if source.is_preset(src) else None)
     check_size(model.config, image_size)
-    message, score, files = similarity_figures(model, output_folder(output_dir), image_size, layer, src)
-    return AnalysisResult(files, {"stripe_score": score}, message)
+    values, files = similarity_figures(model, output_folder(options.output_dir), image_size, options.layer, src)
+    return AnalysisResult(files, values)
 
 
 def attention_map_figure(model, processor, image, path, method="rollout", head=None, image_size=None):
@@ -302,25 +272,49 @@ def attention_map_figure(model, processor, image, path, method="rollout", head=N
     return values
 
 
-def analyze_attention_map(
-    src, image, *, method: str = "rollout", head: int | None = None, image_size=None, output_dir="analysis"
-) -> AnalysisResult:
-    """Attention rollout over IMAGE (Abnar and Zuidema, 2020) from [CLS] (or the mean patch query), or the last
-    layer's attention (`method='last-layer'`, one `head` or their mean), drawn over the image into `output_dir`;
+METHODS = ("rollout", "last-layer")
+
+
+@dataclass(frozen=True)
+class AttentionMapOptions:
+    """Attention rollout over IMAGE (Abnar and Zuidema, 2020: heads averaged, identity added, rows renormalised,
+    multiplied through the layers) from [CLS] (or the mean of the patch queries without [CLS]), or the last layer's
+    attention (`method='last-layer'`, one `head` or their mean), drawn over the image into `output_dir`;
     `values["map"]` is the patch-grid array."""
-    if method not in ("rollout", "last-layer"):
-        raise HubViTError(f"method={method!r}; expected 'rollout' or 'last-layer'")
-    if head is not None and method != "last-layer":
-        raise HubViTError("--head applies to --method last-layer only")
-    if not Path(image).is_file():
-        raise HubViTError(f"IMAGE {str(image)!r} is not a file")
-    image_size = image_size_of(image_size)
+
+    src: str = argument("SRC", SRC_HELP)
+    image: str = argument("IMAGE", "an image file")
+    method: str = option("rollout", "rollout or last-layer", choices=METHODS)
+    head: int | None = option(None, "with last-layer: the head (default: mean of all heads)")
+    image_size: int | tuple | str | None = option(None, IMAGE_SIZE_HELP)
+    output_dir: str = option("analysis", OUTPUT_HELP)
+
+    def __post_init__(self):
+        choice(self.method, METHODS, "method")
+        if self.head is not None and self.method != "last-layer":
+            raise HubViTError("--head applies to --method last-layer only")
+        image = path_text(self.image, "image")
+        if not Path(image).is_file():
+            raise HubViTError(f"IMAGE {image!r} is not a file")
+        settle(
+            self,
+            src=nonempty_path(self.src, "src"),
+            image=image,
+            image_size=image_size_of(self.image_size),
+            output_dir=nonempty_path(self.output_dir, "output_dir"),
+        )
+
+
+def run_attention_map(options: AttentionMapOptions) -> AnalysisResult:
+    src, image, image_size = options.src, options.image, options.image_size
     model, processor = source.load_model(src, image_size if source.is_preset(src) else None)
     check_size(model.config, image_size)
-    path = output_folder(output_dir) / f"attention_map_{Path(image).stem}_{method}.png"
-    values = attention_map_figure(model, processor, source.open_image(image), path, method, head, image_size)
+    path = output_folder(options.output_dir) / f"attention_map_{Path(image).stem}_{options.method}.png"
+    values = attention_map_figure(
+        model, processor, source.open_image(image), path, options.method, options.head, image_size
+    )
     np.save(path.with_suffix(".npy"), values)
-    return AnalysisResult([path, path.with_suffix(".npy")], {"map": values}, f"wrote {path}")
+    return AnalysisResult([path, path.with_suffix(".npy")], {"map": values})
 
 
 def training_figures(src, images, folder, max_images=128, max_maps=4, batch_size=32):

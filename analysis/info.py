@@ -9,36 +9,23 @@ residual additions cost O(T x d) each and are left out, as in the paper's and ti
 
 from dataclasses import dataclass
 
+from .. import presets
 from ..errors import HubViTError
+from ..modeling.configuration_hubvit import POSITION_KINDS
 
-# Sizes from the ViT paper (Table 1) and DeiT (Ti): hidden size, depth, heads, MLP size.
-SIZES = {
-    "ti": (192, 12, 3, 768),
-    "s": (384, 12, 6, 1536),
-    "b": (768, 12, 12, 3072),
-    "l": (1024, 24, 16, 4096),
-    "h": (1280, 32, 16, 5120),
-}
 DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
 
 
 def preset_config(name, image_size=224, num_labels=1000):
-    """`b/16`-style names (size letter / patch side) as a `HubViTConfig` with the paper's 1000-class head."""
+    """`b/16`-style names (size letter / patch side, `hubvit.presets`) as a `HubViTConfig` with the paper's
+    1000-class head; a size the model cannot take is a `HubViTError` naming it."""
     from hubvit import HubViTConfig
 
-    size, _, patch = name.lower().partition("/")
-    if size not in SIZES or not patch.isdigit() or int(patch) <= 0:
-        raise HubViTError(f"unknown preset {name!r}; expected SIZE/PATCH with SIZE in {sorted(SIZES)}, e.g. 'b/16'")
-    hidden, depth, heads, mlp = SIZES[size]
-    return HubViTConfig(
-        image_size=image_size,
-        patch_size=int(patch),
-        hidden_size=hidden,
-        num_hidden_layers=depth,
-        num_attention_heads=heads,
-        intermediate_size=mlp,
-        num_labels=num_labels,
-    )
+    fields = presets.config_fields(name, image_size)
+    try:
+        return HubViTConfig(**fields, num_labels=num_labels)
+    except ValueError as error:  # the config's own checks: bad input here, not a bug
+        raise HubViTError(f"preset {name!r} at image size {image_size!r}: {error}") from None
 
 
 def parse_image_size(value):
@@ -132,7 +119,7 @@ def block_parameters(config):
     d, m = config.hidden_size, config.intermediate_size
     gh, gw = config.grid_size
     parts = [("norm1", 2 * d), ("attention.qkv", linear(d, 3 * d, config.qkv_bias)), ("attention.proj", linear(d, d))]
-    if config.position_embedding_type == "relative_2d":
+    if POSITION_KINDS[config.position_embedding_type].attention_bias:
         parts.append(("attention.relative_position_bias", config.num_attention_heads * (2 * gh - 1) * (2 * gw - 1)))
     parts += [("norm2", 2 * d), ("mlp.fc1", linear(d, m)), ("mlp.fc2", linear(m, d))]
     if config.layer_scale_init_value is not None:
@@ -250,7 +237,7 @@ PATCH_ACCURACY_FILE = "patch_size_accuracy.json"
 
 def read_patch_accuracy(path):
     """{patch side: accuracy} from a `patch_size_accuracy.json` (written by `finetune.py --patch_sizes`), and the
-    split it was measured on; ValueError naming the file when it is not one."""
+    split it was measured on; `HubViTError` naming the file when it is not one."""
     import json
     from pathlib import Path
 
@@ -258,7 +245,7 @@ def read_patch_accuracy(path):
         record = json.loads(Path(path).read_text())
         accuracy = {int(size): float(value) for size, value in record["accuracy"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ValueError(
+        raise HubViTError(
             f"{path}: not a patch-size accuracy file ({{'accuracy': {{P: value}}}} expected): "
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
         ) from None

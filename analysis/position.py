@@ -13,23 +13,12 @@ from .attention import body
 
 
 def position_table(model, grid=None):
-    """(N, D) position vectors of the patches at `grid` (default: the native grid), or None for `relative_2d` and
-    `none`, which add no vector to the patches."""
-    from hubvit.modeling.modeling_hubvit import sincos_2d_position_table
-
+    """(N, D) position vectors of the patches at `grid` (default: the native grid), as the model computes them, or
+    None for the kinds that add no vector to the patches (`relative_2d`, `none`)."""
     model = body(model)
-    config, embeddings = model.config, model.embeddings
-    grid = tuple(grid or config.grid_size)
-    kind = config.position_embedding_type
     with torch.no_grad():
-        if kind == "learned":
-            table = embeddings.learned_table(grid)
-            return table[0, table.shape[1] - grid[0] * grid[1] :].float()
-        if kind == "learned_2d":
-            return embeddings.learned_2d_table(grid)[0].float()
-        if kind == "sincos_2d":
-            return sincos_2d_position_table(grid, config.hidden_size)[0]
-    return None
+        table = model.embeddings.patch_position_table(tuple(grid or model.config.grid_size))
+    return None if table is None else table[0].float()
 
 
 def cosine_similarity_grid(table, grid):

@@ -6,14 +6,14 @@ from pathlib import Path
 
 from ..errors import HubViTError
 from ..limits import check_config_sizes, open_image as open_bounded, regular_files, require_safetensors
-from .info import SIZES, preset_config
+from ..presets import is_preset_name
+from .info import preset_config
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 def is_preset(src):
-    size, slash, patch = str(src).lower().partition("/")
-    return bool(slash) and size in SIZES and patch.isdigit() and not os.path.exists(src)
+    return is_preset_name(src) and not os.path.exists(src)
 
 
 def load_config(src, image_size=None):

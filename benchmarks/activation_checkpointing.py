@@ -20,12 +20,10 @@ import time
 
 import torch
 
+from hubvit.presets import SIZES
+
 NAMES = {"ti16": "ViT-Ti/16", "s16": "ViT-S/16", "b16": "ViT-B/16"}
-MODELS = {
-    "ti16": dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
-    "s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
-    "b16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-}
+MODELS = {f"{letter}16": SIZES[letter].fields() for letter in ("ti", "s", "b")}
 
 
 def cpu_seconds():

@@ -34,10 +34,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from hubvit.presets import SIZES
+
 ARCHITECTURES = {
-    "ti16": dict(name="ViT-Ti/16", hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
-    "s16": dict(name="ViT-S/16", hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
-    "b16": dict(name="ViT-B/16", hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    **{
+        f"{letter}16": dict(name=f"ViT-{letter.capitalize()}/16", **SIZES[letter].fields())
+        for letter in ("ti", "s", "b")
+    },
     "tiny": dict(
         name="ViT-2L/8 (tiny)",
         hidden_size=64,

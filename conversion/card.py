@@ -5,6 +5,7 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from .. import presets
 from .common import RESAMPLE_NAMES
 from .preprocessing import describe as describe_processor
 
@@ -43,7 +44,6 @@ CITATIONS = {
 
 
 REPO_PLACEHOLDER = "REPO_ID"
-SIZE_NAMES = {(192, 12): "Ti", (384, 12): "S", (768, 12): "B", (1024, 24): "L", (1280, 32): "H"}
 
 
 @dataclass
@@ -80,7 +80,8 @@ def count_parameters(model):
 def model_name(config, family):
     """ViT-B/16 style name when the width and depth are a standard size, else ViT-{width}d{depth}/{patch}."""
     width, depth, (patch, _) = config.hidden_size, config.num_hidden_layers, config.patch_size_2d
-    size = SIZE_NAMES.get((width, depth), f"{width}d{depth}")
+    known = presets.size_of(width, depth)
+    size = known.letter.capitalize() if known else f"{width}d{depth}"
     return f"hubvit ViT-{size}/{patch} ({family})"
 
 

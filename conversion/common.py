@@ -1,6 +1,6 @@
 """What every converter shares: the `Conversion` record a converter returns, the records the API returns, and (re-exported
 from their own modules) safe reading of weight files (`weights`), the strict key mapper (`mapping`), the check against
-the source (`verification`) and the shared flags (`arguments`).
+the source (`verification`), and the options every converter shares (`ConversionOptions`).
 
 A converter module reads its source and returns a `Conversion` (weights, config fields, preprocessing, labels, a
 reference forward of the source); `folder.write_conversion` then builds the model, runs `verify`, writes the folder and
@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ..errors import ConversionError, listing
 from ..limits import check_config_sizes
-from .arguments import TOLERANCE, add_verify_arguments, positive_number
+from ..options import TOLERANCE, argument, flag, nonempty_path, option, path_text, positive, settle
+from .patch_size import check_patch_size
 from .mapping import StrictMapping
 from .verification import Verification, hubvit_outputs, verify
 from .weights import CORRUPT_FILE_ERRORS, WEIGHT_SUFFIXES, check_finite, read_weights, shard_files, to_tensor
@@ -28,18 +29,18 @@ __all__ = [
     "Conversion",
     "ConversionError",
     "ConversionResult",
+    "ExportOptions",
     "ExportResult",
     "Preprocessing",
     "Reference",
     "StrictMapping",
     "Verification",
-    "add_verify_arguments",
+    "ConversionOptions",
     "check_finite",
     "hubvit_outputs",
     "listing",
     "load_hubvit",
     "make_config",
-    "positive_number",
     "read_hubvit_config",
     "read_weights",
     "resample_name",
@@ -113,6 +114,7 @@ class Conversion:
     lines about tensors not carried over. The card texts (`provenance`, `command`, `family`, `license`,
     `citation_key`, `title`) say where the weights came from; `source` where SRC itself came from
     (`sources.Source.record()`: Hub repo id and resolved commit, or address and sha256; {} for a local path).
+    `notes`: what else the conversion did to the weights, for the result's lines.
     """
 
     weights: dict
@@ -128,6 +130,7 @@ class Conversion:
     citation_key: str | list | None = None
     title: str | None = None
     source: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
 
 
 def make_config(conversion):
@@ -138,12 +141,15 @@ def make_config(conversion):
     labels = {int(k): str(v) for k, v in conversion.labels.items()}
     if sorted(labels) != list(range(len(labels))):
         raise ConversionError(f"labels must be numbered 0..{len(labels) - 1}, got ids {sorted(labels)[:10]}")
-    config = HubViTConfig(
-        **conversion.config,
-        num_labels=len(labels),
-        id2label=labels or None,
-        label2id={name: i for i, name in labels.items()} or None,
-    )
+    try:
+        config = HubViTConfig(
+            **conversion.config,
+            num_labels=len(labels),
+            id2label=labels or None,
+            label2id={name: i for i, name in labels.items()} or None,
+        )
+    except ValueError as error:  # the config's own checks: a checkpoint hubvit cannot express
+        raise ConversionError(f"the converted settings are not a valid hubvit config: {error}") from None
     if not labels:
         config.id2label, config.label2id = {}, {}
     return config
@@ -168,27 +174,89 @@ def read_hubvit_config(src):
             f"{src}: not a hubvit folder (config.json model_type={raw.get('model_type')!r}, expected 'hubvit')"
         )
     check_config_sizes(raw, str(path))
-    return HubViTConfig.from_pretrained(str(src)), raw
+    try:
+        return HubViTConfig.from_pretrained(str(src)), raw
+    except ValueError as error:
+        raise ConversionError(f"{path}: not a valid hubvit config: {error}") from None
+
+
+@dataclass(frozen=True)
+class ConversionOptions:
+    """What every converter reads besides its own options: SRC, OUT, and how the result is checked and served."""
+
+    src: str = argument("SRC", "the checkpoint to convert")
+    out: str = argument("OUT", "hubvit folder to write")
+    overwrite: bool = option(False, "replace OUT if it exists")
+    verify: bool = option(
+        True,
+        "run the source implementation and the converted model on the same input and fail above tolerance",
+    )
+    tolerance: float = option(
+        TOLERANCE,
+        f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
+    )
+    patch_size: int | tuple | str | None = option(
+        None,
+        "serve the converted model at this patch size (int or HxW): verified at the source's patch size, then the "
+        "patch embedding PI-resized (FlexiViT) and the position table resized to the new grid; the card records it",
+        metavar="P",
+    )
+
+    def __post_init__(self):
+        settle(
+            self,
+            src=nonempty_path(self.src, "src"),
+            out=path_text(self.out, "out"),
+            overwrite=flag(self.overwrite, "overwrite"),
+            verify=flag(self.verify, "verify"),
+            tolerance=positive(self.tolerance, "tolerance"),
+            patch_size=check_patch_size(self.patch_size),
+        )
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What every export reads: the hubvit folder SRC, OUT, and the tolerance of the check against SRC."""
+
+    src: str = argument("SRC", "hubvit folder (config.json + model.safetensors)")
+    out: str = argument("OUT", "where to write")
+    overwrite: bool = option(False, "replace OUT if it exists")
+    tolerance: float = option(TOLERANCE, f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})")
+
+    def __post_init__(self):
+        settle(
+            self,
+            src=nonempty_path(self.src, "src"),
+            out=path_text(self.out, "out"),
+            overwrite=flag(self.overwrite, "overwrite"),
+            tolerance=positive(self.tolerance, "tolerance"),
+        )
 
 
 @dataclass(frozen=True)
 class ConversionResult:
     """What a conversion wrote: the hubvit `folder`, and the largest |difference| from the source's own forward over
-    every checked output and size (`max_abs_diff`, None when not verified, `verification` then says why)."""
+    every checked output and size (`max_abs_diff`, None when not verified, `verification` then says why).
+
+    `lines`: what the conversion has to say (tensors dropped and why, preprocessing notes, the verification figures
+    per output and size), which the command line prints."""
 
     folder: Path
     max_abs_diff: float | None
     verification: str
+    lines: tuple = ()
 
 
 @dataclass(frozen=True)
 class ExportResult:
     """What an export wrote: the folder or file at `path`, and the largest |difference| between the exported model
-    and the hubvit folder over every checked output (`lines`: one per output and size)."""
+    and the hubvit folder over every checked output (`lines`: one per output and size; `notes`: tensors dropped and
+    settings changed on the way, which the command line prints)."""
 
     path: Path
     max_abs_diff: float
     lines: tuple = ()
+    notes: tuple = ()
 
 
 def load_hubvit(src):

@@ -12,6 +12,7 @@ so a runtime without transformers can preprocess and label.
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -20,9 +21,13 @@ from pathlib import Path
 import torch
 
 from ..limits import check_side_file, require_safetensors, write_text_atomic
-from .common import ConversionError, ExportResult, positive_number, read_hubvit_config
+from ..options import argument, flag, option, settle, whole
+from .common import ConversionError, ExportOptions, ExportResult, read_hubvit_config
+from .folder import check_output_path
 from .fuse_onnx import LAST_BLOCK_QUERIES, fuse_for_onnxruntime
 from .quantize_onnx import quantize_in_place
+
+logger = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4
 # The opset torch.onnx writes by default: exact GELU is one `Gelu` operator (opset 20), which onnxruntime runs faster
@@ -31,40 +36,38 @@ OPSET = 20
 MIN_OPSET = 18
 
 
-def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
-    parser.add_argument("out", metavar="OUT", help="the .onnx file to write (OUT.verification.json is written beside)")
-    parser.add_argument("--opset", type=int, default=OPSET, help=f"ONNX opset ({OPSET})")
-    parser.add_argument(
-        "--tolerance",
-        type=positive_number,
-        default=TOLERANCE,
-        help="max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)",
-    )
-    parser.add_argument(
-        "--int8",
-        action="store_true",
-        help="quantize the encoder projections to int8 (onnxruntime, dynamic; implies --onnxruntime_fusion)",
-    )
-    parser.add_argument(
-        "--onnxruntime_fusion",
-        action="store_true",
-        help="attention and GELU as onnxruntime's fused operators: faster in onnxruntime, not readable by OpenVINO",
-    )
-    parser.set_defaults(out_is_file=True)
-
-
 @dataclass(frozen=True)
-class Options:
-    """The keyword arguments of `export_onnx`, checked."""
+class Options(ExportOptions):
+    """Write the hubvit folder SRC as one ONNX graph OUT (`.onnx`) with dynamic batch, height and width, after
+    onnxruntime reproduces PyTorch within `tolerance` at three sizes (the figures also go to OUT.verification.json).
+    `onnxruntime_fusion` writes attention and GELU as onnxruntime's fused operators (a graph for onnxruntime only);
+    `int8` fuses them too, then quantizes the encoder projections (dynamic, onnxruntime) and records their agreement
+    in that file."""
 
-    src: str
-    out: str
-    opset: int = OPSET
-    tolerance: float = TOLERANCE
-    overwrite: bool = False
-    int8: bool = False
-    onnxruntime_fusion: bool = False
+    out: str = argument("OUT", "the .onnx file to write (OUT.verification.json is written beside)")
+    opset: int = option(OPSET, f"ONNX opset ({OPSET})")
+    tolerance: float = option(TOLERANCE, "max |onnxruntime - PyTorch| / max |PyTorch| (1e-4)")
+    int8: bool = option(
+        False, "quantize the encoder projections to int8 (onnxruntime, dynamic; implies --onnxruntime_fusion)"
+    )
+    onnxruntime_fusion: bool = option(
+        False,
+        "attention and GELU as onnxruntime's fused operators: faster in onnxruntime, not readable by OpenVINO",
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        settle(
+            self,
+            opset=whole(self.opset, "opset", minimum=7, optional=False),
+            int8=flag(self.int8, "int8"),
+            onnxruntime_fusion=flag(self.onnxruntime_fusion, "onnxruntime_fusion"),
+        )
+
+
+def run(options: Options) -> ExportResult:
+    check_output_path(options.out, options.src, is_file=True)
+    return export(options)
 
 
 class Outputs(torch.nn.Module):
@@ -190,7 +193,7 @@ def fuse_in_place(path, config):
     graph = onnx.load(str(path))
     counts = fuse_for_onnxruntime(graph, config)
     onnx.save(graph, str(path))
-    print("onnxruntime fusion: " + ", ".join(f"{count} {name}" for name, count in counts.items()))
+    logger.info("onnxruntime fusion: %s", ", ".join(f"{count} {name}" for name, count in counts.items()))
     return counts
 
 
@@ -279,13 +282,13 @@ def export(args):
         names = export_graph(model, staging, args.opset)
         fused = fuse_in_place(staging, model.config) if args.onnxruntime_fusion or args.int8 else None
         rows = verify(model, staging, names, openvino=fused is None)
-        for row in rows:
-            relative = row["max_abs_difference"] / max(row["max_abs_output"], 1e-12)
-            print(
-                f"verify {row['output']} batch {row['batch']} at {row['height']}x{row['width']}: "
-                f"max |{row['runtime']} - torch| = {row['max_abs_difference']:.2e} (max |{row['output']}| = "
-                f"{row['max_abs_output']:.3g}, relative {relative:.1e})"
-            )
+        notes = tuple(
+            f"verify {row['output']} batch {row['batch']} at {row['height']}x{row['width']}: "
+            f"max |{row['runtime']} - torch| = {row['max_abs_difference']:.2e} (max |{row['output']}| = "
+            f"{row['max_abs_output']:.3g}, relative "
+            f"{row['max_abs_difference'] / max(row['max_abs_output'], 1e-12):.1e})"
+            for row in rows
+        )
         worst = max(rows, key=lambda r: r["max_abs_difference"] / max(r["max_abs_output"], 1e-12))
         if worst["max_abs_difference"] > args.tolerance * worst["max_abs_output"]:
             raise ConversionError(
@@ -318,11 +321,11 @@ def export(args):
         int8=int8,
     )
     write_text_atomic(report, json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out} and {report.name}")
+    logger.info("wrote %s and %s", out, report.name)
     worst = max(row["max_abs_difference"] for row in rows)
     lines = [
         f"{row['output']} batch {row['batch']} at {row['height']}x{row['width']}: max |Δ| = "
         f"{row['max_abs_difference']:.2e}"
         for row in rows
     ]
-    return ExportResult(out, worst, tuple(lines))
+    return ExportResult(out, worst, tuple(lines), notes + ((int8["line"],) if int8 else ()))

@@ -6,24 +6,27 @@ written by timm's own `save_for_hf` (config.json with `architecture`, `model_arg
 model.safetensors). Settings timm cannot express from a config are refused, all of them listed at once.
 """
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..options import argument
 from .common import (
     RESAMPLE_NAMES,
-    TOLERANCE,
     ConversionError,
+    ExportOptions,
     ExportResult,
     StrictMapping,
     load_hubvit,
-    positive_number,
     read_hubvit_config,
     verify,
 )
-from .folder import staged_folder
+from .folder import check_output_path, staged_folder
 from .timm import RENAMES, import_timm, timm_reference
 from .transformers import read_json
+
+logger = logging.getLogger(__name__)
 
 TIMM_INTERPOLATION = ("bicubic", True, False)
 ACTIVATIONS = {
@@ -40,25 +43,17 @@ ENTRY_POINTS = {1e-6: "vit_base_patch16_224", 1e-5: "vit_base_patch16_clip_224"}
 DISTILLED_ENTRY_POINT = "deit_base_distilled_patch16_224"
 
 
-def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
-    parser.add_argument("out", metavar="OUT", help="timm Hub-layout folder to write (config.json + model.safetensors)")
-    parser.add_argument(
-        "--tolerance",
-        type=positive_number,
-        default=TOLERANCE,
-        help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
-    )
-
-
 @dataclass(frozen=True)
-class Options:
-    """The keyword arguments of `export_timm`, checked."""
+class Options(ExportOptions):
+    """Write the hubvit folder SRC as a timm Hub-layout folder (`timm.create_model("local-dir:OUT")` loads it with
+    no hubvit installed), after both agree within `tolerance`; settings timm cannot express are refused."""
 
-    src: str
-    out: str
-    tolerance: float = TOLERANCE
-    overwrite: bool = False
+    out: str = argument("OUT", "timm Hub-layout folder to write (config.json + model.safetensors)")
+
+
+def run(options: Options) -> ExportResult:
+    check_output_path(options.out, options.src)
+    return export(options)
 
 
 def export_problems(config):
@@ -269,13 +264,10 @@ def export(args):
     timm_model.load_state_dict(state_dict, strict=True)
 
     notes = export_notes(config)
-    for line in mapping.report() + notes:
-        print(line)
     description = f"the exported timm {import_timm().__version__} `{architecture}`"
     exported = timm_reference(timm_model, description, args.tolerance)
     result = verify(exported, model)
     lines = result.lines
-    print("verify: " + "; ".join(lines))
     with staged_folder(args.out, args.overwrite) as staging:
         save_for_hf(
             timm_model,
@@ -286,5 +278,5 @@ def export(args):
             data_config=data_config(args.src, config),
         )
         card_text(args, architecture, config, lines, notes).save(staging / "README.md")
-    print(f"wrote {args.out} (timm {architecture} with model_args, timm {timm.__version__})")
-    return ExportResult(Path(args.out), result.max_abs_diff, tuple(lines))
+    logger.info("wrote %s (timm %s with model_args, timm %s)", args.out, architecture, timm.__version__)
+    return ExportResult(Path(args.out), result.max_abs_diff, tuple(lines), tuple(mapping.report() + notes))

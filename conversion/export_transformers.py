@@ -5,23 +5,26 @@ pooler when headless) folder written by transformers' own `save_pretrained`, aft
 anything else is refused with the list of offending settings.
 """
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..options import argument
 from .common import (
-    TOLERANCE,
     ConversionError,
+    ExportOptions,
     ExportResult,
     Reference,
     StrictMapping,
     load_hubvit,
-    positive_number,
     read_hubvit_config,
     verify,
 )
-from .folder import make_image_processor, staged_folder
+from .folder import check_output_path, make_image_processor, staged_folder
+
+logger = logging.getLogger(__name__)
 
 VIT_INTERPOLATION = ("bicubic", False, False)
 VIT_LAYER_NAMES = {
@@ -152,25 +155,17 @@ def build_vit(config, weights, description):
     return model, mapping
 
 
-def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="hubvit folder (config.json + model.safetensors)")
-    parser.add_argument("out", metavar="OUT", help="folder for transformers' ViTForImageClassification / ViTModel")
-    parser.add_argument(
-        "--tolerance",
-        type=positive_number,
-        default=TOLERANCE,
-        help=f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})",
-    )
-
-
 @dataclass(frozen=True)
-class Options:
-    """The keyword arguments of `export_transformers`, checked."""
+class Options(ExportOptions):
+    """Write the hubvit folder SRC as transformers' built-in `ViTForImageClassification` (`ViTModel` when headless)
+    at OUT, after both agree within `tolerance`; settings ViT cannot express are refused, all listed."""
 
-    src: str
-    out: str
-    tolerance: float = TOLERANCE
-    overwrite: bool = False
+    out: str = argument("OUT", "folder for transformers' ViTForImageClassification / ViTModel")
+
+
+def run(options: Options) -> ExportResult:
+    check_output_path(options.out, options.src)
+    return export(options)
 
 
 def export(args):
@@ -189,8 +184,7 @@ def export(args):
         )
     hubvit_model = load_hubvit(src)
     model, mapping = build_vit(config, hubvit_model.state_dict(), f"hubvit folder ({src})")
-    for line in mapping.report() + export_notes(config):
-        print(line)
+    notes = tuple(mapping.report() + export_notes(config))
 
     def forward(pixels):
         outputs = model(pixel_values=pixels)
@@ -202,7 +196,6 @@ def export(args):
         tolerance=args.tolerance,
     )
     result = verify(exported, hubvit_model)
-    print("verify: " + "; ".join(result.lines))
 
     with staged_folder(out, args.overwrite) as staging:
         model.save_pretrained(staging)
@@ -210,5 +203,5 @@ def export(args):
             ViTImageProcessor.from_pretrained(str(src)).save_pretrained(staging)
         else:
             make_image_processor(config).save_pretrained(staging)
-    print(f"wrote {out} ({type(model).__name__})")
-    return ExportResult(out, result.max_abs_diff, tuple(result.lines))
+    logger.info("wrote %s (%s)", out, type(model).__name__)
+    return ExportResult(out, result.max_abs_diff, tuple(result.lines), notes)

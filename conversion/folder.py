@@ -8,6 +8,7 @@ so a failure never leaves a half-written folder.
 
 import ctypes
 import errno
+import logging
 import os
 import shutil
 import signal
@@ -24,6 +25,8 @@ from ..errors import OutputExistsError
 from .common import RESAMPLE_IDS, ConversionError, ConversionResult, make_config, resample_name, verify
 from .patch_size import patch_size_text, resize_converted
 from .preprocessing import processor_for
+
+logger = logging.getLogger(__name__)
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
 
@@ -258,9 +261,18 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
     return Path(out_dir)
 
 
+def run_conversion(convert, options):
+    """A converter's command: check OUT before reading anything (an existing non-empty OUT without `overwrite` is
+    refused before a long conversion), convert SRC with `convert(options)`, verify and write the folder."""
+    out = check_output_path(options.out, options.src)
+    if out.is_dir() and not options.overwrite and any(out.iterdir()):
+        raise OutputExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+    return write_conversion(convert(options), options.out, overwrite=options.overwrite, patch_size=options.patch_size)
+
+
 def write_conversion(conversion, out_dir, overwrite=False, patch_size=None):
     """Build the model of a converter's `Conversion`, verify it against the source, and write the folder; returns the
-    `ConversionResult` (the folder and the measured figure).
+    `ConversionResult` (the folder, the measured figure and what the conversion has to say).
 
     The card's Verification section carries the figure measured here, on these weights; where the conversion has
     no reference forward, the card says the file was not verified and why. `patch_size`: after the verification, the
@@ -268,16 +280,15 @@ def write_conversion(conversion, out_dir, overwrite=False, patch_size=None):
     """
     config = make_config(conversion)
     model = build_model(config, conversion.weights)
-    for line in conversion.dropped + conversion.preprocessing.notes:
-        print(line)
+    lines = [*conversion.notes, *conversion.dropped, *conversion.preprocessing.notes]
     reference = conversion.reference
     result = verify(reference, model)
     if result is None:
         verification = f"This file was not verified at conversion: {reference.reason}."
-        print(f"not verified: {reference.reason}")
+        lines.append(f"not verified: {reference.reason}")
     else:
         verification = result.text(reference)
-        print("verify: " + "; ".join(result.lines))
+        lines.append("verify: " + "; ".join(result.lines))
     notes = " ".join(note if note.endswith(".") else f"{note}." for note in conversion.preprocessing.notes)
     resized = None if patch_size is None else resize_converted(model, patch_size, conversion.preprocessing.resample)
     card = CardInfo(
@@ -294,5 +305,5 @@ def write_conversion(conversion, out_dir, overwrite=False, patch_size=None):
     )
     processor = processor_for(conversion.preprocessing, config)
     out = write_folder(model, out_dir, processor, card, overwrite=overwrite)
-    print(f"wrote {out}")
-    return ConversionResult(out, result.max_abs_diff if result else None, verification)
+    logger.info("wrote %s", out)
+    return ConversionResult(out, result.max_abs_diff if result else None, verification, tuple(lines))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..modeling.configuration_hubvit import POSITION_KINDS
 from .common import ConversionError
 
 DOMAIN = "com.microsoft"
@@ -64,7 +65,7 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
     properties = {entry.key: entry.value for entry in model.metadata_props}
     last_queries = int(properties[LAST_BLOCK_QUERIES]) if LAST_BLOCK_QUERIES in properties else None
     last = max(blocks)
-    fuse_attention = config.position_embedding_type != "relative_2d"
+    fuse_attention = not POSITION_KINDS[config.position_embedding_type].attention_bias
     activation = ACTIVATIONS.get(config.hidden_act)
     counts = {"MultiHeadAttention": 0, activation or "activation": 0}
     for index, block in sorted(blocks.items()):

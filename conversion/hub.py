@@ -9,17 +9,21 @@ someone else is code, so `--no-load-check` skips it. Token and endpoint come fro
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .card import REPO_PLACEHOLDER, set_repo_id
 from ..errors import HubViTError
 from ..network import bounded
-from .common import positive_number
+from ..options import argument, flag, nonempty_path, option, positive, settle, text
 from .folder import REQUIRED_FILES
+
+logger = logging.getLogger(__name__)
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
 
@@ -95,28 +99,85 @@ def network_error(error, endpoint):
     return None
 
 
-def add_arguments(parser):
-    parser.add_argument("folder", metavar="LOCAL_DIR", help="a hubvit folder (written by `hubvit convert` ...)")
-    parser.add_argument("repo_id", metavar="REPO_ID", help="the Hub repo, `namespace/name` (or `name` for yours)")
-    parser.add_argument("--private", action="store_true", help="create the repo private (refused if it is public)")
-    parser.add_argument("--revision", metavar="BRANCH", help="push to this branch, created from main if new")
-    parser.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
-    parser.add_argument("--commit-message", metavar="MSG", help="the commit (or pull request) title")
-    parser.add_argument(
-        "--timeout",
-        type=positive_number,
-        default=DEFAULT_TIMEOUT,
+@dataclass(frozen=True)
+class PushResult:
+    """Where a push went: the folder, the repo, and the commit (or pull request) it made."""
+
+    folder: Path
+    repo_id: str
+    commit: str
+    url: str
+
+
+@dataclass(frozen=True)
+class Options:
+    """Publish the hubvit folder to the Hub repo `repo_id` as one commit (or pull request with `create_pr`), after
+    checking that it loads with `trust_remote_code=True` where hubvit is not installed (`load_check=False` skips
+    running the folder's code: use it for a folder you did not write). Each request gives up after `timeout` s."""
+
+    folder: str = argument("LOCAL_DIR", "a hubvit folder (written by `hubvit convert` ...)")
+    repo_id: str = argument("REPO_ID", "the Hub repo, `namespace/name` (or `name` for yours)")
+    private: bool = option(False, "create the repo private (refused if it is public)")
+    revision: str | None = option(None, "push to this branch, created from main if new", metavar="BRANCH")
+    create_pr: bool = option(False, "open a pull request instead of committing")
+    commit_message: str | None = option(None, "the commit (or pull request) title", metavar="MSG")
+    timeout: float = option(
+        DEFAULT_TIMEOUT,
+        f"give up on a Hub request that makes no progress for this long (default: {DEFAULT_TIMEOUT:g} s; applies to "
+        "connecting and to each read or write; huggingface_hub retries a timed-out upload a few times)",
         metavar="SECONDS",
-        help=f"give up on a Hub request that makes no progress for this long (default: {DEFAULT_TIMEOUT:g} s; "
-        "applies to connecting and to each read or write; huggingface_hub retries a timed-out upload a few times)",
     )
-    parser.add_argument(
-        "--no-load-check",
-        dest="load_check",
-        action="store_false",
-        help="skip the load check. By default the folder is loaded with trust_remote_code=True in a child Python, "
-        "which RUNS the folder's own modeling_hubvit.py: use this for a folder you did not write yourself",
+    load_check: bool = option(
+        True,
+        "load the folder with trust_remote_code=True in a child Python before uploading, which RUNS the folder's "
+        "own modeling_hubvit.py: turn it off (--no-load-check) for a folder you did not write yourself",
     )
+    token: str | None = option(None, "a Hugging Face token (default: HF_TOKEN or the one `hf auth login` saved)")
+    endpoint: str | None = option(None, "the Hub's address (default: HF_ENDPOINT or huggingface.co)", metavar="URL")
+
+    def __post_init__(self):
+        settle(
+            self,
+            folder=nonempty_path(self.folder, "folder"),
+            repo_id=text(self.repo_id, "repo_id", optional=False),
+            private=flag(self.private, "private"),
+            revision=text(self.revision, "revision"),
+            create_pr=flag(self.create_pr, "create_pr"),
+            commit_message=text(self.commit_message, "commit_message"),
+            timeout=positive(self.timeout, "timeout"),
+            load_check=flag(self.load_check, "load_check"),
+            token=text(self.token, "token"),
+            endpoint=check_endpoint(self.endpoint),
+        )
+
+
+def check_endpoint(value):
+    """None, or an http(s) address with a host: anything else would send the token somewhere unintended."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HubViTError(f"endpoint={value!r}; expected an http(s) address such as https://huggingface.co")
+    return value.rstrip("/")
+
+
+def run(options: Options) -> PushResult:
+    folder = Path(options.folder)
+    info = push_folder(
+        folder,
+        options.repo_id,
+        private=options.private,
+        revision=options.revision,
+        create_pr=options.create_pr,
+        commit_message=options.commit_message,
+        token=options.token,
+        endpoint=options.endpoint,
+        timeout=options.timeout,
+        load_check=options.load_check,
+    )
+    return PushResult(folder, info.repo_url.repo_id, info.oid, info.pr_url or info.commit_url)
 
 
 def outside_links(folder):
@@ -325,7 +386,7 @@ def _push(api, folder, repo_id, private, revision, create_pr, commit_message, lo
         )
     else:
         summary = "files and config only; the load check was skipped (--no-load-check)"
-    print(f"checked {folder}: {summary}")
+    logger.info("checked %s: %s", folder, summary)
 
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, token=token).repo_id
     if private and not api.model_info(repo_id, token=token).private:
@@ -357,7 +418,7 @@ def _push(api, folder, repo_id, private, revision, create_pr, commit_message, lo
         create_pr=create_pr,
         token=token,
     )
-    print(f"pushed {folder} to {info.pr_url or info.commit_url}")
+    logger.info("pushed %s to %s", folder, info.pr_url or info.commit_url)
     return info
 
 

@@ -14,86 +14,84 @@ import numpy as np
 import torch
 
 from ..modeling import HubViTConfig
+from ..modeling.configuration_hubvit import POSITION_KINDS
 from . import sources
-from .arguments import TOLERANCE
+from ..options import argument, choice, flag, option, settle, text, whole
 from .common import (
     ConversionError,
     Conversion,
+    ConversionOptions,
+    ConversionResult,
     Preprocessing,
     Reference,
     StrictMapping,
-    add_verify_arguments,
     read_weights,
     to_tensor,
 )
-from .folder import build_model, expected_shapes
+from .folder import build_model, expected_shapes, run_conversion
 from .jax_layout import BLOCK_NAMES, POOL_TYPES, detect_layout, read_config
 
-POSITION_EMBEDDINGS = ("sincos_2d", "none")
+# For files without a position table: the kinds that need no learned weights.
+POSITION_EMBEDDINGS = tuple(name for name, kind in POSITION_KINDS.items() if not kind.learned)
 GELUS = ("tanh", "erf")
 
 
-def add_arguments(parser):
-    parser.add_argument(
-        "src",
-        metavar="SRC",
-        help="the .npz checkpoint (vision_transformer or big_vision): a path or an https:// address",
-    )
-    parser.add_argument("out", metavar="OUT", help="folder to write")
-    parser.add_argument(
-        "--image-size",
-        type=int,
-        metavar="S",
-        help="convert for this resolution: the position grid is resized as the original fine-tuning code does "
-        "([CLS] row kept, bilinear on corners); with no position table, the native resolution (default 224)",
-    )
-    parser.add_argument(
-        "--position-embedding",
-        choices=POSITION_EMBEDDINGS,
-        help="for checkpoints without a position table: big_vision posemb='sincos2d', or none",
-    )
-    parser.add_argument(
-        "--pool-type",
-        choices=tuple(POOL_TYPES),
-        help="big_vision pool_type; only needed for '0' (first token), which the keys cannot tell from 'gap'",
-    )
-    parser.add_argument(
-        "--gelu",
-        choices=GELUS,
-        default="tanh",
-        help="tanh (default): Flax nn.gelu, as trained; erf: what timm and transformers use with these weights",
-    )
-    parser.add_argument(
-        "--drop-pre-logits",
-        action="store_true",
-        help="drop the representation layer (pre_logits) and the head behind it, as the original fine-tuning does",
-    )
-    parser.add_argument(
-        "--num-labels",
-        type=int,
-        metavar="N",
-        help="replace the head with a fresh zero-initialised one over N labels (0: headless)",
-    )
-    add_verify_arguments(parser)
-    sources.add_arguments(parser, "url")
-
-
 @dataclass(frozen=True)
-class Options:
-    """What `convert` reads besides the file: the keyword arguments of `convert_jax`, checked."""
+class Options(ConversionOptions):
+    """Convert an original JAX `.npz` (vision_transformer or big_vision; a path, or an https:// address checked
+    against `sha256`) into a hubvit folder at OUT, after checking it against the Flax model of its own codebase
+    (`verify`, within `tolerance`; skipped with a reason when jax/flax are not installed)."""
 
-    src: str
-    out: str
-    image_size: int | None = None
-    position_embedding: str | None = None
-    pool_type: str | None = None
-    gelu: str = "tanh"
-    drop_pre_logits: bool = False
-    num_labels: int | None = None
-    verify: bool = True
-    tolerance: float = TOLERANCE
-    patch_size: int | tuple | None = None
-    sha256: str | None = None
+    src: str = argument("SRC", "the .npz checkpoint (vision_transformer or big_vision): a path or an https:// address")
+    out: str = argument("OUT", "folder to write")
+    image_size: int | None = option(
+        None,
+        "convert for this resolution: the position grid is resized as the original fine-tuning code does "
+        "([CLS] row kept, bilinear on corners); with no position table, the native resolution (default 224)",
+        metavar="S",
+    )
+    position_embedding: str | None = option(
+        None,
+        "for checkpoints without a position table: big_vision posemb='sincos2d', or none",
+        choices=POSITION_EMBEDDINGS,
+    )
+    pool_type: str | None = option(
+        None,
+        "big_vision pool_type; only needed for '0' (first token), which the keys cannot tell from 'gap'",
+        choices=tuple(POOL_TYPES),
+    )
+    gelu: str = option(
+        "tanh",
+        "tanh (default): Flax nn.gelu, as trained; erf: what timm and transformers use with these weights",
+        choices=GELUS,
+    )
+    drop_pre_logits: bool = option(
+        False,
+        "drop the representation layer (pre_logits) and the head behind it, as the original fine-tuning does",
+    )
+    num_labels: int | None = option(
+        None, "replace the head with a fresh zero-initialised one over N labels (0: headless)", metavar="N"
+    )
+    sha256: str | None = option(None, sources.SHA256_HELP)
+
+    def __post_init__(self):
+        super().__post_init__()
+        settle(
+            self,
+            image_size=whole(self.image_size, "image_size"),
+            position_embedding=choice(
+                self.position_embedding, POSITION_EMBEDDINGS, "position_embedding", optional=True
+            ),
+            pool_type=choice(self.pool_type, tuple(POOL_TYPES), "pool_type", optional=True),
+            gelu=choice(self.gelu, GELUS, "gelu"),
+            drop_pre_logits=flag(self.drop_pre_logits, "drop_pre_logits"),
+            num_labels=whole(self.num_labels, "num_labels"),
+            sha256=text(self.sha256, "sha256"),
+        )
+
+
+def run(options: Options) -> ConversionResult:
+    return run_conversion(convert, options)
 
 
 def dense(kernel):
@@ -219,10 +217,10 @@ def map_weights(source, layout, config, args, path):
 
 def command_line(args):
     parts = ["hubvit", "convert", "jax", str(args.src), str(args.out)]
-    for flag in ("image_size", "position_embedding", "pool_type", "num_labels"):
-        value = getattr(args, flag, None)
+    for name in ("image_size", "position_embedding", "pool_type", "num_labels"):
+        value = getattr(args, name, None)
         if value is not None:
-            parts += [f"--{flag.replace('_', '-')}", str(value)]
+            parts += [f"--{name.replace('_', '-')}", str(value)]
     if args.gelu != "tanh":
         parts += ["--gelu", args.gelu]
     if args.drop_pre_logits:

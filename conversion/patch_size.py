@@ -7,8 +7,6 @@ patch is at least as large on both sides, the resize is exact for patch-wise ups
 measured here and written on the card; a smaller patch has no exact counterpart, and the card says so.
 """
 
-import argparse
-
 import torch
 
 from ..errors import HubViTError
@@ -45,23 +43,6 @@ def check_patch_size(value):
 def patch_size_text(value):
     """The flag's text for a checked patch size: '16' or '16x8'."""
     return str(value) if isinstance(value, int) else f"{value[0]}x{value[1]}"
-
-
-def patch_size_argument(text):
-    try:
-        return parse_patch_size(text)
-    except PatchSizeError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def add_patch_size_argument(parser):
-    parser.add_argument(
-        "--patch-size",
-        type=patch_size_argument,
-        metavar="P",
-        help="serve the converted model at this patch size (int or HxW): verified at the source's patch size, then "
-        "the patch embedding PI-resized (FlexiViT) and the position table resized to the new grid; the card records it",
-    )
 
 
 def resize_interpolation(resample):

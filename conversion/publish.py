@@ -10,21 +10,27 @@ all). `--dry-run` converts and runs the same load check as a push, and uploads n
 """
 
 import contextlib
-import inspect
+import dataclasses
 import shlex
 import tempfile
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import logging
+
+from ..commands import CONVERTERS
 from ..errors import HubViTError
 from ..limits import load_yaml, read_csv
 from ..network import NetworkError, bounded
+from ..options import argument, nonempty_path, option, path_text, settle
+from ..options import flag as flag_value
 from . import sources
 from .common import ConversionError
 
+logger = logging.getLogger(__name__)
+
 FIELDS = ("source", "converter", "options", "repo_id", "private")
-KINDS = {"timm": "hub", "transformers": "hub", "jax": "url"}
 
 
 @dataclass
@@ -45,13 +51,45 @@ class Outcome:
     detail: str = ""
 
 
-def add_arguments(parser):
-    parser.add_argument(
-        "manifest", metavar="MANIFEST", help="YAML or CSV of source, converter, options, repo_id, private"
-    )
-    parser.add_argument("--dry-run", action="store_true", help="convert and check every entry, push nothing")
-    parser.add_argument("--force", action="store_true", help="convert and push even where the card says it is current")
-    parser.add_argument("--work-dir", metavar="DIR", help="keep the converted folders here (default: a temporary one)")
+@dataclass(frozen=True)
+class PublishResult:
+    """One `Outcome` per manifest entry (result pushed, skipped, checked or failed; parity figure; repo commit)."""
+
+    outcomes: tuple
+
+    @property
+    def failed(self) -> list:
+        return [outcome for outcome in self.outcomes if outcome.result == "failed"]
+
+    def table(self) -> str:
+        return summary(self.outcomes)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Convert and push every entry of a YAML or CSV manifest (a model zoo), each through its converter's function;
+    an entry whose repo card already records the same source revision and hubvit version is skipped (`force` redoes
+    it), `dry_run` converts and load-checks without uploading. A failed entry does not stop the others: the
+    result lists every outcome (see `PublishResult.failed`)."""
+
+    manifest: str = argument("MANIFEST", "YAML or CSV of source, converter, options, repo_id, private")
+    dry_run: bool = option(False, "convert and check every entry, push nothing")
+    force: bool = option(False, "convert and push even where the card says it is current")
+    work_dir: str | None = option(None, "keep the converted folders here (default: a temporary one)", metavar="DIR")
+
+    def __post_init__(self):
+        settle(
+            self,
+            manifest=nonempty_path(self.manifest, "manifest"),
+            dry_run=flag_value(self.dry_run, "dry_run"),
+            force=flag_value(self.force, "force"),
+            work_dir=None if self.work_dir is None else path_text(self.work_dir, "work_dir"),
+        )
+
+
+def run(options: Options) -> PublishResult:
+    outcomes = publish_all(options.manifest, options.dry_run, options.force, options.work_dir)
+    return PublishResult(tuple(outcomes))
 
 
 def publish_all(manifest, dry_run=False, force=False, work_dir=None):
@@ -111,8 +149,8 @@ def entry_of(row, where, base):
             + f" (fields: {', '.join(FIELDS)})"
         )
     converter = str(row["converter"]).strip()
-    if converter not in KINDS:
-        raise ConversionError(f"{where}: converter {converter!r}; expected one of {sorted(KINDS)}")
+    if converter not in CONVERTERS:
+        raise ConversionError(f"{where}: converter {converter!r}; expected one of {sorted(CONVERTERS)}")
     source = str(row["source"]).strip()
     if (base / source).exists() and not Path(source).is_absolute():
         source = str((base / source).resolve())
@@ -161,11 +199,11 @@ def flag(value, where):
 
 def publish_entry(entry, work, dry_run=False, force=False):
     """Convert, check and push one entry; every failure becomes a failed `Outcome`, never an exception."""
-    print(f"== {entry.repo_id}: {entry.converter} {entry.source}")
+    logger.info("== %s: %s %s", entry.repo_id, entry.converter, entry.source)
     try:
         name = entry.repo_id.replace("/", "--")
-        convert = converter(entry.converter)
-        options = keyword_arguments(entry.options, convert, f"{entry.repo_id} options")
+        options_class, convert = CONVERTERS[entry.converter].load()
+        options = keyword_arguments(entry.options, CONVERTERS[entry.converter], f"{entry.repo_id} options")
         source = current_source(entry, options)
         if not force and source:
             published = published_record(entry.repo_id)
@@ -176,7 +214,7 @@ def publish_entry(entry, work, dry_run=False, force=False):
         check_output_path(work / name, entry.source)
         work.mkdir(parents=True, exist_ok=True)
         with contextlib.chdir(work):  # the card's command names OUT as given: the same card on every run
-            result = convert(entry.source, name, overwrite=True, **options)
+            result = convert(options_class(entry.source, name, overwrite=True, **options))
         folder = work / result.folder
         parity = "n/a" if result.max_abs_diff is None else f"{result.max_abs_diff:.2e}"
         from .hub import check_files, check_loads, push_folder
@@ -197,26 +235,17 @@ def publish_entry(entry, work, dry_run=False, force=False):
 
 
 def failed(entry, detail):
-    print(f"{entry.repo_id}: failed: {detail}")
+    logger.info("%s: failed: %s", entry.repo_id, detail)
     return Outcome(entry, "failed", detail=detail)
 
 
-def converter(name):
-    """The Python function of a manifest's `converter`."""
-    from . import api
-
-    return {"timm": api.convert_timm, "transformers": api.convert_transformers, "jax": api.convert_jax}[name]
-
-
-def keyword_arguments(words, function, where):
-    """The keyword arguments of `function` that converter flags name (`--tolerance 1e-5`, `--model-args=TEXT`,
-    `--no-verify`), each typed by the function's annotations; `HubViTError` naming an unknown flag or a bad value."""
-    hints = typing.get_type_hints(function)
-    names = [
-        name
-        for name, parameter in inspect.signature(function).parameters.items()
-        if parameter.kind is parameter.KEYWORD_ONLY and name != "overwrite"
-    ]
+def keyword_arguments(words, command, where):
+    """The options of a converter's `Options` (`command`: its entry in the command table) that converter flags name
+    (`--tolerance 1e-5`, `--model-args=TEXT`, `--no-verify`), each typed by its annotation; `HubViTError` naming an
+    unknown flag or a bad value."""
+    options_class, _ = command.load()
+    hints = typing.get_type_hints(options_class)
+    names = [field.name for field in dataclasses.fields(options_class) if field.kw_only and field.name != "overwrite"]
     flags = ", ".join("--" + name.replace("_", "-") for name in names)
     words, kwargs = list(words), {}
     while words:
@@ -226,7 +255,7 @@ def keyword_arguments(words, function, where):
         negated = name.startswith("no_") and hints.get(name[3:]) is bool and not has_value
         name = name[3:] if negated else name
         if not word.startswith("--") or name not in names:
-            raise HubViTError(f"{where}: {word!r} is not an option of {function.__name__}; expected {flags}")
+            raise HubViTError(f"{where}: {word!r} is not an option of {command.function}; expected {flags}")
         if hints[name] is bool and not has_value:
             kwargs[name] = not negated
             continue
@@ -258,15 +287,15 @@ def typed(text, hint, where):
 
 def current_source(entry, options):
     """What the card of this entry's conversion will record as its source, found without converting ({} if local)."""
-    kind = KINDS[entry.converter]
+    fields = {field.name for field in dataclasses.fields(CONVERTERS[entry.converter].load()[0])}
     if Path(entry.source).exists():
         return {}
-    if kind == "url":
+    if "sha256" in fields:
         return sources.resolve(entry.source, "url", sha256=options.get("sha256")).record()
     from huggingface_hub import HfApi
 
     repo_id = sources.REPO_ID.fullmatch(entry.source)
-    if not repo_id:
+    if "revision" not in fields or not repo_id:
         return {}
     try:
         with bounded(f"model_info of {repo_id[1]}"):

@@ -15,17 +15,18 @@ import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
-from .arguments import TOLERANCE
+from ..options import argument, choice, option, positive, settle, whole
 from .common import (
     Conversion,
     ConversionError,
+    ConversionOptions,
+    ConversionResult,
     Preprocessing,
     Reference,
     StrictMapping,
-    add_verify_arguments,
     read_weights,
 )
-from .folder import expected_shapes
+from .folder import expected_shapes, run_conversion
 from .timm import clean_state_dict
 
 ACTIVATIONS = ("gelu", "relu")
@@ -44,31 +45,31 @@ RENAMES = [
 ]
 
 
-def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="state dict (.pth or .safetensors) of the nn.TransformerEncoder ViT")
-    parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
-    parser.add_argument("--num-heads", type=int, required=True, help="attention heads (not readable from the weights)")
-    parser.add_argument("--activation", choices=ACTIVATIONS, default="gelu", help="the layers' activation (gelu)")
-    parser.add_argument(
-        "--layer-norm-eps", type=float, default=1e-5, help="eps of the layers' norm1/norm2 (PyTorch's default 1e-5)"
-    )
-    parser.add_argument("--final-layer-norm-eps", type=float, default=1e-6, help="eps of the final norm (1e-6)")
-    add_verify_arguments(parser)
-
-
 @dataclass(frozen=True)
-class Options:
-    """What `convert` reads besides the file: the keyword arguments of `convert_pytorch`, checked."""
+class Options(ConversionOptions):
+    """Convert the state dict of a plain PyTorch ViT on `nn.TransformerEncoder(norm_first=True)` into a hubvit folder
+    at OUT, after checking it against that PyTorch model's forward (`verify`, within `tolerance`). `num_heads`,
+    `activation` and the two LayerNorm eps values cannot be read from the weights."""
 
-    src: str
-    out: str
-    num_heads: int
-    activation: str = "gelu"
-    layer_norm_eps: float = 1e-5
-    final_layer_norm_eps: float = 1e-6
-    verify: bool = True
-    tolerance: float = TOLERANCE
-    patch_size: int | tuple | None = None
+    src: str = argument("SRC", "state dict (.pth or .safetensors) of the nn.TransformerEncoder ViT")
+    num_heads: int = option(help="attention heads (not readable from the weights)")
+    activation: str = option("gelu", "the layers' activation", choices=ACTIVATIONS)
+    layer_norm_eps: float = option(1e-5, "eps of the layers' norm1/norm2 (PyTorch's default 1e-5)")
+    final_layer_norm_eps: float = option(1e-6, "eps of the final norm")
+
+    def __post_init__(self):
+        super().__post_init__()
+        settle(
+            self,
+            num_heads=whole(self.num_heads, "num_heads", minimum=1, optional=False),
+            activation=choice(self.activation, ACTIVATIONS, "activation"),
+            layer_norm_eps=positive(self.layer_norm_eps, "layer_norm_eps"),
+            final_layer_norm_eps=positive(self.final_layer_norm_eps, "final_layer_norm_eps"),
+        )
+
+
+def run(options: Options) -> ConversionResult:
+    return run_conversion(convert, options)
 
 
 def shape(weights, key, what):

@@ -10,6 +10,7 @@ agreement on a batch of random images at the export size (printed and stored in 
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from .common import ConversionError
 
 ENCODER_SCOPE = ".encoder.layers."
 CHECK_BATCH = 16
+
+logger = logging.getLogger(__name__)
 
 
 def node_metadata(node) -> dict[str, str]:
@@ -118,9 +121,10 @@ def quantize_in_place(path: Path, model) -> dict:
         target.replace(path)
     row["quantized_nodes"] = len(nodes)
     agreement = f", top-1 agreement {row['top1_agreement']:.3f}" if "top1_agreement" in row else ""
-    print(
+    row["line"] = (
         f"int8: {len(nodes)} encoder MatMuls quantized; max |int8 - float torch| {row['output']} = "
         f"{row['max_abs_difference']:.2e} (max |{row['output']}| {row['max_abs_output']:.3g}){agreement} "
         f"on {row['batch']} random images at {row['height']}x{row['width']}"
     )
+    logger.info("%s", row["line"])
     return row

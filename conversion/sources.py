@@ -46,12 +46,8 @@ class Source:
         return {}
 
 
-def add_arguments(parser, kind="hub"):
-    """`--revision` for converters that read Hub repos (`kind="hub"`), `--sha256` for `.npz` addresses ("url")."""
-    if kind == "hub":
-        parser.add_argument("--revision", help="branch, tag or commit of a Hub repo SRC (default: main)")
-    else:
-        parser.add_argument("--sha256", help="expected sha256 of the file at an http(s) SRC; refused if it differs")
+REVISION_HELP = "branch, tag or commit of a Hub repo SRC (default: main)"
+SHA256_HELP = "expected sha256 of the file at an http(s) SRC; refused if it differs"
 
 
 def resolve(src, kind="hub", *, revision=None, sha256=None):
@@ -206,6 +202,8 @@ def download(url, final):
                     bar.update(len(chunk))
 
                 read_bounded(response, url, write, expected=int(length) if length is not None else None)
+        except NetworkError:
+            raise
         except (OSError, http.client.HTTPException) as error:
             raise ConversionError(
                 f"{url}: download interrupted at {received} of {total} bytes ({type(error).__name__}); "

@@ -17,9 +17,19 @@ from torch import nn
 from ..modeling import HubViTConfig
 from .card import CITATIONS
 from . import sources
-from .arguments import TOLERANCE
-from .common import ConversionError, Conversion, Reference, StrictMapping, add_verify_arguments, listing, read_weights
-from .folder import expected_shapes
+from ..options import argument, option, settle, text
+from .common import (
+    ConversionError,
+    Conversion,
+    ConversionOptions,
+    ConversionResult,
+    Reference,
+    StrictMapping,
+    listing,
+    read_weights,
+)
+from .folder import expected_shapes, run_conversion
+from .sources import REVISION_HELP
 from .preprocessing import timm_preprocessing
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -51,29 +61,32 @@ DROPS = [
 ]
 
 
-def add_arguments(parser):
-    parser.add_argument(
-        "src", metavar="SRC", help="timm Hub-layout folder (config.json + weights), a weights file, or a Hub repo id"
-    )
-    parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
-    parser.add_argument("--architecture", help="timm model name, needed for a single weights file")
-    parser.add_argument("--model-args", help="JSON object of timm model kwargs, e.g. '{\"img_size\": 384}'")
-    add_verify_arguments(parser)
-    sources.add_arguments(parser)
-
-
 @dataclass(frozen=True)
-class Options:
-    """What `convert` reads besides the files: the keyword arguments of `convert_timm`, checked."""
+class Options(ConversionOptions):
+    """Convert the timm checkpoint SRC (a folder written by `timm.models.save_for_hf`, a weights file with
+    `architecture`, or a Hub repo id at `revision`) into a hubvit folder at OUT, after checking the converted model
+    against timm's own forward on the same weights (`verify`, within `tolerance` of the output scale)."""
 
-    src: str
-    out: str
-    architecture: str | None = None
-    model_args: str | None = None
-    verify: bool = True
-    tolerance: float = TOLERANCE
-    patch_size: int | tuple | None = None
-    revision: str | None = None
+    src: str = argument("SRC", "timm Hub-layout folder (config.json + weights), a weights file, or a Hub repo id")
+    architecture: str | None = option(None, "timm model name, needed for a single weights file")
+    model_args: dict | str | None = option(
+        None, "timm model kwargs on top of the folder's own: a dict, or its JSON text, e.g. '{\"img_size\": 384}'"
+    )
+    revision: str | None = option(None, REVISION_HELP)
+
+    def __post_init__(self):
+        super().__post_init__()
+        model_args = json.dumps(self.model_args) if isinstance(self.model_args, dict) else self.model_args
+        settle(
+            self,
+            architecture=text(self.architecture, "architecture"),
+            model_args=text(model_args, "model_args (a dict or its JSON text)"),
+            revision=text(self.revision, "revision"),
+        )
+
+
+def run(options: Options) -> ConversionResult:
+    return run_conversion(convert, options)
 
 
 def import_timm():

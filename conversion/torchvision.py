@@ -15,18 +15,20 @@ from dataclasses import dataclass
 import torch
 
 from ..modeling import HubViTConfig
-from .arguments import TOLERANCE
+from ..errors import HubViTError
+from ..options import argument, choice, option, settle, text, whole
 from .common import (
     Conversion,
     ConversionError,
+    ConversionOptions,
+    ConversionResult,
     Preprocessing,
     Reference,
     StrictMapping,
-    add_verify_arguments,
     read_weights,
     resample_name,
 )
-from .folder import expected_shapes
+from .folder import expected_shapes, run_conversion
 from .timm import clean_state_dict
 
 ARCHITECTURES = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
@@ -49,40 +51,49 @@ RENAMES = [
 ]
 
 
-def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="torchvision VisionTransformer state dict (.pth, .safetensors)")
-    parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--architecture", choices=ARCHITECTURES, help="the torchvision.models builder of the weights")
-    which.add_argument("--num-heads", type=int, help="heads of a VisionTransformer built directly with other sizes")
-    parser.add_argument(
-        "--image-size",
-        type=int,
-        help="native resolution (384 or 512 for the SWAG weights); a position table for another grid is resized "
+@dataclass(frozen=True)
+class Options(ConversionOptions):
+    """Convert a state dict of torchvision's `VisionTransformer` into a hubvit folder at OUT, after checking it
+    against torchvision's own forward (`verify`, within `tolerance` of the output scale). Exactly one of
+    `architecture` or `num_heads` says how many heads it has."""
+
+    src: str = argument("SRC", "torchvision VisionTransformer state dict (.pth, .safetensors)")
+    architecture: str | None = option(
+        None, "the torchvision.models builder of the weights (or --num-heads)", choices=ARCHITECTURES
+    )
+    num_heads: int | None = option(
+        None, "heads of a VisionTransformer built directly with other sizes (or --architecture)"
+    )
+    image_size: int | None = option(
+        None,
+        "native resolution (384 or 512 for the SWAG weights); a position table for another grid is resized "
         "with torchvision's interpolate_embeddings. Default: the resolution of the table in SRC",
     )
-    parser.add_argument(
-        "--weights",
-        metavar="ENUM",
-        help="the torchvision weights the file holds (IMAGENET1K_V1, IMAGENET1K_SWAG_E2E_V1, ...), whose transforms "
+    weights: str | None = option(
+        None,
+        "the torchvision weights the file holds (IMAGENET1K_V1, IMAGENET1K_SWAG_E2E_V1, ...), whose transforms "
         "become the preprocessing; default: the first of --architecture's weights whose crop is the image size",
+        metavar="ENUM",
     )
-    add_verify_arguments(parser)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if (self.architecture is None) == (self.num_heads is None):
+            raise HubViTError(
+                f"architecture={self.architecture!r}, num_heads={self.num_heads!r}; give exactly one: the "
+                f"torchvision builder ({', '.join(ARCHITECTURES)}) or the head count"
+            )
+        settle(
+            self,
+            architecture=choice(self.architecture, ARCHITECTURES, "architecture", optional=True),
+            num_heads=whole(self.num_heads, "num_heads", minimum=1),
+            image_size=whole(self.image_size, "image_size", minimum=1),
+            weights=text(self.weights, "weights"),
+        )
 
 
-@dataclass(frozen=True)
-class Options:
-    """What `convert` reads besides the file: the keyword arguments of `convert_torchvision`, checked."""
-
-    src: str
-    out: str
-    architecture: str | None = None
-    num_heads: int | None = None
-    image_size: int | None = None
-    weights: str | None = None
-    verify: bool = True
-    tolerance: float = TOLERANCE
-    patch_size: int | tuple | None = None
+def run(options: Options) -> ConversionResult:
+    return run_conversion(convert, options)
 
 
 def import_torchvision():
@@ -261,7 +272,6 @@ def convert(args):
             f"position table resized from {table_size} to {image_size} px with torchvision's interpolate_embeddings "
             "(bicubic, align_corners=True)"
         )
-        print(resized)
     labels, label_source = label_names(sizes["num_classes"])
     fields = settings(sizes, num_heads, channels, image_size)
     name = args.architecture or f"VisionTransformer({sizes['hidden_dim']}d{sizes['num_layers']}/{sizes['patch_size']})"
@@ -284,4 +294,5 @@ def convert(args):
         family="torchvision",
         dropped=mapping.report(),
         title=f"hubvit torchvision {name}",
+        notes=[resized] if resized else [],
     )

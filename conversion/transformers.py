@@ -17,19 +17,20 @@ import torch
 from ..modeling import HubViTConfig
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from . import sources
-from .arguments import TOLERANCE
+from ..options import argument, flag, option, settle, text
 from .common import (
     ConversionError,
     Conversion,
+    ConversionOptions,
+    ConversionResult,
     Preprocessing,
     Reference,
     StrictMapping,
-    add_verify_arguments,
     read_weights,
     resample_name,
     shard_files,
 )
-from .folder import expected_shapes
+from .folder import expected_shapes, run_conversion
 from .preprocessing import from_transformers
 
 # architecture -> (family, head); the family names transformers' config class and interpolation.
@@ -88,29 +89,23 @@ POOLER_REASON = (
 )
 
 
-def add_arguments(parser):
-    parser.add_argument("src", metavar="SRC", help="folder written by transformers' save_pretrained, or a Hub repo id")
-    parser.add_argument("out", metavar="OUT", help="hubvit folder to write")
-    parser.add_argument(
-        "--drop-head",
-        action="store_true",
-        help="convert only the body of a classifier (a headless hubvit folder)",
-    )
-    add_verify_arguments(parser)
-    sources.add_arguments(parser)
-
-
 @dataclass(frozen=True)
-class Options:
-    """What `convert` reads besides the files: the keyword arguments of `convert_transformers`, checked."""
+class Options(ConversionOptions):
+    """Convert a folder written by transformers' ViT, DeiT or DINOv2 `save_pretrained` (or a Hub repo id at
+    `revision`) into a hubvit folder at OUT, after checking it against transformers' own forward (`verify`, within
+    `tolerance` of the output scale)."""
 
-    src: str
-    out: str
-    drop_head: bool = False
-    verify: bool = True
-    tolerance: float = TOLERANCE
-    patch_size: int | tuple | None = None
-    revision: str | None = None
+    src: str = argument("SRC", "folder written by transformers' save_pretrained, or a Hub repo id")
+    drop_head: bool = option(False, "convert only the body of a classifier (a headless hubvit folder)")
+    revision: str | None = option(None, sources.REVISION_HELP)
+
+    def __post_init__(self):
+        super().__post_init__()
+        settle(self, drop_head=flag(self.drop_head, "drop_head"), revision=text(self.revision, "revision"))
+
+
+def run(options: Options) -> ConversionResult:
+    return run_conversion(convert, options)
 
 
 # ---------------------------------------------------------------------------------------------------------- reading

@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .errors import HubViTError
-
+from .errors import HubViTError, NetworkError
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
@@ -25,10 +24,6 @@ METADATA_DEADLINE_S = 120.0
 TRANSFER_DEADLINE_S = 7200.0
 MAX_API_BODY_BYTES = 64 << 20
 MAX_DOWNLOAD_BYTES = 64 << 30
-
-
-class NetworkError(HubViTError):
-    """A network call that failed or ran out of time; the message names the endpoint and how it failed."""
 
 
 def _env_float(name, default):
@@ -284,7 +279,7 @@ def bounded(what, endpoint=None, kind="metadata", deadline=None, error=NetworkEr
         _ACTIVE.append(operation)
     try:
         yield operation
-    except HubViTError:
+    except (HubViTError, NetworkError):
         raise
     except Exception as failure:
         line = classify(failure, operation)

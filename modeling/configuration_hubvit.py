@@ -4,6 +4,8 @@ This file travels to the Hub next to every checkpoint: no I/O, no imports of
 hubvit itself. Field names follow transformers' `ViTConfig` where it has one.
 """
 
+from dataclasses import dataclass
+
 from transformers import PretrainedConfig
 
 try:
@@ -11,7 +13,29 @@ try:
 except ImportError:  # 4.46 to 5.24
     from transformers.utils.backbone_utils import BackboneConfigMixin
 
-POSITION_EMBEDDING_TYPES = ("learned", "learned_2d", "relative_2d", "sincos_2d", "none")
+
+
+@dataclass(frozen=True)
+class PositionKind:
+    """One kind of position embedding, as every reader (analysis, exports, converters) needs to know it: whether it
+    adds a vector to each patch (`adds_table`), whether its table or bias is learned, and whether it is a bias on
+    the attention logits instead (`attention_bias`)."""
+
+    adds_table: bool
+    learned: bool
+    attention_bias: bool
+    description: str
+
+
+# The registry of position-embedding kinds: a new kind is one entry here and its code in modeling_hubvit.py.
+POSITION_KINDS = {
+    "learned": PositionKind(True, True, False, "learned 1D table, one row per token (the paper's default)"),
+    "learned_2d": PositionKind(True, True, False, "learned row and column tables, each half the width"),
+    "relative_2d": PositionKind(False, True, True, "learned bias per head and 2D offset on the attention logits"),
+    "sincos_2d": PositionKind(True, False, False, "fixed 2D sine-cosine table (MoCo v3, big_vision)"),
+    "none": PositionKind(False, False, False, "no position information: the patches form a set"),
+}
+POSITION_EMBEDDING_TYPES = tuple(POSITION_KINDS)
 POOLING_TYPES = ("cls", "mean", "map", "first", "cls_mean", "none")
 HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")

@@ -329,6 +329,19 @@ class HubViTEmbeddings(nn.Module):
         tokens = [t for t in (self.class_token, self.distillation_token, self.register_tokens) if t is not None]
         return [t.expand(batch_size, -1, -1) for t in tokens]
 
+    def patch_position_table(self, grid):
+        """(1, gh * gw, D) vectors the patches at `grid` get, or None for the kinds that add none to them
+        (`relative_2d` biases the attention instead; `none`); a learned table's prefix rows are left out."""
+        kind = self.config.position_embedding_type
+        if kind == "learned":
+            table = self.learned_table(grid)
+            return table[:, table.shape[1] - grid[0] * grid[1] :]
+        if kind == "learned_2d":
+            return self.learned_2d_table(grid)
+        if kind == "sincos_2d":
+            return sincos_2d_position_table(grid, self.config.hidden_size)
+        return None
+
     def forward(self, pixel_values, patch_size=None):
         patches = self.embed_patches(pixel_values, patch_size)
         grid = (patches.shape[-2], patches.shape[-1])

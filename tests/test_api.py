@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import hubvit
+from hubvit.cli import build_parser
+from hubvit.commands import CONVERTERS, TABLE
 from hubvit.conversion.publish import keyword_arguments
-from hubvit.scripts.cli import CLI_ONLY, build_parser
 
 TINY_TIMM = dict(depth=2, embed_dim=48, num_heads=4, img_size=32, patch_size=8, num_classes=5)
 
@@ -55,6 +56,10 @@ def timm_folder(tmp_path):
     return tmp_path / "timm", model
 
 
+def test_the_command_table_lists_every_command_once():
+    assert sorted(command.function for command in TABLE) == sorted(POSITIONAL)
+
+
 @pytest.mark.parametrize("name", list(POSITIONAL))
 def test_each_command_is_a_function_with_keyword_only_options(name):
     function = getattr(hubvit, name)
@@ -66,7 +71,8 @@ def test_each_command_is_a_function_with_keyword_only_options(name):
 
 
 def test_every_flag_of_the_command_line_is_a_keyword_argument_of_its_function():
-    """The CLI passes its parsed flags to the function by name, so a flag without a parameter would break it."""
+    """The CLI builds the command's options from its parsed flags by name, so a flag without a parameter would
+    break it; only where the result goes (--push-to-hub, --json) belongs to the command line alone."""
 
     def subcommands(parser):
         for action in parser._actions:
@@ -76,12 +82,12 @@ def test_every_flag_of_the_command_line_is_a_keyword_argument_of_its_function():
 
     checked = 0
     for sub in subcommands(build_parser()):
-        function = sub.get_default("run")
-        if function is None:  # a subcommand with a parser of its own
+        entry = sub.get_default("entry")
+        if entry is None:  # a subcommand with a parser of its own
             continue
-        names = set(inspect.signature(function).parameters)
-        flags = {action.dest for action in sub._actions if action.dest != "help"} - CLI_ONLY
-        assert flags <= names, (sub.prog, sorted(flags - names))
+        names = set(inspect.signature(getattr(hubvit, entry.function)).parameters)
+        flags = {action.dest for action in sub._actions if action.dest != "help"} - {"push_to_hub", "json"}
+        assert flags == names, (sub.prog, sorted(flags ^ names))
         checked += 1
     assert checked == len(POSITIONAL)
 
@@ -160,21 +166,22 @@ def test_export_transformers_reads_the_folder_with_from_pretrained(tmp_path):
 
 
 def test_manifest_flags_become_the_converters_keyword_arguments():
+    timm, jax = CONVERTERS["timm"], CONVERTERS["jax"]
     words = ["--tolerance", "1e-4", "--no-verify", '--model-args={"img_size": 48}', "--revision", "v1"]
-    assert keyword_arguments(words, hubvit.convert_timm, "entry") == {
+    assert keyword_arguments(words, timm, "entry") == {
         "tolerance": 1e-4,
         "verify": False,
         "model_args": '{"img_size": 48}',
         "revision": "v1",
     }
-    assert keyword_arguments(["--num-labels", "10", "--drop-pre-logits"], hubvit.convert_jax, "entry") == {
+    assert keyword_arguments(["--num-labels", "10", "--drop-pre-logits"], jax, "entry") == {
         "num_labels": 10,
         "drop_pre_logits": True,
     }
     with pytest.raises(hubvit.HubViTError, match="'--archtecture' is not an option of convert_timm; expected"):
-        keyword_arguments(["--archtecture", "vit"], hubvit.convert_timm, "entry")
+        keyword_arguments(["--archtecture", "vit"], timm, "entry")
     with pytest.raises(hubvit.HubViTError, match="--num-labels 'ten'; expected int"):
-        keyword_arguments(["--num-labels", "ten"], hubvit.convert_jax, "entry")
+        keyword_arguments(["--num-labels", "ten"], jax, "entry")
 
 
 def test_importing_hubvit_and_its_functions_stays_light():
@@ -182,7 +189,7 @@ def test_importing_hubvit_and_its_functions_stays_light():
     code = (
         "import sys, json, hubvit\n"
         "functions = [getattr(hubvit, name) for name in " + json.dumps(list(POSITIONAL)) + "]\n"
-        "heavy = ('timm', 'onnx', 'onnxruntime', 'jax', 'flax', 'datasets', 'hubvit.scripts')\n"
+        "heavy = ('timm', 'onnx', 'onnxruntime', 'jax', 'flax', 'datasets', 'hubvit.scripts', 'hubvit.cli')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(heavy))))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

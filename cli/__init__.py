@@ -1,0 +1,247 @@
+"""The `hubvit` command: its parser derived from the command table (`hubvit.commands`), its output, its errors.
+
+Each subcommand's flags are the fields of its `Options` dataclass (positional fields are positional arguments;
+every option takes both spellings, `--image_size` and `--image-size`, as transformers' `HfArgumentParser` gives the
+training flags); the parsed values build that `Options` (which checks them) and its `run` returns a record that this
+module prints. Bad input (`HubViTError`), a network failure (`NetworkError`) and a file the system refused are one line
+and exit status 2; anything else is a bug in hubvit, and its traceback is worth reporting.
+"""
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import typing
+
+from ..commands import GROUPS, TABLE, TRAIN
+from ..errors import HubViTError
+from ..network import NetworkError
+
+PUSH_TO_HUB_HELP = "publish the written folder to this Hub repo"
+JSON_HELP = "print JSON instead of tables"
+
+
+def cli_type(annotation):
+    """The type argparse converts a flag's text to: int, float or str (a field that takes several kinds, such as
+    `patch_size: int | tuple | str`, gets the text and its `Options` parses it)."""
+    kinds = [kind for kind in typing.get_args(annotation) or (annotation,) if kind is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float, str) else str
+
+
+def spellings(name):
+    """`--name` as written and with dashes: both are accepted everywhere, dashes shown first."""
+    dashed = "--" + name.replace("_", "-")
+    return [dashed] if "_" not in name else [dashed, "--" + name]
+
+
+def add_options(parser, options_class):
+    """One argument per field of `options_class`."""
+    hints = typing.get_type_hints(options_class)
+    for field in dataclasses.fields(options_class):
+        metadata = dict(field.metadata)
+        help_text = metadata.get("help") or None
+        if metadata.get("positional"):
+            parser.add_argument(field.name, metavar=metadata.get("metavar"), help=help_text)
+            continue
+        kwargs = {"dest": field.name, "help": help_text}
+        required = field.default is dataclasses.MISSING
+        if hints[field.name] is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = cli_type(hints[field.name])
+            kwargs["metavar"] = metadata.get("metavar")
+            kwargs["choices"] = metadata.get("choices")
+        if required:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = field.default
+        parser.add_argument(*spellings(field.name), **kwargs)
+
+
+def add_extras(parser, command):
+    """Flags of the command line alone: where the result goes, not what the function does."""
+    if command.words[0] == "convert":
+        parser.add_argument(
+            "--push-to-hub", "--push_to_hub", dest="push_to_hub", metavar="REPO_ID", help=PUSH_TO_HUB_HELP
+        )
+    if command.words == ("info",):
+        parser.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
+def subparser(container, word, **kwargs):
+    return container.add_parser(word, allow_abbrev=False, **kwargs)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="hubvit", description="Convert, export, publish and analyse hubvit checkpoints.", allow_abbrev=False
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups = {}
+    for command in TABLE:
+        container = commands
+        if len(command.words) == 2:
+            group = command.words[0]
+            if group not in groups:
+                groups[group] = subparser(commands, group, help=GROUPS[group]).add_subparsers(
+                    dest="subcommand", required=True, metavar="KIND"
+                )
+            container = groups[group]
+        options_class, _ = command.load()
+        sub = subparser(container, command.words[-1], help=command.help, description=options_class.__doc__)
+        add_options(sub, options_class)
+        add_extras(sub, command)
+        sub.set_defaults(entry=command)
+    commands.add_parser(TRAIN.words[0], add_help=False, help=TRAIN.help)
+    return parser
+
+
+def options_of(args):
+    """The command's `Options` built from the parsed flags (which checks them)."""
+    options_class, _ = args.entry.load()
+    return options_class(**{field.name: getattr(args, field.name) for field in dataclasses.fields(options_class)})
+
+
+# ------------------------------------------------------------------------------------------------------ output
+
+
+def show_conversion(result, args):
+    for line in result.lines:
+        print(line)
+    print(f"wrote {result.folder}")
+
+
+def show_export(result, args):
+    for line in result.notes:
+        print(line)
+    print("verify: " + "; ".join(result.lines))
+    print(f"wrote {result.path}")
+
+
+def show_push(result, args):
+    print(f"pushed {result.folder} to {result.url}")
+
+
+def show_publish(result, args):
+    print(result.table())
+    if result.failed:
+        names = ", ".join(outcome.entry.repo_id for outcome in result.failed)
+        raise HubViTError(f"{len(result.failed)} of {len(result.outcomes)} entries failed: {names}")
+
+
+def show_info(result, args):
+    from ..analysis import info as counts
+
+    if args.json:
+        extra = {"patch_sizes": result.patch_sizes} if result.patch_sizes else {}
+        print(json.dumps({**result.summary, **extra}, indent=2))
+        return
+    print(counts.format_summary(result.summary, args.src))
+    if result.patch_sizes:
+        print(f"\nBy patch size (attention memory at batch {args.batch_size}, {args.dtype}):")
+        print(counts.format_patch_rows(result.patch_sizes))
+
+
+def show_analysis(result, args):
+    values = result.values
+    if args.entry.words[1] == "attention-distance":
+        means = ", ".join(f"{sum(row) / len(row):.1f}" for row in values["mean_distance"])
+        print(f"{values['images']} images; mean attention distance per layer (pixels, mean of heads): {means}")
+        print(f"wrote {result.files[0]} and its .json/.csv")
+    elif args.entry.words[1] == "position-similarity" and not result.files:
+        print(
+            f"position_embedding_type={values['position_embedding_type']!r}: this model has no position table to draw"
+        )
+    elif args.entry.words[1] == "position-similarity" and "heads" in values:
+        print(f"wrote {result.files[0]} ({values['heads']} heads over (dy, dx))")
+    elif args.entry.words[1] == "position-similarity":
+        score = values["stripe_score"]
+        print(f"wrote {result.files[0]}; stripe score {'n/a (grid too small)' if score is None else f'{score:.3f}'}")
+    else:
+        print(f"wrote {result.files[0]}")
+
+
+SHOW = {
+    "ConversionResult": show_conversion,
+    "ExportResult": show_export,
+    "PushResult": show_push,
+    "PublishResult": show_publish,
+    "InfoResult": show_info,
+    "AnalysisResult": show_analysis,
+}
+
+
+# ------------------------------------------------------------------------------------------------------- errors
+
+
+def os_error_line(error):
+    """One line for an OSError: what went wrong and the path(s) it concerns."""
+    text = error.strerror or str(error) or type(error).__name__
+    paths = [str(p) for p in (error.filename, error.filename2) if p is not None]
+    return f"{text}: {' -> '.join(paths)}" if paths else text
+
+
+class _Progress(logging.Handler):
+    """hubvit's library log records (progress, what was checked) on stderr while a command runs."""
+
+    def emit(self, record):
+        try:
+            print(record.getMessage(), file=sys.stderr)
+        except Exception:  # noqa: BLE001  (a log line must never fail the command)
+            self.handleError(record)
+
+
+def with_progress(function, *args):
+    """Run `function(*args)` with hubvit's INFO records shown on stderr, leaving the logging setup as it was."""
+    logger = logging.getLogger("hubvit")
+    handler, level = _Progress(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        return function(*args)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def run_command(args):
+    options = options_of(args)
+    _, run = args.entry.load()
+    result = run(options)
+    SHOW[args.entry.record](result, args)
+    if getattr(args, "push_to_hub", None):
+        from ..conversion import hub
+
+        pushed = hub.run(hub.Options(str(result.folder), args.push_to_hub))
+        show_push(pushed, args)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == list(TRAIN.words):  # its own HfArgumentParser: the options of scripts/finetune.py
+        from ..scripts import finetune
+
+        return finetune.main(argv[1:], prog="hubvit train")
+    args = build_parser().parse_args(argv)
+    from safetensors import SafetensorError
+
+    name = f"hubvit {args.entry.name}"
+    try:
+        with_progress(run_command, args)
+    except (HubViTError, NetworkError) as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"{name}: error: {os_error_line(error)}", file=sys.stderr)
+        return 2
+    except SafetensorError as error:
+        print(f"{name}: error: writing or reading safetensors failed: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+__all__ = ["build_parser", "main"]
