@@ -47,7 +47,7 @@ def main(argv=None, prog="finetune.py"):
         result = train(args, command=command_line(prog, argv))
         draw_figures(result, args.image_column_name)
     except HubViTError as error:
-        print(f"{prog}: error: {worker_error_line(error)}", file=sys.stderr)
+        sys.stderr.write(f"{prog}: error: {worker_error_line(error)}\n")  # one write: processes' lines stay whole
         raise SystemExit(2)
     except OSError as error:
         paths = " -> ".join(str(p) for p in (error.filename, error.filename2) if p is not None)

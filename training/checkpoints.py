@@ -53,6 +53,16 @@ def list_checkpoints(root):
     return [p for _, p in checkpoint_folders(root) if (p / STATE_FILE).is_file()]
 
 
+def discard_checkpoints(accelerator, output_dir):
+    """Remove an earlier run's checkpoints (`--overwrite_output_dir` without resuming): left there, `latest` could
+    later resume the earlier run, and Accelerate's rotation would count them against `--checkpoints_total_limit`."""
+    root = Path(output_dir) / "checkpoints"
+    if accelerator.is_main_process:
+        for _, path in checkpoint_folders(root):
+            shutil.rmtree(path)
+    accelerator.wait_for_everyone()
+
+
 def save_checkpoint(accelerator, state, loader=None, ema=None):
     """`accelerator.save_state()` as `checkpoint_<global_step>`, the streaming `loader`'s position and the `ema`
     weights when given, then the trainer state that marks it complete."""

@@ -19,7 +19,13 @@ import torch.nn.functional as F
 
 from . import checks
 from .arguments import UsageError
-from .checkpoints import load_checkpoint, project_configuration, resolve_checkpoint, save_checkpoint
+from .checkpoints import (
+    discard_checkpoints,
+    load_checkpoint,
+    project_configuration,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from .data import make_loaders, make_mixer
 from .evaluation import evaluate_each_patch_size, evaluate_model
 from .model import enable_activation_checkpointing, make_optimizer
@@ -200,6 +206,8 @@ def resume(run):
     """The position to start from: the checkpoint's when resuming, else the beginning."""
     args = run.args
     if not args.resume_from_checkpoint:
+        if getattr(args, "overwrite_output_dir", False):
+            discard_checkpoints(run.accelerator, args.output_dir)
         return Position()
     path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
     global_step, epoch, skip = load_checkpoint(run.accelerator, path, streamed_loader(run), run.ema)

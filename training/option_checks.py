@@ -36,6 +36,8 @@ def check_types(args):
     """What argparse checks on a command line, checked for Python callers too: types, choices, required values."""
     if args.output_dir is None:
         raise UsageError("output_dir is required: the folder that gets model/, all_results.json and checkpoints/")
+    if isinstance(args.output_dir, str) and not args.output_dir.strip():
+        raise UsageError(f"--output_dir {args.output_dir!r}: expected a folder to write (an unset shell variable?)")
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         if value is None:
@@ -99,6 +101,7 @@ def check_args(args):
             f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
             "--resume_from_checkpoint to continue the run"
         )
+    checks.check_earlier_checkpoints(out, args.overwrite_output_dir, args.resume_from_checkpoint)
     check_values(args)
     if args.patch_sizes is not None:
         from .patch_sizes import parse_patch_sizes
