@@ -33,7 +33,7 @@ from transformers import (
 
 import hubvit
 from hubvit import HubViTBackbone, HubViTConfig, HubViTForImageClassification, HubViTModel
-from hubvit.conversion.folder import write_folder
+from hubvit.folder import write_folder
 from utils import RTOL, TINY_TIMM, randomize_, relative_error, run_without_hubvit, tiny_config
 
 DEPTH_TOLERANCE = 1e-4
@@ -283,7 +283,7 @@ def test_backbone_loads_from_a_classifier_folder_and_gives_its_normed_hidden_sta
     model = randomize_(HubViTForImageClassification(tiny_config(num_labels=3, num_register_tokens=2)), seed=7).eval()
     folder = write_folder(model, tmp_path / "classifier")
     backbone, info = HubViTBackbone.from_pretrained(folder, out_indices=[0, 1, 2], output_loading_info=True)
-    assert not any(info[key] for key in ("missing_keys", "mismatched_keys")), info
+    assert not any(info.values()), info  # the classifier's keys are ignored by name, nothing else is left over
     x = pixels(24, 40)
     with torch.no_grad():
         maps = backbone.eval()(x).feature_maps
