@@ -101,7 +101,7 @@ def test_a_validation_shard_naming_the_classes_differently_from_train_is_refused
     with pytest.raises(streaming.StreamingError) as caught:
         streaming.streaming_splits(args)
     message = str(caught.value)
-    assert f"validation shard {shard(tmp_path, 0, 'validation')} names its classes ['c', 'b', 'a']" in message
+    assert message.startswith(f"validation shard {shard(tmp_path, 0, 'validation')} names its classes ['c', 'b', 'a']")
     assert "the train shards ['a', 'b', 'c']" in message
 
 

@@ -348,6 +348,8 @@ class StreamingImages(torch.utils.data.IterableDataset):
             *decompression_bomb_errors(),
         ) as error:
             where = locate(self.files, self.image_column, payload)
+            if where == "an example" and raw.get("path"):
+                where = f"image {raw['path']}"
             raise StreamingError(f"{where}: the image cannot be read ({first_line(error)})") from None
 
     def _example(self, example: dict, seed: list[int]):
@@ -526,15 +528,16 @@ def streaming_splits(args: Any):
     try:
         if folder.is_dir():
             builder, files = shard_files(folder, "validation")
-            if builder == "parquet":
-                files = list(parquet_shards(folder, "validation", image_column, label_column, names).files)
-            evaluation = datasets.load_dataset(
-                builder, data_files={"validation": [str(f) for f in files]}, split="validation"
-            )
         else:
             evaluation = datasets.load_dataset(source, args.dataset_config_name, split="validation")
-    except (StreamingError, ValueError) as error:
+    except ValueError as error:
         raise StreamingError(f"--streaming needs a validation split in {source!r} ({error})") from None
+    if folder.is_dir():
+        if builder == "parquet":
+            files = list(parquet_shards(folder, "validation", image_column, label_column, names).files)
+        evaluation = datasets.load_dataset(
+            builder, data_files={"validation": [str(f) for f in files]}, split="validation"
+        )
     label = evaluation.features.get(label_column)
     if isinstance(label, datasets.ClassLabel) and tuple(label.names) != names:
         raise StreamingError(
