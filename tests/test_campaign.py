@@ -63,34 +63,40 @@ def digits():
     return common.digits_train_validation_test(quick=True)
 
 
-def fit(digits, tmp_path, checkpoint):
+def fit(digits, tmp_path, checkpoint, eval_every=1):
     train, validation, _ = digits
     args = common.training_args(tmp_path / "out", 0, augment="none")
     model, preprocessing = common.build_vit(args, train.features["label"].names, {"position_embedding_type": "learned"})
     plateau = common.Plateau(max_epochs=3, patience=1, min_delta=0.0, min_epochs=3)
     accelerator = common.accelerator_for(tmp_path / "out")
-    return common.fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, None, checkpoint)
+    return common.fit_to_plateau(
+        accelerator, args, train, validation, model, preprocessing, plateau, None, checkpoint, eval_every
+    )
 
 
 @pytest.mark.heavy
-def test_a_fit_interrupted_after_an_epoch_resumes_to_the_same_weights_and_record(digits, tmp_path, monkeypatch):
-    whole, whole_record = fit(digits, tmp_path, None)
+@pytest.mark.parametrize("eval_every", [1, 2])
+def test_a_fit_interrupted_after_an_epoch_resumes_to_the_same_weights_and_record(
+    digits, tmp_path, monkeypatch, eval_every
+):
+    whole, whole_record = fit(digits, tmp_path, None, eval_every)
     checkpoint = tmp_path / "state" / "digits.pt"
     interrupt_epoch(monkeypatch, at_call=3)
     with pytest.raises(Interrupted):
-        fit(digits, tmp_path, checkpoint)
+        fit(digits, tmp_path, checkpoint, eval_every)
     assert torch.load(checkpoint, weights_only=False)["epoch"] == 2
     monkeypatch.undo()
     calls = count_epochs(monkeypatch)
-    resumed, resumed_record = fit(digits, tmp_path, checkpoint)
+    resumed, resumed_record = fit(digits, tmp_path, checkpoint, eval_every)
     assert len(calls) == 1  # only the third epoch was trained again
     assert without_timing(resumed_record) == without_timing(whole_record)
-    assert len(whole_record["validation_history"]) == 3
+    assert len(whole_record["validation_history"]) == {1: 3, 2: 2}[eval_every]  # every 2nd epoch and the last
+    assert whole_record["epochs"] == 3
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     assert torch.load(checkpoint, weights_only=False)["finished"]
     calls.clear()
-    again, again_record = fit(digits, tmp_path, checkpoint)  # a finished fit is not trained again
+    again, again_record = fit(digits, tmp_path, checkpoint, eval_every)  # a finished fit is not trained again
     assert calls == [] and again_record == resumed_record
 
 

@@ -101,6 +101,73 @@ def summarise(runs, uniform):
     return summary
 
 
+ARMS = TYPES
+KEYS = [
+    "seeds",
+    "accuracy",
+    "validation_accuracy",
+    "updates",
+    "best_updates",
+    "stopped_by",
+    "train_seconds",
+    "distance",
+]
+
+
+class Context(common.Context):
+    """Splits and the test tensors, built once per process for every unit."""
+
+    def build(self):
+        self.splits = common.digits_train_validation_test(self.options.quick)
+        self.pixels = self.labels = None
+
+
+def run_unit(options, arm, seed, context=None, checkpoints=None):
+    """One position-embedding type at one seed: trained to its plateau at the grid size, then measured; returns
+    the unit's record (`checkpoints`: a folder for the fit's per-epoch state)."""
+    context = context or Context(options)
+    size = 28 if options.quick else options.image_size
+    plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
+    train, validation, test = context.splits
+    count = min(100 if options.quick else options.images, len(test))
+    args = common.training_args(options.output_dir, seed, image_size=size, augment="none")
+    model, preprocessing = common.build_vit(args, train.features["label"].names, {"position_embedding_type": arm})
+    if context.pixels is None:
+        context.pixels, context.labels = common.eval_tensors(test, preprocessing, (size, size))
+    model, fitted = common.fit_to_plateau(
+        context.accelerator,
+        args,
+        train,
+        validation,
+        model,
+        preprocessing,
+        plateau,
+        None,
+        common.checkpoint_file(checkpoints, "digits"),
+    )
+    grid, patch = list(model.config.grid_size), model.config.patch_size_2d[0]
+    values = {"accuracy": common.accuracy(common.predict(model, context.pixels), context.labels)}
+    values.update({k: fitted[k] for k in ("validation_accuracy", "updates", "best_updates", "stopped_by")})
+    values.update(train_seconds=fitted["train_seconds"], distance=measure(model, context.pixels[:count]).tolist())
+    if context.accelerator.is_main_process:
+        model.save_pretrained(Path(options.models_dir) / f"{arm}-seed{seed}")
+    print(
+        f"{arm} seed {seed}: test {values['accuracy']:.4f}, {values['updates']} updates, "
+        f"{values['train_seconds']:.0f} s; layer 1 heads {np.round(values['distance'][0], 1)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    setup = {
+        "image_size": size,
+        "grid": grid,
+        "patch_size": patch,
+        "images": count,
+        "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
+        "plateau": dataclasses.asdict(plateau),
+    }
+    return common.unit_record(NAME, arm, seed, options.quick, setup, values, {"digits": common.fit_summary(fitted)})
+
+
 def main(argv=None):
     options = parse_args(argv)
     started = time.time()
@@ -111,60 +178,29 @@ def main(argv=None):
         results["verdicts"] = verdicts(results)
         common.write(options.output_dir, NAME, results, figure(results), markdown(results))
         return 0
-    accelerator = common.accelerator_for(options.output_dir)
-    size = 28 if options.quick else options.image_size
-    plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
-    train, validation, test = common.digits_train_validation_test(options.quick)
-    count = min(100 if options.quick else options.images, len(test))
-    runs = {
-        kind: {
-            "seeds": [],
-            "accuracy": [],
-            "validation_accuracy": [],
-            "updates": [],
-            "best_updates": [],
-            "stopped_by": [],
-            "train_seconds": [],
-            "distance": [],
-        }
-        for kind in options.types
-    }
-    pixels = labels = None
-    grid = patch = None
-    for seed in seeds:
-        for kind in options.types:
-            args = common.training_args(options.output_dir, seed, image_size=size, augment="none")
-            model, preprocessing = common.build_vit(
-                args, train.features["label"].names, {"position_embedding_type": kind}
-            )
-            if pixels is None:
-                pixels, labels = common.eval_tensors(test, preprocessing, (size, size))
-            model, fitted = common.fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau)
-            grid, patch = list(model.config.grid_size), model.config.patch_size_2d[0]
-            record = runs[kind]
-            record["seeds"].append(seed)
-            record["accuracy"].append(common.accuracy(common.predict(model, pixels), labels))
-            for key in ("validation_accuracy", "updates", "best_updates", "stopped_by", "train_seconds"):
-                record[key].append(fitted[key])
-            record["distance"].append(measure(model, pixels[:count]).tolist())
-            if accelerator.is_main_process:
-                model.save_pretrained(Path(options.models_dir) / f"{kind}-seed{seed}")
-            print(
-                f"{kind} seed {seed}: test {record['accuracy'][-1]:.4f}, {record['updates'][-1]} updates, "
-                f"{record['train_seconds'][-1]:.0f} s; layer 1 heads {np.round(record['distance'][-1][0], 1)}",
-                file=sys.stderr,
-                flush=True,
-            )
+    context = Context(options)
+    records = [run_unit(options, arm, seed, context) for seed in seeds for arm in options.types]
+    results = report(records, common.command(NAME, argv), common.environment(started), options.types)
+    if context.accelerator.is_main_process:
+        common.write(options.output_dir, NAME, results, figure(results), markdown(results))
+    return 0
+
+
+def report(records, command, environment, arms=ARMS):
+    """The results dict (setup, runs, summary, verdicts) from finished unit records, one per (arm, seed)."""
+    setup, runs = common.gather(records, list(arms), KEYS)
+    size, grid, patch, count = setup["image_size"], setup["grid"], setup["patch_size"], setup["images"]
+    splits, plateau = setup["splits"], common.Plateau(**setup["plateau"])
     uniform = uniform_distance(grid, patch)
     results = {
         "name": NAME,
-        "quick": options.quick,
-        "command": common.command(NAME, argv),
+        "quick": records[0]["quick"],
+        "command": command,
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}` at {size} x {size}: a "
             f"{grid[0]} x {grid[1]} grid of {patch}-px patches, 4 heads, mean pooling, no [CLS]",
-            "data": f"{len(train)} train / {len(validation)} validation / {len(test)} test embedded digits (fixed "
-            f"stratified splits, seed 0), enlarged to {size} x {size} by the main command's transforms",
+            "data": f"{splits['train']} train / {splits['validation']} validation / {splits['test']} test embedded "
+            f"digits (fixed stratified splits, seed 0), enlarged to {size} x {size} by the main command's transforms",
             "recipe": "the main command's embedded recipe (AdamW lr 2e-3, cosine with 5% warmup, weight decay 0.05, "
             f"label smoothing 0.1, batch 64) without augmentation; {plateau.text()}",
             "measurement": f"mean over {count} test digits and all query patches of sum_j a_ij * |c_i - c_j| (patch "
@@ -173,20 +209,19 @@ def main(argv=None):
             "attention-distance`",
             "grid": grid,
             "patch_size": patch,
-            "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
-            "plateau": dataclasses.asdict(plateau),
+            "splits": splits,
+            "plateau": setup["plateau"],
             "uniform_reference_px": uniform,
             "local_below_px": LOCAL * uniform,
             "global_above_px": GLOBAL * uniform,
         },
         "runs": runs,
+        "minutes_per_run": common.minutes_per_run(records),
     }
     results["summary"] = summarise(runs, uniform)
-    results["verdicts"] = verdicts(results)
-    results["environment"] = common.environment(started)
-    if accelerator.is_main_process:
-        common.write(options.output_dir, NAME, results, figure(results), markdown(results))
-    return 0
+    results["verdicts"] = common.undecided(verdicts(results), runs)
+    results["environment"] = environment
+    return results
 
 
 def verdicts(results):

@@ -249,11 +249,15 @@ def set_rng_states(states):
     random.setstate(states["python"])
 
 
-def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, lr_scale=None, checkpoint=None):
+def fit_to_plateau(
+    accelerator, args, train, validation, model, preprocessing, plateau, lr_scale=None, checkpoint=None, eval_every=1
+):
     """Train with the main command's update step (`hubvit.training.loop.train_epoch`) one epoch at a time until
     `plateau` says stop; returns the best-validation model (unwrapped, eval mode) and a record of the run:
     epochs run, updates run, the best epoch and its updates, its validation accuracy, the per-epoch history, and
-    whether the plateau or the cap stopped it.
+    whether the plateau or the cap stopped it. With `eval_every` > 1, validation is scored after every
+    `eval_every`-th epoch (and the last) only, and `plateau` counts its patience and minimum in those scores: a
+    run on a small subset, whose epochs are a few updates each, then checks as often per update as a full run.
 
     With `checkpoint` (a file path), the whole state (model, optimizer, schedule, plateau history, best weights,
     RNG states, epoch) is saved there after every epoch, and a call that finds it resumes exactly where it
@@ -278,27 +282,31 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
         return inner.eval(), saved["record"]
     pixels, labels = eval_tensors(validation, preprocessing, size)
     position, progress, history = loop.Position(), tqdm(disable=True), []
-    best_state, best_epoch, stopped, spent, evaluating = None, -1, "cap", 0.0, 0.0
+    best_state, best_index, best_epoch, stopped, spent, evaluating = None, -1, 0, "cap", 0.0, 0.0
     if saved is not None:
         inner.load_state_dict(saved["model"])
         run.optimizer.load_state_dict(saved["optimizer"])
         run.scheduler.load_state_dict(saved["scheduler"])
         position = loop.Position(global_step=saved["global_step"], epoch=saved["epoch"])
-        history, best_state, best_epoch = saved["history"], saved["best_state"], saved["best_epoch"]
+        history, best_state = saved["history"], saved["best_state"]
+        best_index = saved.get("best_index", saved["best_epoch"])  # states saved before eval_every: 0-based epoch
+        best_epoch = saved["best_epoch"] if "best_index" in saved else saved["best_epoch"] + 1
         spent, evaluating = saved["seconds"], saved["eval_seconds"]
         set_rng_states(saved["rng"])
         logger.info("resumed %s after epoch %d", checkpoint, position.epoch)
     run.model.train()
     while position.epoch < plateau.max_epochs:
         loop.train_epoch(run, position, progress, loop.Window())
+        position.epoch += 1
+        if position.epoch % eval_every and position.epoch < plateau.max_epochs:
+            continue
         scored = time.time()
         history.append(accuracy(predict(inner, pixels), labels))
         evaluating += time.time() - scored
         inner.train()
-        if best_state is None or history[-1] > history[best_epoch]:
-            best_epoch = position.epoch
+        if best_state is None or history[-1] > history[best_index]:
+            best_index, best_epoch = len(history) - 1, position.epoch
             best_state = {k: v.detach().clone() for k, v in inner.state_dict().items()}
-        position.epoch += 1
         if plateau.reached(history):
             stopped = "plateau"
             break
@@ -312,6 +320,7 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
                     "epoch": position.epoch,
                     "history": history,
                     "best_state": best_state,
+                    "best_index": best_index,
                     "best_epoch": best_epoch,
                     "seconds": spent + time.time() - started,
                     "eval_seconds": evaluating,
@@ -322,12 +331,13 @@ def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, p
     inner.load_state_dict(best_state)
     accelerator.free_memory()
     record = {
-        "epochs": len(history),
+        "epochs": position.epoch,
         "updates": position.global_step,
-        "best_epoch": best_epoch + 1,
-        "best_updates": (best_epoch + 1) * run.schedule.updates_per_epoch,
-        "validation_accuracy": history[best_epoch],
+        "best_epoch": best_epoch,
+        "best_updates": best_epoch * run.schedule.updates_per_epoch,
+        "validation_accuracy": history[best_index],
         "validation_history": history,
+        **({"evaluated_every_epochs": eval_every} if eval_every != 1 else {}),
         "stopped_by": stopped,
         "train_seconds": round(spent + time.time() - started, 1),
         "eval_seconds": round(evaluating, 1),

@@ -25,7 +25,7 @@ from transformers.modeling_outputs import ImageClassifierOutput
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hubvit.conversion.preprocessing import Preprocessing  # noqa: E402
+from hubvit.preprocessing import Preprocessing  # noqa: E402
 from hubvit.scripts.experiments import common  # noqa: E402
 
 NAME = "inductive_bias"
@@ -114,9 +114,86 @@ def subset(train, fraction, seed):
     return train.train_test_split(train_size=fraction, seed=seed, stratify_by_column="label")["train"]
 
 
-def main(argv=None):
+ARMS = [str(f) for f in FRACTIONS]
+QUICK_FRACTIONS = [0.25, 1.0]
+KEYS = ["seeds", "train_images", "accuracy", "validation_accuracy", "updates", "train_seconds"]
+
+
+class Context(common.Context):
+    """Splits and the test tensors, built once per process for every unit."""
+
+    def build(self):
+        self.splits = common.digits_train_validation_test(self.options.quick)
+        self.test_pixels = None
+
+
+def run_unit(options, arm, seed, context=None, checkpoints=None):
+    """One training-set fraction (`arm`, e.g. "0.05") at one seed: the ViT to its plateau (checkpointed per
+    evaluation), then the CNN for the same training FLOPs; returns the unit's record."""
     from accelerate.utils import set_seed
 
+    context = context or Context(options)
+    accelerator = context.accelerator
+    fraction = float(arm)
+    base = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
+    plateau, every = (base, 1) if options.quick else (plateau_for(fraction, base), math.ceil(1 / fraction))
+    train, validation, test = context.splits
+    labels = train.features["label"].names
+    data = subset(train, fraction, seed)
+    args = common.training_args(options.output_dir, seed, augment="none")
+    vit, preprocessing = common.build_vit(args, labels, {"position_embedding_type": "learned"})
+    parameters, cost = {"vit": sum(p.numel() for p in vit.parameters())}, {"vit": macs(vit)}
+    if context.test_pixels is None:
+        context.test_pixels, context.test_labels = common.eval_tensors(test, preprocessing, (28, 28))
+    vit, fitted = common.fit_to_plateau(
+        accelerator,
+        args,
+        data,
+        validation,
+        vit,
+        preprocessing,
+        plateau,
+        None,
+        common.checkpoint_file(checkpoints, "vit"),
+        every,
+    )
+    set_seed(seed)
+    cnn = ConvNet(len(labels))
+    parameters["cnn"], cost["cnn"] = sum(p.numel() for p in cnn.parameters()), macs(cnn)
+    cnn_updates = max(1, round(fitted["updates"] * cost["vit"] / cost["cnn"]))
+    cnn_args = common.training_args(options.output_dir, seed, max_train_steps=cnn_updates, augment="none")
+    started_cnn = time.time()
+    cnn, _ = common.fit(accelerator, cnn_args, data, None, cnn, Preprocessing())
+    cnn_pixels = common.eval_tensors(validation, Preprocessing(), (28, 28))
+    cnn_seconds = round(time.time() - started_cnn, 1)
+    values = {}
+    for kind, model, updates, valid, seconds in (
+        ("vit", vit, fitted["updates"], fitted["validation_accuracy"], fitted["train_seconds"]),
+        ("cnn", cnn, cnn_updates, common.accuracy(common.predict(cnn, cnn_pixels[0]), cnn_pixels[1]), cnn_seconds),
+    ):
+        values[kind] = {
+            "train_images": len(data),
+            "accuracy": common.accuracy(common.predict(model, context.test_pixels), context.test_labels),
+            "validation_accuracy": valid,
+            "updates": updates,
+            "train_seconds": seconds,
+        }
+        print(
+            f"{kind} {fraction:.0%} seed {seed}: {values[kind]['accuracy']:.4f} ({updates} updates, {seconds:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    setup = {
+        "plateau": dataclasses.asdict(base),
+        "macs_per_image": cost,
+        "parameters": parameters,
+        "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
+    }
+    fits = {"vit": common.fit_summary(fitted), "cnn": {"updates": cnn_updates, "train_seconds": cnn_seconds}}
+    return common.unit_record(NAME, arm, seed, options.quick, setup, values, fits)
+
+
+def main(argv=None):
     options = parse_args(argv)
     started = time.time()
     seeds = common.setup(options)
@@ -126,58 +203,36 @@ def main(argv=None):
         results["summary"], results["verdicts"] = summarise(results["runs"], fractions)
         common.write(options.output_dir, NAME, results, figure(results, fractions), markdown(results, fractions))
         return 0
-    accelerator = common.accelerator_for(options.output_dir)
-    fractions = [0.25, 1.0] if options.quick else FRACTIONS
-    base = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
-    train, validation, test = common.digits_train_validation_test(options.quick)
-    labels = train.features["label"].names
-    keys = ["seeds", "train_images", "accuracy", "validation_accuracy", "updates", "train_seconds"]
-    runs = {m: {str(f): {key: [] for key in keys} for f in fractions} for m in MODELS}
-    parameters, cost, test_pixels = {}, {}, None
-    for seed, fraction in itertools.product(seeds, fractions):
-        data = subset(train, fraction, seed)
-        args = common.training_args(options.output_dir, seed, augment="none")
-        vit, preprocessing = common.build_vit(args, labels, {"position_embedding_type": "learned"})
-        parameters["vit"], cost["vit"] = sum(p.numel() for p in vit.parameters()), macs(vit)
-        if test_pixels is None:
-            test_pixels, test_labels = common.eval_tensors(test, preprocessing, (28, 28))
-        plateau = plateau_for(fraction, base) if not options.quick else base
-        vit, fitted = common.fit_to_plateau(accelerator, args, data, validation, vit, preprocessing, plateau)
-        set_seed(seed)
-        cnn = ConvNet(len(labels))
-        parameters["cnn"], cost["cnn"] = sum(p.numel() for p in cnn.parameters()), macs(cnn)
-        cnn_updates = max(1, round(fitted["updates"] * cost["vit"] / cost["cnn"]))
-        cnn_args = common.training_args(options.output_dir, seed, max_train_steps=cnn_updates, augment="none")
-        started_cnn = time.time()
-        cnn, _ = common.fit(accelerator, cnn_args, data, None, cnn, Preprocessing())
-        cnn_pixels = common.eval_tensors(validation, Preprocessing(), (28, 28))
-        for kind, model, updates, valid, seconds in (
-            ("vit", vit, fitted["updates"], fitted["validation_accuracy"], fitted["train_seconds"]),
-            (
-                "cnn",
-                cnn,
-                cnn_updates,
-                common.accuracy(common.predict(cnn, cnn_pixels[0]), cnn_pixels[1]),
-                round(time.time() - started_cnn, 1),
-            ),
-        ):
-            record = runs[kind][str(fraction)]
-            record["seeds"].append(seed)
-            record["train_images"].append(len(data))
-            record["accuracy"].append(common.accuracy(common.predict(model, test_pixels), test_labels))
-            record["validation_accuracy"].append(valid)
-            record["updates"].append(updates)
-            record["train_seconds"].append(seconds)
-            print(
-                f"{kind} {fraction:.0%} seed {seed}: {record['accuracy'][-1]:.4f} ({updates} updates, {seconds:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+    context = Context(options)
+    fractions = QUICK_FRACTIONS if options.quick else FRACTIONS
+    records = [run_unit(options, str(f), seed, context) for seed, f in itertools.product(seeds, fractions)]
+    results = report(records, common.command(NAME, argv), common.environment(started))
+    if context.accelerator.is_main_process:
+        fractions = results["fractions"]
+        common.write(options.output_dir, NAME, results, figure(results, fractions), markdown(results, fractions))
+    return 0
 
+
+def report(records, command, environment):
+    """The results dict (setup, runs, summary, verdicts) from finished unit records, one per (fraction, seed)."""
+    arms = sorted({r["arm"] for r in records}, key=float)
+    fractions = [float(a) for a in arms]
+    setup = records[0]["setup"]
+    runs = {}
+    for kind in MODELS:
+        per_model = [dict(r, values=r["values"][kind]) for r in records]
+        runs[kind] = common.gather(per_model, arms, KEYS)[1]
+    base, cost, parameters, splits = (
+        common.Plateau(**setup["plateau"]),
+        setup["macs_per_image"],
+        setup["parameters"],
+        setup["splits"],
+    )
     results = {
         "name": NAME,
-        "quick": options.quick,
-        "command": common.command(NAME, argv),
+        "quick": records[0]["quick"],
+        "command": command,
+        "fractions": fractions,
         "setup": {
             "vit": f"main-command preset `default` with `{common.VIT_OVERRIDES}`, learned 1D position table: "
             f"{parameters['vit']} parameters, {cost['vit'] / 1e6:.2f}M MACs per image",
@@ -185,21 +240,23 @@ def main(argv=None):
             f"pooling): {parameters['cnn']} parameters, {cost['cnn'] / 1e6:.2f}M MACs per image",
             "recipe": "the main command's embedded recipe for both (AdamW lr 2e-3, cosine with warmup, weight decay "
             "0.05, label smoothing 0.1, batch 64) without augmentation",
-            "budget": f"ViT: {base.text()}, with epochs, patience and minimum scaled by 1 / fraction (the same updates "
-            "as the full-data criterion); CNN: the ViT's updates x (ViT MACs / CNN MACs) updates, its cosine "
-            "schedule spanning them, so both spend the same training FLOPs; the CNN's last weights are used",
-            "data": f"stratified subsets (one per seed) of the {len(train)} training digits; {len(validation)} "
-            f"validation and {len(test)} test digits (fixed stratified splits, seed 0)",
+            "budget": f"ViT: {base.text()}, with the cap scaled by 1 / fraction in epochs and validation scored once "
+            "per 1 / fraction epochs (once per full-data epoch's worth of updates), patience and minimum counted in "
+            "those scores (the same updates as the full-data criterion); CNN: the ViT's updates x (ViT MACs / CNN "
+            "MACs) updates, its cosine schedule spanning them, so both spend the same training FLOPs; the CNN's "
+            "last weights are used",
+            "data": f"stratified subsets (one per seed) of the {splits['train']} training digits; "
+            f"{splits['validation']} validation and {splits['test']} test digits (fixed stratified splits, seed 0)",
             "macs_per_image": cost,
-            "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
+            "splits": splits,
         },
         "runs": runs,
+        "minutes_per_run": common.minutes_per_run(records),
     }
-    results["summary"], results["verdicts"] = summarise(runs, fractions)
-    results["environment"] = common.environment(started)
-    if accelerator.is_main_process:
-        common.write(options.output_dir, NAME, results, figure(results, fractions), markdown(results, fractions))
-    return 0
+    results["summary"], verdicts = summarise(runs, fractions)
+    results["verdicts"] = common.undecided(verdicts, runs["vit"])
+    results["environment"] = environment
+    return results
 
 
 def paired_at(runs, fraction):
@@ -249,7 +306,8 @@ def summarise(runs, fractions):
     ]
 
 
-def figure(results, fractions):
+def figure(results, fractions=None):
+    fractions = fractions or results["fractions"]
     plt = common.pyplot()
     runs, summary = results["runs"], results["summary"]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -277,7 +335,8 @@ def figure(results, fractions):
     return fig
 
 
-def markdown(results, fractions):
+def markdown(results, fractions=None):
+    fractions = fractions or results["fractions"]
     runs, summary = results["runs"], results["summary"]
     lines = [
         common.header(

@@ -101,101 +101,155 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+ARMS = ["model"]  # one model per seed; every column is an evaluation of it
+COLUMNS = ["native 28", *MODES, CLS_IN_GRID, CONTROL, "fine-tuned at 56"]
+FIT_KEYS = ["validation_accuracy", "updates", "best_updates", "stopped_by", "train_seconds"]
+PANELS = [
+    ("trained at 28", (7, 7)),
+    ("bicubic + antialias", (14, 14)),
+    ("nearest", (14, 14)),
+    (CONTROL, (14, 14)),
+    ("fine-tuned at 56", (14, 14)),
+]
+FIGURE_SEED = 0  # the seed whose position tables the figure shows; its record keeps them (as similarity mosaics)
+
+
+class Context(common.Context):
+    """Splits and the test tensors at both sizes, built once per process for every unit."""
+
+    def build(self):
+        self.splits = common.digits_train_validation_test(self.options.quick)
+        self.pixels = None
+
+
+def run_unit(options, arm, seed, context=None, checkpoints=None):
+    """One seed: the model trained at 28 to its plateau, evaluated at 56 every way, then fine-tuned at 56; returns
+    the unit's record (`checkpoints`: a folder for the fit's per-epoch state)."""
+    context = context or Context(options)
+    accelerator = context.accelerator
+    finetune_steps = 2 if options.quick else options.finetune_steps
+    plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
+    train, validation, test = context.splits
+    args = common.training_args(options.output_dir, seed, augment="none")
+    model, preprocessing = common.build_vit(args, train.features["label"].names, FIELDS)
+    parameters = sum(p.numel() for p in model.parameters())
+    if context.pixels is None:
+        context.pixels = {size: common.eval_tensors(test, preprocessing, (size, size)) for size in (LOW, HIGH)}
+    pixels = context.pixels
+    model, fitted = common.fit_to_plateau(
+        accelerator,
+        args,
+        train,
+        validation,
+        model,
+        preprocessing,
+        plateau,
+        None,
+        common.checkpoint_file(checkpoints, "digits"),
+    )
+    values, tables, low, high = {}, {}, (LOW // 4, LOW // 4), (HIGH // 4, HIGH // 4)
+    values["native 28"] = common.accuracy(common.predict(model, pixels[LOW][0]), pixels[LOW][1])
+    for name, (mode, antialias) in MODES.items():
+        set_mode(model, mode, antialias)
+        values[name] = common.accuracy(common.predict(model, pixels[HIGH][0]), pixels[HIGH][1])
+        tables[name] = grid_table(model, high)
+    set_mode(model, *MODES[PRIMARY])
+    in_grid = cls_in_grid_2d(model, HIGH)
+    values[CLS_IN_GRID] = common.accuracy(common.predict(in_grid, pixels[HIGH][0]), pixels[HIGH][1])
+    control = cls_stretched_with_grid(model, HIGH)
+    values[CONTROL] = common.accuracy(common.predict(control, pixels[HIGH][0]), pixels[HIGH][1])
+    tables["trained at 28"], tables[CONTROL] = grid_table(model, low), grid_table(control, high)
+    finetuned = copy.deepcopy(model).train().resize_position_embeddings(HIGH)
+    finetune_args = common.training_args(
+        options.output_dir,
+        seed,
+        max_train_steps=finetune_steps,
+        optimizer="sgd",
+        learning_rate=options.finetune_learning_rate,
+        momentum=0.9,
+        weight_decay=0.0,
+        lr_scheduler_type="cosine",
+        warmup_ratio=0.1,
+        label_smoothing=0.0,
+        max_grad_norm=1.0,
+        augment="none",
+    )
+    finetune_started = time.time()
+    finetuned, _ = common.fit(accelerator, finetune_args, train, None, finetuned, preprocessing)
+    finetune_seconds = round(time.time() - finetune_started, 1)
+    values["fine-tuned at 56"] = common.accuracy(common.predict(finetuned, pixels[HIGH][0]), pixels[HIGH][1])
+    tables["fine-tuned at 56"] = grid_table(finetuned, high)
+    print(f"seed {seed}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()), file=sys.stderr, flush=True)
+    values.update({k: fitted[k] for k in FIT_KEYS})
+    setup = {
+        "finetune_steps": finetune_steps,
+        "finetune_learning_rate": options.finetune_learning_rate,
+        "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
+        "plateau": dataclasses.asdict(plateau),
+    }
+    fits = {"digits": common.fit_summary(fitted), "finetune": {"train_seconds": finetune_seconds}}
+    extra = {"parameters": parameters}
+    if seed == FIGURE_SEED:
+        extra["mosaics"] = {name: json_grid(mosaic(tables[name], grid)) for name, grid in PANELS}
+    return common.unit_record(NAME, arm, seed, options.quick, setup, values, fits, extra)
+
+
+def json_grid(canvas):
+    """A mosaic as JSON can hold it: two decimals (a colour map shows no finer), gaps (NaN) as null."""
+    return [[None if np.isnan(v) else round(float(v), 2) for v in row] for row in canvas]
+
+
 def main(argv=None):
     options = parse_args(argv)
     started = time.time()
     seeds = common.setup(options)
-    accelerator = common.accelerator_for(options.output_dir)
-    finetune_steps = 2 if options.quick else options.finetune_steps
-    plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
-    train, validation, test = common.digits_train_validation_test(options.quick)
-    labels = train.features["label"].names
-    columns = ["native 28", *MODES, CLS_IN_GRID, CONTROL, "fine-tuned at 56"]
-    runs = {name: [] for name in columns}
-    fits = {
-        "seeds": [],
-        "validation_accuracy": [],
-        "updates": [],
-        "best_updates": [],
-        "stopped_by": [],
-        "train_seconds": [],
-    }
-    tables, low = {}, (LOW // 4, LOW // 4)
-    for seed in seeds:
-        args = common.training_args(options.output_dir, seed, augment="none")
-        model, preprocessing = common.build_vit(args, labels, FIELDS)
-        if seed == seeds[0]:
-            pixels = {size: common.eval_tensors(test, preprocessing, (size, size)) for size in (LOW, HIGH)}
-        model, fitted = common.fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau)
-        fits["seeds"].append(seed)
-        for key in ("validation_accuracy", "updates", "best_updates", "stopped_by", "train_seconds"):
-            fits[key].append(fitted[key])
-        runs["native 28"].append(common.accuracy(common.predict(model, pixels[LOW][0]), pixels[LOW][1]))
-        high = (HIGH // 4, HIGH // 4)
-        for name, (mode, antialias) in MODES.items():
-            set_mode(model, mode, antialias)
-            runs[name].append(common.accuracy(common.predict(model, pixels[HIGH][0]), pixels[HIGH][1]))
-            if seed == seeds[0]:
-                tables[name] = grid_table(model, high)
-        set_mode(model, *MODES[PRIMARY])
-        in_grid = cls_in_grid_2d(model, HIGH)
-        runs[CLS_IN_GRID].append(common.accuracy(common.predict(in_grid, pixels[HIGH][0]), pixels[HIGH][1]))
-        control = cls_stretched_with_grid(model, HIGH)
-        runs[CONTROL].append(common.accuracy(common.predict(control, pixels[HIGH][0]), pixels[HIGH][1]))
-        if seed == seeds[0]:
-            tables["trained at 28"], tables[CONTROL] = grid_table(model, low), grid_table(control, high)
-        finetuned = copy.deepcopy(model).train().resize_position_embeddings(HIGH)
-        finetune_args = common.training_args(
-            options.output_dir,
-            seed,
-            max_train_steps=finetune_steps,
-            optimizer="sgd",
-            learning_rate=options.finetune_learning_rate,
-            momentum=0.9,
-            weight_decay=0.0,
-            lr_scheduler_type="cosine",
-            warmup_ratio=0.1,
-            label_smoothing=0.0,
-            max_grad_norm=1.0,
-            augment="none",
-        )
-        finetuned, _ = common.fit(accelerator, finetune_args, train, None, finetuned, preprocessing)
-        runs["fine-tuned at 56"].append(common.accuracy(common.predict(finetuned, pixels[HIGH][0]), pixels[HIGH][1]))
-        if seed == seeds[0]:
-            tables["fine-tuned at 56"] = grid_table(finetuned, high)
-        print(f"seed {seed}: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in runs.items()), file=sys.stderr, flush=True)
+    context = Context(options)
+    records = [run_unit(options, ARMS[0], seed, context) for seed in seeds]
+    results = report(records, common.command(NAME, argv), common.environment(started))
+    if context.accelerator.is_main_process:
+        common.write(options.output_dir, NAME, results, figure(results), markdown(results))
+    return 0
 
+
+def report(records, command, environment):
+    """The results dict (setup, fits, runs, summary, verdicts) from finished unit records, one per seed."""
+    keys = ["seeds", *COLUMNS, *FIT_KEYS]
+    setup, runs = common.gather(records, ARMS, keys)
+    runs = runs[ARMS[0]]
+    plateau, finetune_steps, splits = common.Plateau(**setup["plateau"]), setup["finetune_steps"], setup["splits"]
+    first = min(records, key=lambda r: r["seed"])
     results = {
         "name": NAME,
-        "quick": options.quick,
-        "command": common.command(NAME, argv),
+        "quick": records[0]["quick"],
+        "command": command,
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES},{common.fields_text(FIELDS)}`: [CLS] pooling, learned 1D "
-            f"table of 1 + 7 x 7 rows, {sum(p.numel() for p in model.parameters())} parameters",
+            f"table of 1 + 7 x 7 rows, {first['parameters']} parameters",
             "training at 28": "the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64)"
             f" without augmentation; {plateau.text()}",
             "evaluation at 56": "the same test digits resized to 56 x 56 by the main command's evaluation transform "
             "(bilinear, antialias): a 14 x 14 grid",
-            "fine-tune at 56": f"paper recipe: SGD momentum 0.9, lr {options.finetune_learning_rate:g} (fixed in "
+            "fine-tune at 56": f"paper recipe: SGD momentum 0.9, lr {setup['finetune_learning_rate']:g} (fixed in "
             f"advance, not tuned), no weight decay, cosine with 10% warmup, clipping at 1, no label "
             f"smoothing, {finetune_steps} updates of batch 64; table resized bicubic + antialias first",
-            "data": f"{len(train)} train / {len(validation)} validation / {len(test)} test embedded digits (fixed "
-            "stratified splits, seed 0)",
-            "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
-            "plateau": dataclasses.asdict(plateau),
+            "data": f"{splits['train']} train / {splits['validation']} validation / {splits['test']} test embedded "
+            "digits (fixed stratified splits, seed 0)",
+            "splits": splits,
+            "plateau": setup["plateau"],
             "comparisons": f"fixed before any run: {PRIMARY} for the resize and the [CLS] claim; [CLS] kept apart vs "
             "[CLS] resized into the grid (same 2D resize); 2D vs 1D with [CLS] in the sequence",
         },
-        "columns": columns,
-        "fits": fits,
-        "runs": runs,
-        "summary": {name: dict(zip(("mean", "std"), common.mean_std(values))) for name, values in runs.items()},
+        "columns": COLUMNS,
+        "fits": {key: runs[key] for key in ["seeds", *FIT_KEYS]},
+        "runs": {name: runs[name] for name in COLUMNS},
+        "minutes_per_run": common.minutes_per_run(records),
+        "mosaics_seed": first["seed"] if "mosaics" in first else None,
+        "mosaics": first.get("mosaics"),
     }
-    results["verdicts"] = verdicts(results)
-    results["environment"] = common.environment(started)
-    if accelerator.is_main_process:
-        common.write(options.output_dir, NAME, results, figure(results, tables), markdown(results))
-    return 0
+    results["summary"] = {name: dict(zip(("mean", "std"), common.mean_std(v))) for name, v in results["runs"].items()}
+    results["verdicts"] = common.undecided(verdicts(results), {"model": {"seeds": runs["seeds"]}})
+    results["environment"] = environment
+    return results
 
 
 def paired_runs(results):
@@ -267,7 +321,7 @@ def mosaic(table, grid, refs_per_side=7):
     return canvas
 
 
-def figure(results, tables):
+def figure(results):
     plt = common.pyplot()
     s, columns = results["summary"], results["columns"]
     fig = plt.figure(figsize=(15, 7.5))
@@ -291,17 +345,12 @@ def figure(results, tables):
     )
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Trained at 28 x 28 (7 x 7 patches), evaluated at 56 x 56 (14 x 14): mean ± std over seeds")
-    panels = [
-        ("trained at 28", (7, 7)),
-        ("bicubic + antialias", (14, 14)),
-        ("nearest", (14, 14)),
-        (CONTROL, (14, 14)),
-        ("fine-tuned at 56", (14, 14)),
-    ]
-    for k, (name, grid) in enumerate(panels):
-        ax = fig.add_subplot(2, len(panels), len(panels) + k + 1)
-        image = ax.imshow(mosaic(tables[name], grid), cmap="viridis", vmin=-1, vmax=1)
-        ax.set_title(f"{name}\n({grid[0]} x {grid[1]})", fontsize=8)
+    if not results.get("mosaics"):
+        return fig
+    for k, (name, grid) in enumerate(PANELS):
+        ax = fig.add_subplot(2, len(PANELS), len(PANELS) + k + 1)
+        image = ax.imshow(np.array(results["mosaics"][name], dtype=float), cmap="viridis", vmin=-1, vmax=1)
+        ax.set_title(f"{name}\n({grid[0]} x {grid[1]}, seed {results['mosaics_seed']})", fontsize=8)
         ax.axis("off")
     fig.colorbar(image, ax=fig.axes[1:], shrink=0.6, label="cosine similarity of position embeddings")
     return fig
