@@ -28,7 +28,7 @@ from hubvit.scripts.experiments import common  # noqa: E402
 
 # The experiments that run as units, in the order their units are queued within a seed. position_embeddings comes
 # first: its learned and sin-cos arms decide the campaign's first "done when".
-EXPERIMENTS = ["position_embeddings", "attention_distance", "inductive_bias", "resolution"]
+EXPERIMENTS = ["position_embeddings", "attention_distance", "inductive_bias", "resolution", "patch_size"]
 SEEDS = common.REQUIRED_SEEDS
 RUNS = common.DOCS / "runs"
 CHECKPOINTS = common.ROOT / "runs" / "campaign"
@@ -275,5 +275,17 @@ def main(argv=None):
     return report(options)
 
 
+def log_progress():
+    """The experiments' own log lines (a unit resumed, from which epoch) on stderr, for the campaign's log file."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[campaign %(process)d] %(message)s"))
+    log = logging.getLogger("hubvit.scripts.experiments")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
 if __name__ == "__main__":
+    log_progress()
     sys.exit(main())

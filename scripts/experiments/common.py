@@ -223,6 +223,7 @@ def keep_in_memory(run, split, preprocessing, size):
     data = run.train_set
     data.__class__ = type("ImagesInMemory", (type(data),), {"__getitem__": _item_in_memory})
     data.pixels, data.labels = pixels, labels
+    run.train_loader.num_workers = 0  # a loader process would only copy tensors; the sampler's order is the same
     return True
 
 
@@ -250,7 +251,17 @@ def set_rng_states(states):
 
 
 def fit_to_plateau(
-    accelerator, args, train, validation, model, preprocessing, plateau, lr_scale=None, checkpoint=None, eval_every=1
+    accelerator,
+    args,
+    train,
+    validation,
+    model,
+    preprocessing,
+    plateau,
+    lr_scale=None,
+    checkpoint=None,
+    eval_every=1,
+    score=None,
 ):
     """Train with the main command's update step (`hubvit.training.loop.train_epoch`) one epoch at a time until
     `plateau` says stop; returns the best-validation model (unwrapped, eval mode) and a record of the run:
@@ -258,6 +269,8 @@ def fit_to_plateau(
     whether the plateau or the cap stopped it. With `eval_every` > 1, validation is scored after every
     `eval_every`-th epoch (and the last) only, and `plateau` counts its patience and minimum in those scores: a
     run on a small subset, whose epochs are a few updates each, then checks as often per update as a full run.
+    `score(model, pixels, labels)` replaces the validation accuracy (a model trained at several patch sizes is
+    scored at all of them).
 
     With `checkpoint` (a file path), the whole state (model, optimizer, schedule, plateau history, best weights,
     RNG states, epoch) is saved there after every epoch, and a call that finds it resumes exactly where it
@@ -301,7 +314,7 @@ def fit_to_plateau(
         if position.epoch % eval_every and position.epoch < plateau.max_epochs:
             continue
         scored = time.time()
-        history.append(accuracy(predict(inner, pixels), labels))
+        history.append(score(inner, pixels, labels) if score else accuracy(predict(inner, pixels), labels))
         evaluating += time.time() - scored
         inner.train()
         if best_state is None or history[-1] > history[best_index]:

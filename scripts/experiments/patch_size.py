@@ -3,13 +3,16 @@
 Accuracy and images/s at each patch size P of 28 x 28 digits for (a) a model trained at one P (`--base_patch`) and
 PI-resized to the others, (b) the same model with its kernel plainly interpolated, (c) a model trained natively at
 each P, (d) one model trained with a random P per update (`--patch_sizes`, its kernel stored at the largest P).
-Every model is the experiments' ViT trained by the main command's loop for the same number of updates.
+Every model is the experiments' ViT trained by the main command's loop to its validation plateau (the
+random-P model scored by its mean validation accuracy over the sizes); accuracies are on the test digits.
 
     python scripts/experiments/patch_size.py --cpu_threads 1            # writes docs/experiments/patch_size.*
     python scripts/experiments/patch_size.py --quick --output_dir /tmp/ps
 """
 
 import copy
+import dataclasses
+import json
 import subprocess
 import sys
 import time
@@ -24,7 +27,7 @@ from hubvit.scripts.experiments import common  # noqa: E402
 
 NAME = "patch_size"
 SIZE = 28
-ARMS = {
+ARMS_TEXT = {
     "pi": "(a) trained at the base P, PI-resized",
     "interpolate": "(b) trained at the base P, kernel interpolated",
     "native": "(c) trained natively at each P",
@@ -35,8 +38,8 @@ ARMS = {
 def parse_args(argv=None):
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--patch_sizes", default="4,7,14", help="patch sides that divide 28 (default 4,7,14)")
-    p.add_argument("--base_patch", type=int, default=7, help="the P of arms (a) and (b) (default 7)")
-    p.add_argument("--steps", type=int, default=300, help="optimizer updates of every training (batch 64)")
+    p.add_argument("--base_patch", type=int, default=BASE, help="the P of arms (a) and (b) (default 7)")
+    p.add_argument("--max_epochs", type=int, default=PLATEAU.max_epochs, help="cap on the epochs of every model")
     p.add_argument(
         "--interpolation",
         choices=["bilinear", "bicubic"],
@@ -88,96 +91,174 @@ def set_interpolation(model, interpolation):
     model.hubvit.embeddings.patch_resize_options.update(interpolation=interpolation, antialias=True)
 
 
-def main(argv=None):
+PLATEAU = common.Plateau(max_epochs=30, patience=5, min_delta=0.003, min_epochs=10)
+SIZES = [4, 7, 14]
+BASE = 7
+# One unit per trained model: the native model at each P (the base P's also gives arms (a) and (b)) and the
+# random-P model.
+ARMS = [f"native-{p}" for p in SIZES] + ["random"]
+
+
+def check_sizes(options):
     from hubvit.training import patch_sizes as flexi
 
-    options = parse_args(argv)
-    started = time.time()
     sizes = flexi.parse_patch_sizes(options.patch_sizes)
     if options.base_patch not in sizes:
         raise SystemExit(f"--base_patch {options.base_patch} is not one of --patch_sizes {sizes}")
     bad = [p for p in sizes if SIZE % p]
     if bad:
         raise SystemExit(f"--patch_sizes {bad} do not divide the image size {SIZE}")
-    largest = max(sizes)
+    return sizes
+
+
+class Context(common.Context):
+    """Splits and the test tensors, built once per process for every unit."""
+
+    def build(self):
+        self.splits = common.digits_train_validation_test(self.options.quick)
+        self.pixels = None
+
+
+def accuracy_at_every_size(sizes):
+    """A `fit_to_plateau` score for the random-P model: its mean validation accuracy over the patch sizes."""
+
+    def score(model, pixels, labels):
+        return float(np.mean([common.accuracy(common.predict(AtPatchSize(model, p), pixels), labels) for p in sizes]))
+
+    return score
+
+
+def run_unit(options, arm, seed, context=None, checkpoints=None):
+    """One trained model (`native-P` or `random`) at one seed, to its validation plateau, evaluated on the test
+    digits at every patch size it serves; returns the unit's record."""
+    context = context or Context(options)
+    accelerator = context.accelerator
+    sizes = check_sizes(options)
+    plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
+    train, validation, test = context.splits
+    labels = train.features["label"].names
+    checkpoint = common.checkpoint_file(checkpoints, "digits")
+    values, speed = {}, {}
+    if arm == "random":
+        args = common.training_args(options.output_dir, seed, augment="none", patch_sizes=options.patch_sizes)
+        model, preprocessing = common.build_vit(args, labels, dict(patch_size=max(sizes)))
+        set_interpolation(model, options.interpolation)
+        score = accuracy_at_every_size(sizes)
+    else:
+        patch = int(arm.split("-")[1])
+        args = common.training_args(options.output_dir, seed, augment="none")
+        model, preprocessing = common.build_vit(args, labels, dict(patch_size=patch))
+        score = None
+    if context.pixels is None:
+        context.pixels = common.eval_tensors(test, preprocessing, (SIZE, SIZE))
+    pixels, targets = context.pixels
+    model, fitted = common.fit_to_plateau(
+        accelerator, args, train, validation, model, preprocessing, plateau, None, checkpoint, score=score
+    )
+    if arm == "random":
+        values["random"] = {
+            str(p): common.accuracy(common.predict(AtPatchSize(model, p), pixels), targets) for p in sizes
+        }
+    else:
+        values["native"] = {str(patch): common.accuracy(common.predict(model, pixels), targets)}
+        speed[str(patch)] = images_per_second(model, pixels)
+        if patch == options.base_patch:
+            for method in ("pi", "interpolate"):
+                values[method] = {}
+                for p in sizes:
+                    resized = copy.deepcopy(model).resize_patch_embeddings(p, method, options.interpolation, True)
+                    values[method][str(p)] = common.accuracy(common.predict(resized, pixels), targets)
+    print(f"{arm} seed {seed}: {values} ({fitted['updates']} updates)", file=sys.stderr, flush=True)
+    setup = {
+        "patch_sizes": sizes,
+        "base_patch": options.base_patch,
+        "interpolation": options.interpolation,
+        "plateau": dataclasses.asdict(plateau),
+        "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
+    }
+    extra = {
+        "images_per_second": speed,
+        "encoder_parameters": sum(p.numel() for p in model.hubvit.encoder.parameters()),
+        "cpu": cpu_isa(),
+    }
+    return common.unit_record(
+        NAME, arm, seed, options.quick, setup, values, {"digits": common.fit_summary(fitted)}, extra
+    )
+
+
+def main(argv=None):
+    options = parse_args(argv)
+    started = time.time()
+    sizes = check_sizes(options)
     if options.merge:
         results = common.merged(options.merge)
         results["verdicts"] = verdicts(results)
         common.write(options.output_dir, NAME, results, figure(results), markdown(results))
         return 0
     seeds = common.setup(options)
-    accelerator = common.accelerator_for(options.output_dir)
-    steps = 3 if options.quick else options.steps
-    train, test = common.digits_splits(options.quick)
-    labels = train.features["label"].names
-    runs = {arm: {str(p): [] for p in sizes} for arm in ARMS}
-    speed = {}
-    recipe = dict(max_train_steps=steps, augment="none")
-    for seed in seeds:
-        args = common.training_args(options.output_dir, seed, **recipe)
-        native = {}
-        for p in sizes:
-            model, preprocessing = common.build_vit(args, labels, dict(patch_size=p))
-            if seed == seeds[0] and p == sizes[0]:
-                pixels, targets = common.eval_tensors(test, preprocessing, (SIZE, SIZE))
-            native[p], _ = common.fit(accelerator, args, train, None, model, preprocessing)
-            runs["native"][str(p)].append(common.accuracy(common.predict(native[p], pixels), targets))
-            if seed == seeds[0]:
-                speed[str(p)] = images_per_second(native[p], pixels)
-        base = native[options.base_patch]
-        for p in sizes:
-            for method in ("pi", "interpolate"):
-                resized = copy.deepcopy(base).resize_patch_embeddings(p, method, options.interpolation, True)
-                runs[method][str(p)].append(common.accuracy(common.predict(resized, pixels), targets))
-        random_args = common.training_args(options.output_dir, seed, **recipe, patch_sizes=options.patch_sizes)
-        model, preprocessing = common.build_vit(random_args, labels, dict(patch_size=largest))
-        set_interpolation(model, options.interpolation)
-        model, _ = common.fit(accelerator, random_args, train, None, model, preprocessing)
-        for p in sizes:
-            runs["random"][str(p)].append(common.accuracy(common.predict(AtPatchSize(model, p), pixels), targets))
-        print(
-            f"seed {seed}: "
-            + "; ".join(f"{arm} " + ", ".join(f"P{p} {v[-1]:.4f}" for p, v in r.items()) for arm, r in runs.items()),
-            file=sys.stderr,
-            flush=True,
-        )
+    context = Context(options)
+    arms = [f"native-{p}" for p in sizes] + ["random"]
+    records = [run_unit(options, arm, seed, context) for seed in seeds for arm in arms]
+    results = report(records, common.command(NAME, argv), common.environment(started))
+    if context.accelerator.is_main_process:
+        common.write(options.output_dir, NAME, results, figure(results), markdown(results))
+    return 0
 
+
+def report(records, command, environment):
+    """The results dict (setup, runs, summary, verdicts) from finished unit records, one per (model, seed)."""
+    setups = {json.dumps(r["setup"], sort_keys=True) for r in records}
+    if len(setups) != 1:
+        raise ValueError("the unit records of patch_size differ in their setup; only seeds may differ")
+    setup = records[0]["setup"]
+    sizes, base, interpolation = setup["patch_sizes"], setup["base_patch"], setup["interpolation"]
+    largest, plateau, splits = max(sizes), common.Plateau(**setup["plateau"]), setup["splits"]
+    units = {arm: {"seeds": []} for arm in [f"native-{p}" for p in sizes] + ["random"]}
+    runs = {arm: {str(p): [] for p in sizes} for arm in ARMS_TEXT}
+    speed, first = {}, {}
+    for record in sorted(records, key=lambda r: r["seed"]):
+        units[record["arm"]]["seeds"].append(record["seed"])
+        for arm, per_size in record["values"].items():
+            for p, value in per_size.items():
+                runs[arm][p].append(value)
+        for p, value in record.get("images_per_second", {}).items():
+            speed.setdefault(p, value)
+        first.setdefault("encoder_parameters", record["encoder_parameters"])
+        first.setdefault("cpu", record["cpu"])
+    patch_list = ",".join(map(str, sizes))
     results = {
         "name": NAME,
-        "quick": options.quick,
-        "command": common.command(NAME, argv),
+        "quick": records[0]["quick"],
+        "command": command,
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}` and the patch size of each arm: "
             f"mean pooling, learned position table over the grid (resized with bicubic + antialias, the "
-            f"config's default), {sum(p.numel() for p in base.hubvit.encoder.parameters())} encoder parameters",
-            "training": f"the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64) "
-            f"without augmentation, {steps} updates for every model",
+            f"config's default), {first['encoder_parameters']} encoder parameters",
+            "training": "the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64) "
+            f"without augmentation; {plateau.text()} (the random-P model is scored by its mean validation accuracy "
+            "over the patch sizes), to the validation plateau for every model",
             "patch sizes": f"{sizes} on {SIZE} x {SIZE} digits: grids "
             + ", ".join(f"{SIZE // p} x {SIZE // p}" for p in sizes),
-            "(a), (b)": f"the native P = {options.base_patch} model of (c), resized by `resize_patch_embeddings(P, "
-            f"method)` with B = {options.interpolation} + antialias; position table resized to the new grid",
-            "(d)": f"`--patch_sizes {options.patch_sizes}`: kernel stored at P = {largest}, table at its "
+            "(a), (b)": f"the native P = {base} model of (c), resized by `resize_patch_embeddings(P, "
+            f"method)` with B = {interpolation} + antialias; position table resized to the new grid",
+            "(d)": f"`--patch_sizes {patch_list}`: kernel stored at P = {largest}, table at its "
             f"{SIZE // largest} x {SIZE // largest} grid, both resized on the fly each update (PI-resize, "
-            f"{options.interpolation} + antialias); each P drawn for about 1/{len(sizes)} of the updates",
+            f"{interpolation} + antialias); each P drawn for about 1/{len(sizes)} of the updates",
             "throughput": f"inference images/s of the native model at each P (identical cost to any resized model at "
-            f"that P), {len(pixels)} images in batches of 250, best of 3, {torch.get_num_threads()} "
-            f"thread(s), CPU {cpu_isa()}; measured once (first seed) on a shared machine",
-            "data": f"{len(train)} train / {len(test)} validation embedded digits (fixed split, seed 0; nothing tuned "
-            "on it)",
+            f"that P), {splits['test']} images in batches of 250, best of 3, CPU {first['cpu']}; from the first "
+            "seed's run, on a shared machine",
+            "data": f"{splits['train']} train / {splits['validation']} validation / {splits['test']} test embedded "
+            "digits (fixed stratified splits, seed 0); accuracies are on the test digits",
         },
         "patch_sizes": sizes,
-        "base_patch": options.base_patch,
+        "base_patch": base,
         "images_per_second": speed,
         "runs": runs,
-        "summary": {
-            arm: {p: dict(zip(("mean", "std"), common.mean_std(v))) for p, v in r.items()} for arm, r in runs.items()
-        },
+        "minutes_per_run": common.minutes_per_run(records),
     }
-    results["verdicts"] = verdicts(results)
-    results["environment"] = common.environment(started)
-    if accelerator.is_main_process:
-        common.write(options.output_dir, NAME, results, figure(results), markdown(results))
-    return 0
+    results["verdicts"] = common.undecided(verdicts(results), units)
+    results["environment"] = environment
+    return results
 
 
 def verdicts(results):
@@ -236,7 +317,7 @@ def figure(results):
     s, runs = results["summary"], results["runs"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
     x = np.arange(len(sizes))
-    for k, (arm, label) in enumerate(ARMS.items()):
+    for k, (arm, label) in enumerate(ARMS_TEXT.items()):
         means = [100 * s[arm][p]["mean"] for p in sizes]
         stds = [100 * s[arm][p]["std"] for p in sizes]
         ax.errorbar(x + (k - 1.5) * 0.06, means, yerr=stds, marker="o", capsize=3, label=label)
@@ -245,7 +326,7 @@ def figure(results):
                 [i + (k - 1.5) * 0.06] * len(runs[arm][p]), [100 * v for v in runs[arm][p]], s=6, color="k", zorder=3
             )
     ax.set_xticks(x, [f"P={p}\n{28 // int(p)}x{28 // int(p)} patches" for p in sizes])
-    ax.set_ylabel("validation accuracy (%)")
+    ax.set_ylabel("test accuracy (%)")
     ax.set_title("Accuracy at each patch size: mean ± std over seeds (dots: seeds)")
     ax.legend(fontsize=8)
     speed = results["images_per_second"]
@@ -276,12 +357,12 @@ def markdown(results):
         "",
         "## Results",
         "",
-        "Validation accuracy (%), mean ± standard deviation over seeds, and inference throughput:",
+        "Test accuracy (%), mean ± standard deviation over seeds, and inference throughput:",
         "",
         "| arm | " + " | ".join(f"P={p}" for p in sizes) + " |",
         "|---|" + "---|" * len(sizes),
     ]
-    for arm, label in ARMS.items():
+    for arm, label in ARMS_TEXT.items():
         lines.append(
             f"| {label} | "
             + " | ".join(f"{common.pct(s[arm][p]['mean'])} ± {common.pct(s[arm][p]['std'])}" for p in sizes)
@@ -289,33 +370,28 @@ def markdown(results):
         )
     lines.append("| images/s (inference) | " + " | ".join(f"{speed[p]:,.0f}" for p in sizes) + " |")
     lines += ["", "Per seed:", ""]
-    for arm, label in ARMS.items():
+    for arm, label in ARMS_TEXT.items():
         lines.append(
             f"- {label}: " + "; ".join(f"P={p}: " + ", ".join(common.pct(v) for v in runs[arm][p]) for p in sizes)
         )
     lines += ["", "## Verdicts", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
     params = results["setup"]["model"].split(", ")[-1]
-    updates = results["setup"]["training"].split(", ")[-1].replace(" for every model", "")
     lines += [
         "",
         "## What this scale can and cannot show",
         "",
         (
-            f"Every model here is the experiments' ViT ({params}) trained for {updates} on 28 x 28 digits, {seeds} seed(s), on a 2-core CPU shared with other jobs. FlexiViT trained ViT-B-sized "
-            "models on ImageNet with far longer schedules and a wider range of patch sizes; here P=14 leaves a 2 x 2 grid, "
-            "and the random-P model sees each size for only about a third of its updates (the same number of updates as "
-            "each native model, a third of them per size). The (d) model's learned table lives at the largest patch's "
-            "grid (2 x 2) and is upsampled for finer grids, as FlexiViT stores one small table and resizes it; at this "
-            "size that leaves the finest grid only four learned positions. So the figures say which way the effects go on "
-            "small data with short schedules, not how large they are at scale: with this few updates no model is "
-            "converged (accuracy rises as P grows because fewer tokens learn faster in few steps), and the random-P "
-            "model's gap measures its undertraining per size as much as the recipe; a longer schedule is what would test "
-            "FlexiViT's claim. Throughput is measured once per P on a "
-            "machine shared with other jobs: compare the ratios between sizes, not the absolute figures."
+            f"Every model here is the experiments' ViT ({params}) trained to its validation plateau on 28 x 28 "
+            f"digits, {seeds} seed(s), on a 2-core CPU shared with other jobs. FlexiViT trained ViT-B-sized models "
+            "on ImageNet with far longer schedules and a wider range of patch sizes; here P=14 leaves a 2 x 2 grid. "
+            "The (d) model's learned table lives at the largest patch's grid (2 x 2) and is upsampled for finer "
+            "grids, as FlexiViT stores one small table and resizes it; at this size that leaves the finest grid only "
+            "four learned positions, and the model sees each size for about a third of its updates. So the figures "
+            "say which way the effects go on small data, not how large they are at scale. Throughput is measured "
+            "once per P on a machine shared with other jobs: compare the ratios between sizes, not the absolute "
+            "figures."
         ),
-        "",
-        common.SCHEDULE_NOTE,
     ]
     return "\n".join(lines)
 
