@@ -10,10 +10,23 @@ checkout needs `pip install -e .`).
 
 import importlib
 
-from transformers import AutoBackbone, AutoConfig, AutoModel, AutoModelForImageClassification
+from transformers import (
+    AutoBackbone,
+    AutoConfig,
+    AutoModel,
+    AutoModelForImageClassification,
+    AutoModelForSemanticSegmentation,
+)
 
 from . import commands as _commands
-from .modeling import HubViTBackbone, HubViTConfig, HubViTForImageClassification, HubViTModel, HubViTPreTrainedModel
+from .modeling import (
+    HubViTBackbone,
+    HubViTConfig,
+    HubViTForImageClassification,
+    HubViTForSemanticSegmentation,
+    HubViTModel,
+    HubViTPreTrainedModel,
+)
 from .cpu import optimize_for_cpu
 from .errors import ConversionError, HubViTError, OutputExistsError
 
@@ -23,6 +36,7 @@ AutoConfig.register(HubViTConfig.model_type, HubViTConfig, exist_ok=True)
 AutoModel.register(HubViTConfig, HubViTModel, exist_ok=True)
 AutoModelForImageClassification.register(HubViTConfig, HubViTForImageClassification, exist_ok=True)
 AutoBackbone.register(HubViTConfig, HubViTBackbone, exist_ok=True)
+AutoModelForSemanticSegmentation.register(HubViTConfig, HubViTForSemanticSegmentation, exist_ok=True)
 
 _LAZY = _commands.lazy_names()
 
@@ -46,6 +60,7 @@ __all__ = [
     "HubViTModel",
     "HubViTForImageClassification",
     "HubViTBackbone",
+    "HubViTForSemanticSegmentation",
     "HubViTPreTrainedModel",
     "optimize_for_cpu",
     "HubViTError",

@@ -21,7 +21,12 @@ import transformers
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import BackboneOutput, BaseModelOutputWithPooling, ImageClassifierOutput
+from transformers.modeling_outputs import (
+    BackboneOutput,
+    BaseModelOutputWithPooling,
+    ImageClassifierOutput,
+    SemanticSegmenterOutput,
+)
 
 from .configuration_hubvit import HubViTConfig, to_2tuple
 from .patch_resize_hubvit import check_resize_options, patch_pair, resize_patch_kernel
@@ -1155,6 +1160,55 @@ class HubViTBackbone(BackboneMixin, HubViTDenseFeatures, HubViTPreTrainedModel):
         return outputs if return_dict else outputs.to_tuple()
 
 
+class HubViTForSemanticSegmentation(HubViTPreTrainedModel):
+    """A linear decoder on the patch tokens: one `nn.Linear` classifies each normed last-block token, giving logits on
+    the patch grid (batch, num_labels, rows, columns) that the loss and the image processor upsample bilinearly to
+    the pixels, as `SegformerImageProcessor.post_process_semantic_segmentation` does.
+
+    The linear probe of DINOv2 (Oquab et al., 2023) and Segmenter's linear baseline (Strudel et al., 2021): the
+    smallest head that shows what the encoder's tokens hold, cheap enough to train on a CPU, and one plain `nn.Linear`
+    like the classifier (quantizable, LoRA-able). Pixels labelled `config.semantic_loss_ignore_index` (255 unless
+    set, transformers' convention) do not count in the loss. The head is `decode_head` (transformers' name for
+    segmentation heads), so a classifier's folder gives the body and never its image classifier as the head.
+    """
+
+    _keys_to_ignore_on_load_unexpected = [r"^classifier\.", r"^distillation_classifier\.", r"^pre_logits\."]
+
+    def __init__(self, config: HubViTConfig):
+        super().__init__(config)
+        if config.num_labels < 1:
+            raise ValueError(f"num_labels={config.num_labels}: a segmentation head needs at least one class")
+        self.num_labels = config.num_labels
+        self.hubvit = HubViTModel(config)
+        self.decode_head = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(self, pixel_values=None, labels=None, patch_size=None, **kwargs: Unpack[TransformersKwargs]):
+        """Logits on the patch grid, and with `labels` (batch, height, width) of class indices the pixel-wise
+        cross-entropy of the logits upsampled to the labels' size."""
+        check_kwargs(kwargs, self)
+        body = self.hubvit
+        outputs = body(pixel_values, patch_size=patch_size, **kwargs)
+        height, width = pixel_values.shape[-2:]
+        (ph, pw) = self.config.patch_size_2d if patch_size is None else patch_pair(patch_size)
+        grid = (-(-height // ph), -(-width // pw))  # dynamic_img_pad pads to whole patches
+        logits = body.to_feature_map(self.decode_head(outputs.last_hidden_state), grid)
+        loss = None
+        if labels is not None:
+            if labels.ndim != 3 or labels.shape[0] != logits.shape[0]:
+                raise ValueError(
+                    f"labels must be (batch, height, width) class indices for {logits.shape[0]} images, "
+                    f"got shape {tuple(labels.shape)}"
+                )
+            upsampled = F.interpolate(logits, size=labels.shape[-2:], mode="bilinear", align_corners=False)
+            ignore = getattr(self.config, "semantic_loss_ignore_index", 255)
+            loss = F.cross_entropy(upsampled.float(), labels.long(), ignore_index=ignore)
+        return SemanticSegmenterOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
 def register_with_optimum():
     """Under `optimum-cli export onnx --trust-remote-code` (optimum's exporter already imported, nothing imported
     here otherwise), tell optimum's task manager how to export hubvit: as its ViT, inputs and outputs alike."""
@@ -1180,5 +1234,12 @@ HubViTConfig.register_for_auto_class()
 HubViTModel.register_for_auto_class("AutoModel")
 HubViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
 HubViTBackbone.register_for_auto_class("AutoBackbone")
+HubViTForSemanticSegmentation.register_for_auto_class("AutoModelForSemanticSegmentation")
 
-__all__ = ["HubViTModel", "HubViTForImageClassification", "HubViTBackbone", "HubViTPreTrainedModel"]
+__all__ = [
+    "HubViTModel",
+    "HubViTForImageClassification",
+    "HubViTBackbone",
+    "HubViTForSemanticSegmentation",
+    "HubViTPreTrainedModel",
+]

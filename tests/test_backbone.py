@@ -32,7 +32,13 @@ from transformers import (
 )
 
 import hubvit
-from hubvit import HubViTBackbone, HubViTConfig, HubViTForImageClassification, HubViTModel
+from hubvit import (
+    HubViTBackbone,
+    HubViTConfig,
+    HubViTForImageClassification,
+    HubViTForSemanticSegmentation,
+    HubViTModel,
+)
 from hubvit.folder import write_folder
 from utils import RTOL, TINY_TIMM, randomize_, relative_error, run_without_hubvit, tiny_config
 
@@ -483,3 +489,111 @@ def test_pruned_model_keeps_timms_intermediates_and_saves_as_pruned(tmp_path):
         reloaded, info = HubViTModel.from_pretrained(tmp_path / "pruned", output_loading_info=True)
         assert not any(info.values()), info
         assert torch.equal(reloaded.eval()(x).last_hidden_state, body(x).last_hidden_state)
+
+
+# ------------------------------------------------------------------------ a segmentation head that travels in the folder
+
+LABELS = dict(id2label={0: "background", 1: "one", 2: "two"}, label2id={"background": 0, "one": 1, "two": 2})
+
+
+def segmentation_model(seed=8, **overrides):
+    return randomize_(HubViTForSemanticSegmentation(tiny_config(num_labels=3, **LABELS, **overrides)), seed).eval()
+
+
+def test_segmentation_logits_are_one_linear_map_of_each_normed_patch_token():
+    """Logits on the patch grid (prefix tokens dropped), row-major like the feature maps."""
+    model = segmentation_model(num_register_tokens=1)
+    x = pixels(24, 40)
+    with torch.no_grad():
+        logits = model(x).logits
+        tokens = model.hubvit(x).last_hidden_state[:, 2:]
+        expected = model.decode_head(tokens).reshape(2, 3, 5, 3).permute(0, 3, 1, 2)
+    assert logits.shape == (2, 3, 3, 5)
+    assert torch.equal(logits, expected)
+
+
+def test_segmentation_loss_is_the_cross_entropy_of_upsampled_logits_without_ignored_pixels():
+    model = segmentation_model()
+    x = pixels(24, 40)
+    labels = torch.full((2, 24, 40), 255)
+    labels[:, 4:12, 8:30] = torch.randint(0, 3, (2, 8, 22), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = model(x, labels=labels)
+        upsampled = torch.nn.functional.interpolate(outputs.logits, size=(24, 40), mode="bilinear")
+        log_probabilities = upsampled.log_softmax(dim=1)
+        kept = labels != 255
+        picked = log_probabilities.permute(0, 2, 3, 1)[kept].gather(1, labels[kept][:, None])
+    assert relative_error(outputs.loss, -picked.mean()) <= RTOL
+
+
+def test_segmentation_head_learns_a_fixed_labelling():
+    """40 Adam steps on two images take the loss to under half its start: gradients reach the head and the body."""
+    model = segmentation_model().train()
+    x = pixels(32, 32)
+    labels = torch.randint(0, 3, (2, 4, 4), generator=torch.Generator().manual_seed(1)).repeat_interleave(8, 1)
+    labels = labels.repeat_interleave(8, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss = model(x, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses[::10]
+
+
+def test_segmentation_model_starts_from_a_classifiers_folder_with_its_body_and_a_new_head(tmp_path):
+    """Same number of classes, so a head sharing the classifier's name would load it silently: `decode_head` is
+    reported missing (initialised), the image classifier ignored, the body loaded as saved."""
+    classifier = randomize_(HubViTForImageClassification(tiny_config(num_labels=3)), seed=9).eval()
+    folder = write_folder(classifier, tmp_path / "classifier")
+    model, info = HubViTForSemanticSegmentation.from_pretrained(folder, output_loading_info=True)
+    assert set(info["missing_keys"]) == {"decode_head.weight", "decode_head.bias"}
+    assert not info["unexpected_keys"] and not info["mismatched_keys"]
+    for name, tensor in classifier.hubvit.state_dict().items():
+        assert torch.equal(model.hubvit.state_dict()[name], tensor), name
+
+
+def test_segmentation_labels_of_the_wrong_shape_are_refused_naming_it():
+    with pytest.raises(ValueError, match=r"labels must be \(batch, height, width\) .* got shape \(2, 24\)"):
+        segmentation_model()(pixels(24, 40), labels=torch.zeros(2, 24, dtype=torch.long))
+
+
+def test_segmentation_folder_serves_the_image_segmentation_pipeline_without_hubvit(tmp_path):
+    """`pipeline("image-segmentation", model=folder, trust_remote_code=True)` where hubvit cannot be imported gives
+    the masks and labels the installed hubvit gives (SegformerImageProcessor upsamples and takes the argmax)."""
+    import numpy as np
+    from PIL import Image
+    from transformers import SegformerImageProcessor, pipeline
+
+    model = segmentation_model()
+    processor = SegformerImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    folder = write_folder(model, tmp_path / "segmenter", image_processor=processor)
+    assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModelForSemanticSegmentation"] == (
+        "modeling_hubvit.HubViTForSemanticSegmentation"
+    )
+    image = tmp_path / "image.png"
+    Image.fromarray((np.random.default_rng(0).random((40, 56, 3)) * 255).astype("uint8")).save(image)
+    expected = [
+        (row["label"], np.asarray(row["mask"]).tolist())
+        for row in pipeline("image-segmentation", model=str(folder))(str(image))
+    ]
+    assert {label for label, _ in expected} <= set(LABELS["label2id"])
+    assert all(len(mask) == 40 and len(mask[0]) == 56 for _, mask in expected), "masks at the image's size"
+    isolated = run_without_hubvit(
+        f"""
+        import json
+        import numpy as np
+        from transformers import pipeline
+        segmenter = pipeline("image-segmentation", model={str(folder)!r}, trust_remote_code=True)
+        rows = segmenter({str(image)!r})
+        print(json.dumps(dict(
+            module=type(segmenter.model).__module__,
+            rows=[[row["label"], np.asarray(row["mask"]).tolist()] for row in rows],
+        )))
+        """,
+        cwd=tmp_path,
+    )
+    assert isolated["module"].startswith("transformers_modules.")
+    assert [tuple(row) for row in isolated["rows"]] == expected
