@@ -9,6 +9,7 @@ resized on both sides.
 """
 
 import json
+import unittest
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,43 @@ def test_transformers_dense_heads_run_on_the_hubvit_backbone(build):
         assert outputs.masks_queries_logits.shape == (2, 5, 4, 6)  # queries x maps at the backbone's stride 8
         result = outputs.masks_queries_logits
     assert torch.isfinite(result).all()
+
+
+# ------------------------------------------------------------------ transformers' own backbone tests (its sdist)
+
+
+def backbone_tester_mixin():
+    """`BackboneTesterMixin` from the installed release's `tests/test_backbone_common.py` (tests/transformers_sources.py
+    fetches the sdist once, as for the common model tests)."""
+    import importlib
+    import sys
+
+    from transformers_sources import PACKAGE, ensure_sources
+
+    root = str(ensure_sources())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"{PACKAGE}.test_backbone_common").BackboneTesterMixin
+
+
+class BackboneInputs:
+    """What the mixin asks of a model tester: a 4-block config selecting two stages, and a non-square batch."""
+
+    def prepare_config_and_inputs_for_common(self):
+        config = tiny_config(num_hidden_layers=4, out_features=["stage2", "stage4"])
+        return config, {"pixel_values": pixels(24, 40)}
+
+
+class TestTransformersBackboneCommon(backbone_tester_mixin(), unittest.TestCase):
+    """transformers' `BackboneTesterMixin`, as transformers runs it on `Dinov2Backbone`: stage names, the
+    out_features / out_indices alignment, channels, save and reload of the config, outputs and stage selection."""
+
+    all_model_classes = (HubViTBackbone,)
+    config_class = HubViTConfig
+    has_attentions = True
+
+    def setUp(self):
+        self.model_tester = BackboneInputs()
 
 
 # -------------------------------------------------------------------------------------------- the backbone itself
