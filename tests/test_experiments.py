@@ -249,6 +249,7 @@ def quick_results(tmp_path_factory):
             ("inductive_bias", common_argv),
             ("resolution", common_argv),
             ("attention_distance", [*common_argv, "--models_dir", str(out / "distance_models")]),
+            ("patch_size", common_argv),
             ("summary", ["--output_dir", str(out)]),
         ]
     )
@@ -256,7 +257,9 @@ def quick_results(tmp_path_factory):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("name", ["position_embeddings", "inductive_bias", "resolution", "attention_distance"])
+@pytest.mark.parametrize(
+    "name", ["position_embeddings", "inductive_bias", "resolution", "attention_distance", "patch_size"]
+)
 def test_quick_run_writes_json_figure_and_markdown_with_its_command(quick_results, name):
     results = json.loads((quick_results / f"{name}.json").read_text())
     assert results["name"] == name and results["quick"] is True
@@ -302,6 +305,16 @@ def test_summary_has_one_row_per_verdict_and_marks_quick_runs(quick_results):
     rows = [line for line in text.splitlines() if line.startswith("| [")]
     expected = sum(
         len(json.loads((quick_results / f"{n}.json").read_text())["verdicts"])
-        for n in ("position_embeddings", "inductive_bias", "resolution", "attention_distance")
+        for n in ("position_embeddings", "inductive_bias", "resolution", "attention_distance", "patch_size")
     )
     assert len(rows) == expected and all("quick run only" in row for row in rows)
+
+
+@pytest.mark.heavy
+def test_quick_patch_size_run_has_every_arm_at_every_size(quick_results):
+    results = json.loads((quick_results / "patch_size.json").read_text())
+    sizes = [str(p) for p in results["patch_sizes"]]
+    assert sorted(results["runs"]) == ["interpolate", "native", "pi", "random"]
+    assert all(len(results["runs"][arm][p]) == 1 for arm in results["runs"] for p in sizes)
+    base = str(results["base_patch"])  # resized to its own patch size, the base model is itself
+    assert results["runs"]["pi"][base] == results["runs"]["interpolate"][base] == results["runs"]["native"][base]

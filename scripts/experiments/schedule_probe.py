@@ -15,6 +15,15 @@ if __package__ in (None, ""):  # run as a file from a source checkout
 from hubvit.scripts.experiments import common  # noqa: E402
 
 
+def epoch_of_batches(run):
+    started = time.time()
+    run.train_set.set_epoch(0)
+    run.train_loader.set_epoch(0)
+    for _ in run.train_loader:
+        pass
+    return time.time() - started
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
@@ -25,6 +34,11 @@ def main(argv=None):
     p.add_argument("--patience", type=int, default=5)
     p.add_argument("--min_epochs", type=int, default=10)
     p.add_argument("--output_dir", default="/tmp/schedule_probe")
+    p.add_argument(
+        "--loader_only",
+        action="store_true",
+        help="instead of training: seconds for one epoch of training batches, decoded per epoch and kept in memory",
+    )
     options = p.parse_args(argv)
     common.setup_quietly(options.threads)
     accelerator = common.accelerator_for(options.output_dir)
@@ -33,6 +47,20 @@ def main(argv=None):
     model, preprocessing = common.build_vit(
         args, train.features["label"].names, {"position_embedding_type": options.kind}
     )
+    if options.loader_only:
+        run = common.prepare_run(args, accelerator, train, model, preprocessing)
+        times = [epoch_of_batches(run)]
+        started = time.time()
+        kept = common.keep_in_memory(run, train, preprocessing, (28, 28))
+        setup = time.time() - started
+        if kept:
+            times.append(epoch_of_batches(run))
+        print(
+            f"{len(train)} images, batches of one epoch: decoded each epoch {times[0]:.2f} s"
+            + (f"; in memory {times[1]:.2f} s (after {setup:.2f} s once)" if kept else " (augmented: not kept)"),
+            flush=True,
+        )
+        return 0
     plateau = common.Plateau(
         max_epochs=options.max_epochs, patience=options.patience, min_epochs=min(options.min_epochs, options.max_epochs)
     )
