@@ -7,12 +7,14 @@ hubvit itself. Field names follow transformers' `ViTConfig` where it has one.
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig
+from transformers.utils import logging
 
 try:
     from transformers.backbone_utils import BackboneConfigMixin  # 5.25
 except ImportError:  # 4.46 to 5.24
     from transformers.utils.backbone_utils import BackboneConfigMixin
 
+logger = logging.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,26 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     def stage_names(self):
         """`stem` (the encoder input) then `stage1` ... `stageN`: one per block, so it follows `num_hidden_layers`."""
         return ["stem"] + [f"stage{i}" for i in range(1, self.num_hidden_layers + 1)]
+
+    def __setattr__(self, name, value):
+        depth = self.__dict__.get("num_hidden_layers")
+        super().__setattr__(name, value)
+        if name == "num_hidden_layers" and "_out_indices" in self.__dict__ and value != depth:
+            self.follow_depth(depth)
+
+    def follow_depth(self, old_depth):
+        """After a change of depth (`from_pretrained(folder, num_hidden_layers=6)`, pruning) the stages still name
+        existing blocks: the last stage stays the last, a choice that names removed blocks falls back to it (logged),
+        so the config saves and loads again."""
+        indices = None if self._out_indices == [old_depth] else self._out_indices
+        try:
+            self.set_output_features_output_indices(None, indices)
+        except ValueError:
+            logger.warning(
+                f"num_hidden_layers changed from {old_depth} to {self.num_hidden_layers}: out_indices={indices} name "
+                f"removed blocks; the backbone returns the last stage, stage{self.num_hidden_layers}"
+            )
+            self.set_output_features_output_indices(None, None)
 
     def set_output_features_output_indices(self, out_features, out_indices):
         """Align `out_features` and `out_indices` (either may be None; both None: the last stage), refusing

@@ -126,6 +126,29 @@ def test_out_indices_and_out_features_are_two_views_of_one_choice_and_round_trip
     assert (loaded.out_features, loaded.out_indices) == (["stage1", "stage3"], [1, 3])
 
 
+@pytest.mark.parametrize(
+    "chosen, depth, expected",
+    [
+        (None, 2, [2]),  # the last stage stays the last, shallower
+        (None, 6, [6]),  # and deeper
+        ([1, 2], 2, [1, 2]),  # blocks that still exist stay chosen
+        ([-2, -1], 6, [-2, -1]),  # counted from the end: stages 5 and 6 now
+        ([1, 4], 2, [2]),  # stage 4 is gone: the last stage (logged)
+    ],
+)
+def test_a_depth_changed_at_loading_keeps_the_stages_valid_so_the_folder_saves_and_reloads(
+    tmp_path, chosen, depth, expected
+):
+    """`from_pretrained(folder, num_hidden_layers=N)` sets the depth after the stages were checked; without following
+    it, a config naming stage4 of a 2-block model would be saved and then refuse to load."""
+    tiny_config(num_hidden_layers=4, out_indices=chosen).save_pretrained(tmp_path / "four")
+    config = AutoConfig.from_pretrained(tmp_path / "four", num_hidden_layers=depth)
+    assert config.out_indices == expected
+    assert config.out_features == [config.stage_names[i] for i in expected]
+    config.save_pretrained(tmp_path / "changed")
+    assert AutoConfig.from_pretrained(tmp_path / "changed").out_features == config.out_features
+
+
 def test_an_old_folders_auto_map_gains_the_backbone_when_saved_again():
     old = {"AutoConfig": "configuration_hubvit.HubViTConfig", "AutoModel": "user/repo--modeling_hubvit.HubViTModel"}
     assert tiny_config(auto_map=old).auto_map["AutoBackbone"] == "user/repo--modeling_hubvit.HubViTBackbone"
