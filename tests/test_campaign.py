@@ -24,8 +24,8 @@ def without_timing(value):
     return value
 
 
-class Interrupted(Exception):
-    pass
+class Interrupted(BaseException):
+    """What the end of a session does to a unit: not an error the runner may catch and go on from."""
 
 
 def interrupt_epoch(monkeypatch, at_call):
@@ -213,3 +213,21 @@ def test_campaign_runs_skips_finished_units_and_reports_from_the_records(tmp_pat
 
     assert campaign.main(["run", *argv, "--only", "position_embeddings:none:0"]) == 0  # finished: skipped
     assert {p.name: p.stat().st_mtime_ns for p in runs.iterdir()} == stamps
+
+
+def test_a_failing_unit_is_reported_and_the_runner_goes_on(tmp_path, monkeypatch, capsys):
+    ran = []
+
+    def run_one(options, unit, contexts):
+        ran.append(unit)
+        if unit[1] == "none":
+            raise RuntimeError("broken unit")
+        common.write_json_atomically(campaign.record_path(options.runs_dir, unit), {"minutes": 0.0})
+        return {"minutes": 0.0}
+
+    monkeypatch.setattr(campaign, "run_one", run_one)
+    argv = campaign_argv(tmp_path, "--only", "position_embeddings:none:0", "position_embeddings:learned:0")
+    assert campaign.main(["run", *argv]) == 1
+    assert ran == [("position_embeddings", "none", 0), ("position_embeddings", "learned", 0)]
+    assert "FAILED" in capsys.readouterr().err
+    assert not list((tmp_path / "checkpoints" / "locks").iterdir())

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file from a source checkout
@@ -145,11 +146,11 @@ def run_one(options, unit, contexts):
 def work(options):
     """One process: take the first unit that is neither finished nor held by another process, run it, repeat."""
     common.setup_quietly(options.threads)
-    contexts, done = {}, 0
+    contexts, done, failed = {}, 0, set()
     units = selected(queue(options.seeds), options.only)
     while options.max_units is None or done < options.max_units:
         for unit in units:
-            if record_path(options.runs_dir, unit).is_file():
+            if unit in failed or record_path(options.runs_dir, unit).is_file():
                 continue
             lock = lock_path(options, unit)
             if not claim(lock):
@@ -158,7 +159,14 @@ def work(options):
                 if record_path(options.runs_dir, unit).is_file():
                     continue
                 print(f"[campaign {os.getpid()}] {unit[0]} {unit[1]} seed {unit[2]}", file=sys.stderr, flush=True)
-                record = run_one(options, unit, contexts)
+                try:
+                    record = run_one(options, unit, contexts)
+                except Exception:  # one unit's error (say, a module mid-edit by someone) must not stop the rest
+                    traceback.print_exc()
+                    print(f"[campaign {os.getpid()}] FAILED {unit}; next unit", file=sys.stderr, flush=True)
+                    failed.add(unit)
+                    contexts.pop(unit[0], None)
+                    break
                 print(
                     f"[campaign {os.getpid()}] finished {unit[0]} {unit[1]} seed {unit[2]}: "
                     f"{record['minutes']:.1f} min of training",
@@ -170,8 +178,8 @@ def work(options):
             done += 1
             break
         else:
-            return 0
-    return 0
+            break
+    return 1 if failed else 0
 
 
 def run(options, argv):
