@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .. import presets
 from ..errors import HubViTError
+from ..folder import ACCURACY_FILE
 from ..modeling.configuration_hubvit import POSITION_KINDS
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
@@ -232,7 +233,7 @@ def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
     }
 
 
-PATCH_ACCURACY_FILE = "patch_size_accuracy.json"
+PATCH_ACCURACY_FILE = ACCURACY_FILE
 
 
 def read_patch_accuracy(path):

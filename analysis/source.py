@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from ..errors import HubViTError
-from ..limits import check_config_sizes, open_image as open_bounded, regular_files, require_safetensors
+from ..limits import check_config_sizes, open_image as open_bounded, regular_files
 from ..presets import is_preset_name
 from .info import preset_config
 
@@ -50,14 +50,13 @@ def load_model(src, image_size=None):
     what its numbers then describe."""
     from transformers import AutoImageProcessor, ViTImageProcessor
 
-    from hubvit import HubViTForImageClassification, HubViTModel
+    from hubvit import HubViTForImageClassification, folder
 
     config = load_config(src, image_size)
     if is_preset(src):
         model = HubViTForImageClassification(config)
     else:
-        require_safetensors(src)
-        model = (HubViTForImageClassification if has_head(config) else HubViTModel).from_pretrained(src)
+        model = folder.load(src, classifier=has_head(config))
     processor = None
     if not is_preset(src):
         try:

@@ -189,7 +189,7 @@ def export_timm_row(label, fields, root):
     import timm
 
     from hubvit import HubViTConfig, HubViTForImageClassification
-    from hubvit.conversion.folder import write_folder
+    from hubvit.folder import write_folder
 
     model = randomize_(HubViTForImageClassification(HubViTConfig(**VIT_B, **fields))).eval()
     write_folder(model, root / label)

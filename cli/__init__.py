@@ -211,7 +211,7 @@ def run_command(args):
     result = run(options)
     SHOW[args.entry.record](result, args)
     if getattr(args, "push_to_hub", None):
-        from ..conversion import hub
+        from .. import hub
 
         pushed = hub.run(hub.Options(str(result.folder), args.push_to_hub))
         show_push(pushed, args)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConversionError, listing
+from ..preprocessing import Preprocessing
 from ..limits import check_config_sizes
 from ..options import TOLERANCE, argument, flag, nonempty_path, option, path_text, positive, settle
 from .patch_size import check_patch_size
@@ -22,8 +23,6 @@ from .weights import CORRUPT_FILE_ERRORS, WEIGHT_SUFFIXES, check_finite, read_we
 
 __all__ = [
     "CORRUPT_FILE_ERRORS",
-    "RESAMPLE_IDS",
-    "RESAMPLE_NAMES",
     "TOLERANCE",
     "WEIGHT_SUFFIXES",
     "Conversion",
@@ -31,7 +30,6 @@ __all__ = [
     "ConversionResult",
     "ExportOptions",
     "ExportResult",
-    "Preprocessing",
     "Reference",
     "StrictMapping",
     "Verification",
@@ -43,45 +41,10 @@ __all__ = [
     "make_config",
     "read_hubvit_config",
     "read_weights",
-    "resample_name",
     "shard_files",
     "to_tensor",
     "verify",
 ]
-
-RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
-"""PIL's resample ids (what `ViTImageProcessor.resample` holds) by the names timm and the CLI use."""
-RESAMPLE_IDS = {name: index for index, name in RESAMPLE_NAMES.items()}
-
-
-def resample_name(value, where="resample"):
-    """The name ('bicubic', ...) of a PIL resample id or name, or `ConversionError` naming `where`."""
-    name = RESAMPLE_NAMES.get(value) if isinstance(value, int) else str(value).lower()
-    if name not in RESAMPLE_IDS:
-        raise ConversionError(f"{where}={value!r}; expected one of {sorted(RESAMPLE_IDS)} (or PIL ids 0-3)")
-    return name
-
-
-@dataclass
-class Preprocessing:
-    """How the source feeds images to the model at evaluation; `preprocessing.processor_for` turns it into the
-    folder's image processor (the one place that builds it).
-
-    `size` (height, width) is what the model sees, by default its resolution. `crop_pct` None: the whole image is
-    resized to `size` (the original JAX fine-tuning); otherwise timm's eval transform: resize to size / crop_pct
-    (`crop_mode` 'center': the shorter side, 'squash': both sides; 'border' as timm names it), then centre crop
-    `size`. `processor`: the source's own transformers image processor, saved as it is (a transformers SRC that has
-    one). `notes` say where the folder's processor differs from the source's.
-    """
-
-    mean: tuple = (0.5, 0.5, 0.5)
-    std: tuple = (0.5, 0.5, 0.5)
-    resample: str = "bilinear"
-    size: tuple | None = None
-    crop_pct: float | None = None
-    crop_mode: str = "center"
-    processor: object | None = None
-    notes: list = field(default_factory=list)
 
 
 @dataclass
@@ -260,15 +223,9 @@ class ExportResult:
 
 
 def load_hubvit(src):
-    """The hubvit folder SRC as a `HubViTForImageClassification` in eval mode, through `from_pretrained` (the way
-    users load it), every weight filled; a headless folder gets an identity head."""
-    from ..modeling import HubViTForImageClassification
+    """The hubvit folder SRC as a `HubViTForImageClassification` in eval mode (a headless folder gets an identity
+    head), read strictly by `hubvit.folder.load`: every weight filled, none left over."""
+    from ..folder import load
 
-    config, _ = read_hubvit_config(src)
-    model, info = HubViTForImageClassification.from_pretrained(
-        str(src), config=config, dtype="float32", output_loading_info=True
-    )
-    problems = {key: sorted(map(str, value)) for key, value in info.items() if value and key != "error_msgs"}
-    if problems or info.get("error_msgs"):
-        raise ConversionError(f"{src}: the weights do not fit its config.json: {problems or info['error_msgs']}")
-    return model.eval()
+    read_hubvit_config(src)
+    return load(src, classifier=True, dtype="float32")

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from ..limits import check_side_file, require_safetensors, write_text_atomic
+from ..limits import check_side_file, write_text_atomic
 from ..options import argument, flag, option, settle, whole
 from .common import ConversionError, ExportOptions, ExportResult, read_hubvit_config
-from .folder import check_output_path
+from ..folder import check_output_path
 from .fuse_onnx import LAST_BLOCK_QUERIES, fuse_for_onnxruntime
 from .quantize_onnx import quantize_in_place
 
@@ -97,14 +97,13 @@ def load(src):
     """The hubvit model in SRC (classifier, or body when it has no labels) and its image processor settings."""
     from transformers import AutoImageProcessor
 
-    from ..modeling import HubViTForImageClassification, HubViTModel
+    from .. import folder
+    from ..modeling import HubViTModel
 
     src = Path(src)
     config, raw = read_hubvit_config(src)
-    require_safetensors(src)
     headless = not config.num_labels or raw.get("architectures") == [HubViTModel.__name__]
-    cls = HubViTModel if headless else HubViTForImageClassification
-    model = cls.from_pretrained(str(src), attn_implementation="sdpa").eval()
+    model = folder.load(src, classifier=not headless, attn_implementation="sdpa")
     processor = None
     if (src / "preprocessor_config.json").is_file():
         processor = AutoImageProcessor.from_pretrained(str(src)).to_dict()

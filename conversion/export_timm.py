@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..options import argument
+from ..preprocessing import RESAMPLE_NAMES
 from .common import (
-    RESAMPLE_NAMES,
     ConversionError,
     ExportOptions,
     ExportResult,
@@ -22,7 +22,7 @@ from .common import (
     read_hubvit_config,
     verify,
 )
-from .folder import check_output_path, staged_folder
+from ..folder import check_output_path, staged_folder
 from .timm import RENAMES, import_timm, timm_reference
 from .transformers import read_json
 

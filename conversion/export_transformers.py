@@ -22,7 +22,7 @@ from .common import (
     read_hubvit_config,
     verify,
 )
-from .folder import check_output_path, make_image_processor, staged_folder
+from ..folder import check_output_path, make_image_processor, staged_folder
 
 logger = logging.getLogger(__name__)
 

@@ -17,18 +17,19 @@ from ..modeling import HubViTConfig
 from ..modeling.configuration_hubvit import POSITION_KINDS
 from . import sources
 from ..options import argument, choice, flag, option, settle, text, whole
+from ..preprocessing import Preprocessing
 from .common import (
     ConversionError,
     Conversion,
     ConversionOptions,
     ConversionResult,
-    Preprocessing,
     Reference,
     StrictMapping,
     read_weights,
     to_tensor,
 )
-from .folder import build_model, expected_shapes, run_conversion
+from ..folder import build_model, expected_shapes
+from .folder import run_conversion
 from .jax_layout import BLOCK_NAMES, POOL_TYPES, detect_layout, read_config
 
 # For files without a position table: the kinds that need no learned weights.

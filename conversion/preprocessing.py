@@ -1,74 +1,13 @@
-"""The source's own evaluation transform, written as a transformers image processor.
+"""Each source's own evaluation transform as a `Preprocessing` (timm, torchvision, the JAX fine-tuning,
+transformers), which `hubvit.preprocessing.processor_for` writes as a transformers image processor."""
 
-`ViTImageProcessor` only resizes the whole image to the model's resolution, which is not how timm, DeiT or
-torchvision evaluate: they resize the shorter side to `size / crop_pct` and take a centre crop. transformers'
-`BitImageProcessor` (the one DINOv2 folders carry) expresses both: `size={"shortest_edge": S}` with
-`crop_size={"height": H, "width": W}` for resize-then-crop, `size={"height": H, "width": W}` without a crop for the
-original JAX fine-tuning's plain resize. One known difference stays: transformers' centre crop floors the offset
-`(resized - crop) / 2`, torchvision's `CenterCrop` rounds it half to even, so where that margin is odd and its half
-rounds up the crop sits one pixel higher or further left than the source's (tests/test_preprocessing.py measures it).
-"""
-
-import math
 from pathlib import Path
 
-from transformers import BitImageProcessor
-
-from ..limits import check_preprocessing
-from .common import RESAMPLE_IDS, RESAMPLE_NAMES, ConversionError, Preprocessing, resample_name
+from ..preprocessing import Preprocessing, expressible, image_processor, processor_for, resample_name
+from .common import ConversionError
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_CROP_PCT, DEFAULT_CROP_MODE, DEFAULT_INTERPOLATION = 0.875, "center", "bicubic"  # timm's resolve_data_config
-
-
-def image_processor(crop_size, resize_to, resample, mean, std):
-    """A `BitImageProcessor`: resize (`resize_to` an int = shorter side, a pair = exact size), centre crop, normalise.
-
-    `crop_size` None means no crop. Images are converted to RGB first, as every source pipeline does.
-    """
-    if isinstance(resize_to, int):
-        size = {"shortest_edge": int(resize_to)}
-    else:
-        size = {"height": int(resize_to[0]), "width": int(resize_to[1])}
-    crop = {"height": int(crop_size[0]), "width": int(crop_size[1])} if crop_size else None
-    return BitImageProcessor(
-        do_resize=True,
-        size=size,
-        resample=RESAMPLE_IDS[resample_name(resample, "interpolation")],
-        do_center_crop=crop is not None,
-        crop_size=crop or {"height": size.get("height", 0), "width": size.get("width", 0)},
-        do_rescale=True,
-        rescale_factor=1 / 255,
-        do_normalize=True,
-        image_mean=[float(m) for m in mean],
-        image_std=[float(s) for s in std],
-        do_convert_rgb=True,
-    )
-
-
-def expressible(preprocessing: Preprocessing, size):
-    """Whether a transformers processor does what the source does: a plain resize, timm's 'squash', or its
-    'center' crop of a square input ('border' and non-square 'center', timm's ResizeKeepRatio, have none)."""
-    height, width = size
-    mode = preprocessing.crop_mode
-    return preprocessing.crop_pct is None or mode == "squash" or (mode == "center" and height == width)
-
-
-def processor_for(preprocessing: Preprocessing, config):
-    """The folder's image processor for a converter's `Preprocessing`: the source's own when it has one, else a
-    `BitImageProcessor` doing the source's resize and crop (see `Preprocessing`)."""
-    p = preprocessing
-    check_preprocessing(p)
-    if p.processor is not None:
-        return p.processor
-    height, width = p.size or config.image_size_2d
-    if p.crop_pct is None or not expressible(p, (height, width)):
-        return image_processor(None, (height, width), p.resample, p.mean, p.std)
-    scaled = (math.floor(height / p.crop_pct), math.floor(width / p.crop_pct))
-    if p.crop_mode == "squash":
-        crop = None if scaled == (height, width) else (height, width)
-        return image_processor(crop, scaled, p.resample, p.mean, p.std)
-    return image_processor((height, width), scaled[0], p.resample, p.mean, p.std)
 
 
 def timm_preprocessing(pretrained_cfg, input_size=None):
@@ -138,23 +77,3 @@ def from_transformers(folder):
     from transformers import AutoImageProcessor
 
     return AutoImageProcessor.from_pretrained(str(folder))
-
-
-def describe(processor):
-    """One sentence for the model card: what the processor does to an image."""
-    size, resample = processor.size, RESAMPLE_NAMES.get(processor.resample, str(processor.resample))
-    if "shortest_edge" in size:
-        steps = f"Resize the shorter side to {size['shortest_edge']} ({resample})"
-    elif "height" in size:
-        steps = f"Resize to {size['height']}x{size['width']} ({resample})"
-    else:
-        steps = f"Resize to {dict(size)} ({resample})"
-    if getattr(processor, "do_center_crop", False) and processor.crop_size:
-        crop = processor.crop_size
-        steps += f", centre crop {crop['height']}x{crop['width']}"
-    mean = [round(float(m), 4) for m in processor.image_mean]
-    std = [round(float(s), 4) for s in processor.image_std]
-    return (
-        f"{steps}, scale to [0, 1], normalise with mean {mean} and std {std} "
-        f"(`preprocessor_config.json`, transformers' `{type(processor).__name__.removesuffix('Pil')}`)."
-    )

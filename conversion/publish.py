@@ -209,7 +209,7 @@ def publish_entry(entry, work, dry_run=False, force=False):
             published = published_record(entry.repo_id)
             if published == {"version": hubvit_version(), "source": source}:
                 return Outcome(entry, "skipped", detail="the card records this source revision and hubvit version")
-        from .folder import check_output_path
+        from ..folder import check_output_path
 
         check_output_path(work / name, entry.source)
         work.mkdir(parents=True, exist_ok=True)
@@ -217,7 +217,7 @@ def publish_entry(entry, work, dry_run=False, force=False):
             result = convert(options_class(entry.source, name, overwrite=True, **options))
         folder = work / result.folder
         parity = "n/a" if result.max_abs_diff is None else f"{result.max_abs_diff:.2e}"
-        from .hub import check_files, check_loads, push_folder
+        from ..hub import check_files, check_loads, push_folder
 
         if dry_run:
             check_files(folder)

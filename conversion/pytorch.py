@@ -16,17 +16,18 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from ..options import argument, choice, option, positive, settle, whole
+from ..preprocessing import Preprocessing
 from .common import (
     Conversion,
     ConversionError,
     ConversionOptions,
     ConversionResult,
-    Preprocessing,
     Reference,
     StrictMapping,
     read_weights,
 )
-from .folder import expected_shapes, run_conversion
+from ..folder import expected_shapes
+from .folder import run_conversion
 from .timm import clean_state_dict
 
 ACTIVATIONS = ("gelu", "relu")

@@ -7,6 +7,7 @@ default `$HF_HOME/hubvit`) through a `.part` file that an interrupted run resume
 way the `Source` says what was converted (repo id and resolved commit, or address and sha256) for the model card.
 """
 
+import logging
 import hashlib
 import http.client
 import json
@@ -17,8 +18,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..limits import file_sha256
 from ..network import NetworkError, connect_timeout, describe, read_bounded
 from .common import ConversionError
+
+logger = logging.getLogger(__name__)
 
 REPO_ID = re.compile(r"(?:hf-hub:)?([A-Za-z0-9][\w.-]*/[\w.-]+)")
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -109,7 +113,7 @@ def download_repo(repo_id, revision=None):
     except (HfHubHTTPError, OSError) as error:
         raise ConversionError(f"{where}: download failed: {str(error).splitlines()[0]}") from None
     commit = path.name if COMMIT.fullmatch(path.name) else revision
-    print(f"{repo_id}: commit {commit} ({path})")
+    logger.info("%s: commit %s (%s)", repo_id, commit, path)
     return Source(path, repo_id=repo_id, revision=commit)
 
 
@@ -143,16 +147,8 @@ def fetch(url, expected_sha256=None):
         raise ConversionError(f"{final}: cached file changed since it was downloaded; run again to download it afresh")
     if expected_sha256 and digest != expected_sha256.lower():
         raise ConversionError(f"{url}: sha256 {digest}, expected {expected_sha256} (--sha256)")
-    print(f"{name}: sha256 {digest}")
+    logger.info("%s: sha256 %s", name, digest)
     return Source(final, url=url, sha256=digest)
-
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def download(url, final):

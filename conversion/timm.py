@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..modeling import HubViTConfig
-from .card import CITATIONS
+from ..card import CITATIONS
 from . import sources
 from ..options import argument, option, settle, text
 from .common import (
@@ -28,7 +28,8 @@ from .common import (
     listing,
     read_weights,
 )
-from .folder import expected_shapes, run_conversion
+from ..folder import expected_shapes
+from .folder import run_conversion
 from .sources import REVISION_HELP
 from .preprocessing import timm_preprocessing
 

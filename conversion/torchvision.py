@@ -17,18 +17,18 @@ import torch
 from ..modeling import HubViTConfig
 from ..errors import HubViTError
 from ..options import argument, choice, option, settle, text, whole
+from ..preprocessing import Preprocessing, resample_name
 from .common import (
     Conversion,
     ConversionError,
     ConversionOptions,
     ConversionResult,
-    Preprocessing,
     Reference,
     StrictMapping,
     read_weights,
-    resample_name,
 )
-from .folder import expected_shapes, run_conversion
+from ..folder import expected_shapes
+from .folder import run_conversion
 from .timm import clean_state_dict
 
 ARCHITECTURES = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")

@@ -18,19 +18,19 @@ from ..modeling import HubViTConfig
 from ..modeling.configuration_hubvit import HIDDEN_ACTS
 from . import sources
 from ..options import argument, flag, option, settle, text
+from ..preprocessing import Preprocessing, resample_name
 from .common import (
     ConversionError,
     Conversion,
     ConversionOptions,
     ConversionResult,
-    Preprocessing,
     Reference,
     StrictMapping,
     read_weights,
-    resample_name,
     shard_files,
 )
-from .folder import expected_shapes, run_conversion
+from ..folder import expected_shapes
+from .folder import run_conversion
 from .preprocessing import from_transformers
 
 # architecture -> (family, head); the family names transformers' config class and interpolation.

@@ -1,6 +1,7 @@
 """Safe reading of weight files: safetensors, torch pickles (`weights_only=True`) and `.npz` (`allow_pickle=False`),
 each with its own one-line error for a damaged or hostile file, and every tensor checked finite."""
 
+import logging
 import os
 import re
 import struct
@@ -13,6 +14,8 @@ import torch
 
 from ..errors import ConversionError, HubViTError, listing
 from ..limits import check_weights_file
+
+logger = logging.getLogger(__name__)
 
 
 # What torch's and numpy's readers raise on a truncated or bit-flipped file (found by fuzzing, tests/test_reliability.py).
@@ -147,9 +150,12 @@ def _read_torch(path):
         if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
             others = sorted(str(key) for key in loaded if key != wrapper)
             if others:
-                print(
-                    f"{path.name}: weights read from its '{wrapper}' entry; dropped the other top-level "
-                    f"entries {others} (training state beside the weights)"
+                logger.info(
+                    "%s: weights read from its '%s' entry; dropped the other top-level entries %s (training state "
+                    "beside the weights)",
+                    path.name,
+                    wrapper,
+                    others,
                 )
             loaded = loaded[wrapper]
     if not isinstance(loaded, dict):

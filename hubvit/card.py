@@ -5,11 +5,9 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from .. import presets
-from .common import RESAMPLE_NAMES
-from .preprocessing import describe as describe_processor
+from . import presets
+from .preprocessing import RESAMPLE_NAMES, describe as describe_processor
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "model_cards"
 
 CITATIONS = {
     "deit": "@inproceedings{touvron2021training,\n  title = {Training data-efficient image transformers & distillation "
@@ -70,6 +68,14 @@ class CardInfo:
     title: str | None = None
     eval_split: str | None = None
     source: dict = field(default_factory=dict)  # where SRC came from: hubvit.conversion.sources.Source.record()
+
+
+def templates_folder():
+    """model_cards/: beside the subpackages both in a source checkout (the repository's folders) and in an installed
+    wheel (hubvit/model_cards), so found next to `hubvit.modeling`'s folder."""
+    from . import modeling
+
+    return Path(modeling.__file__).resolve().parent.parent / "model_cards"
 
 
 def count_parameters(model):
@@ -142,7 +148,7 @@ def set_repo_id(text, repo_id):
 
 def provenance_metadata(info: CardInfo):
     """The card's machine-readable record: hubvit's version, the source, the parity figure (`hubvit publish`)."""
-    from .. import __version__
+    from . import __version__
 
     record = {"version": __version__, "source": dict(info.source) or None, "max_abs_diff": info.max_abs_diff}
     return {key: value for key, value in record.items() if value is not None}
@@ -205,9 +211,10 @@ def render_card(model, info: CardInfo, image_processor=None):
     mean = getattr(image_processor, "image_mean", None)
     std = getattr(image_processor, "image_std", None)
     resample = getattr(image_processor, "resample", None)
+    template = templates_folder() / "hubvit.md"
     return ModelCard.from_template(
         card_data,
-        template_path=str(TEMPLATES / "hubvit.md"),
+        template_path=str(template),
         title=title,
         summary=info.provenance.split("\n")[0],
         patch=f"{ph}x{pw}",

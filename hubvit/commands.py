@@ -100,7 +100,7 @@ TABLE = (
         "an ONNX graph with dynamic batch, height and width (onnxruntime-verified)",
         "ExportResult",
     ),
-    Command(("push",), "hubvit.conversion.hub", "publish a hubvit folder to the Hub", "PushResult"),
+    Command(("push",), "hubvit.hub", "publish a hubvit folder to the Hub", "PushResult"),
     Command(
         ("publish",),
         "hubvit.conversion.publish",

@@ -9,6 +9,10 @@ class ConversionError(HubViTError):
     """A checkpoint that cannot be converted faithfully; the message says what did not match."""
 
 
+class UsageError(HubViTError):
+    """A bad training option or input, reported before any training starts."""
+
+
 class NetworkError(ConnectionError):
     """A network call that failed or ran out of time; the message names the endpoint and how it failed. Not bad
     input (the same call may work later), so not a `HubViTError`; an `OSError`, as Python's own connection errors."""

@@ -1,9 +1,10 @@
-"""The one writer of hubvit checkpoint folders, whatever produced the weights (conversion, fine-tuning, export).
+"""The hubvit folder: the one writer and the one strict loader of checkpoint folders, whatever produced the weights
+(conversion, fine-tuning, export) and whatever reads them (analysis, export, training, push).
 
-A folder holds config.json (with `auto_map`), model.safetensors, the two modeling files, preprocessor_config.json
-(transformers' `ViTImageProcessor`, or for a conversion the source's own evaluation transform, built by
-`preprocessing.processor_for`) and a model card. It is written to a temporary sibling and renamed into place,
-so a failure never leaves a half-written folder.
+A folder holds config.json (with `auto_map`), model.safetensors, the modeling files, preprocessor_config.json
+(built by `hubvit.preprocessing.processor_for`) and a model card. It is written to a temporary sibling and renamed
+into place, so a failure never leaves a half-written folder; it is read with every tensor accounted for, so a
+missing or unexpected tensor is refused by name instead of being initialised at random.
 """
 
 import ctypes
@@ -17,33 +18,22 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from transformers import ViTImageProcessor
-
-from ..modeling import HubViTConfig, HubViTForImageClassification
 from .card import CardInfo, render_card
-from ..errors import OutputExistsError
-from .common import RESAMPLE_IDS, ConversionError, ConversionResult, make_config, resample_name, verify
-from .patch_size import patch_size_text, resize_converted
-from .preprocessing import processor_for
+from .errors import ConversionError, HubViTError, OutputExistsError, listing
+from .limits import require_safetensors
+from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel
+from .preprocessing import Preprocessing, processor_for
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
+ACCURACY_FILE = "patch_size_accuracy.json"
+"""Measured accuracy per patch side, written beside a model trained with `--patch_sizes` (`hubvit info` reads it)."""
 
 
 def make_image_processor(config, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), resample="bilinear", size=None):
-    """transformers' own `ViTImageProcessor` resizing to `size` (height, width), by default the model's resolution."""
-    height, width = size or config.image_size_2d
-    return ViTImageProcessor(
-        do_resize=True,
-        size={"height": int(height), "width": int(width)},
-        resample=RESAMPLE_IDS[resample_name(resample)],
-        do_rescale=True,
-        rescale_factor=1 / 255,
-        do_normalize=True,
-        image_mean=[float(m) for m in mean],
-        image_std=[float(s) for s in std],
-    )
+    """The image processor of a folder whose model sees whole images resized to `size` (default its resolution)."""
+    return processor_for(Preprocessing(mean=tuple(mean), std=tuple(std), resample=resample, size=size), config)
 
 
 def build_model(config: HubViTConfig, state_dict):
@@ -247,6 +237,42 @@ def staged_folder(out_dir, overwrite=False):
         raise
 
 
+def load(src, *, classifier=None, what="SRC", **kwargs):
+    """The model of the hubvit folder (or Hub repo) `src` in eval mode: `HubViTForImageClassification`, or
+    `HubViTModel` for a folder saved without a head (`classifier` True or False decides instead; `kwargs` go to
+    `from_pretrained`). Every tensor of the file must fill a tensor of the model and
+    every tensor of the model must come from the file: `HubViTError` lists the missing, unexpected and mismatched
+    ones (`from_pretrained` alone would initialise the missing ones at random and say nothing)."""
+    from transformers import AutoConfig
+
+    require_safetensors(src, what)
+    try:
+        config = AutoConfig.from_pretrained(str(src))
+    except (OSError, ValueError) as error:
+        raise HubViTError(f"{what} {str(src)!r}: cannot read a hubvit config ({str(error).splitlines()[0]})") from None
+    if config.model_type != HubViTConfig.model_type:
+        raise HubViTError(f"{what} {str(src)!r} is a {config.model_type!r} checkpoint, not a hubvit folder")
+    if classifier is None:
+        architectures = getattr(config, "architectures", None) or []
+        classifier = architectures != [HubViTModel.__name__] and bool(config.num_labels or architectures)
+    model_class = HubViTForImageClassification if classifier else HubViTModel
+    try:
+        model, info = model_class.from_pretrained(str(src), config=config, output_loading_info=True, **kwargs)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise HubViTError(f"{what} {str(src)!r}: cannot load its weights ({str(error).splitlines()[0]})") from None
+    problems = [
+        f"{kind.replace('_', ' ')}:\n{listing(map(str, info[kind]))}"
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
+        if info.get(kind)
+    ]
+    if problems:
+        raise HubViTError(
+            f"{what} {str(src)!r}: its weights do not fit its config.json, and the model would run with tensors "
+            "initialised at random; " + "\n".join(problems)
+        )
+    return model.eval()
+
+
 def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = None, overwrite=False):
     """Write `model` as a hubvit checkpoint folder at `out_dir`, atomically; returns the path."""
     image_processor = image_processor or make_image_processor(model.config)
@@ -259,51 +285,3 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
         if missing:
             raise RuntimeError(f"save_pretrained did not write {missing}")
     return Path(out_dir)
-
-
-def run_conversion(convert, options):
-    """A converter's command: check OUT before reading anything (an existing non-empty OUT without `overwrite` is
-    refused before a long conversion), convert SRC with `convert(options)`, verify and write the folder."""
-    out = check_output_path(options.out, options.src)
-    if out.is_dir() and not options.overwrite and any(out.iterdir()):
-        raise OutputExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
-    return write_conversion(convert(options), options.out, overwrite=options.overwrite, patch_size=options.patch_size)
-
-
-def write_conversion(conversion, out_dir, overwrite=False, patch_size=None):
-    """Build the model of a converter's `Conversion`, verify it against the source, and write the folder; returns the
-    `ConversionResult` (the folder, the measured figure and what the conversion has to say).
-
-    The card's Verification section carries the figure measured here, on these weights; where the conversion has
-    no reference forward, the card says the file was not verified and why. `patch_size`: after the verification, the
-    model is PI-resized to that patch size (`patch_size.resize_converted`) and the card's provenance says so.
-    """
-    config = make_config(conversion)
-    model = build_model(config, conversion.weights)
-    lines = [*conversion.notes, *conversion.dropped, *conversion.preprocessing.notes]
-    reference = conversion.reference
-    result = verify(reference, model)
-    if result is None:
-        verification = f"This file was not verified at conversion: {reference.reason}."
-        lines.append(f"not verified: {reference.reason}")
-    else:
-        verification = result.text(reference)
-        lines.append("verify: " + "; ".join(result.lines))
-    notes = " ".join(note if note.endswith(".") else f"{note}." for note in conversion.preprocessing.notes)
-    resized = None if patch_size is None else resize_converted(model, patch_size, conversion.preprocessing.resample)
-    card = CardInfo(
-        provenance="\n\n".join(text for text in (conversion.provenance, notes, resized) if text),
-        command=conversion.command + ("" if patch_size is None else f" --patch-size {patch_size_text(patch_size)}"),
-        family=conversion.family,
-        verification=verification,
-        max_abs_diff=result.max_abs_diff if result else None,
-        dropped=[line for line in conversion.dropped if not line.startswith("mapped ")],
-        license=conversion.license,
-        citation_key=conversion.citation_key,
-        title=conversion.title,
-        source=conversion.source,
-    )
-    processor = processor_for(conversion.preprocessing, config)
-    out = write_folder(model, out_dir, processor, card, overwrite=overwrite)
-    logger.info("wrote %s", out)
-    return ConversionResult(out, result.max_abs_diff if result else None, verification, tuple(lines))

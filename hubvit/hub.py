@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .card import REPO_PLACEHOLDER, set_repo_id
-from ..errors import HubViTError
-from ..network import bounded
-from ..options import argument, flag, nonempty_path, option, positive, settle, text
+from .errors import HubViTError
+from .network import bounded
+from .options import argument, flag, nonempty_path, option, positive, settle, text
 from .folder import REQUIRED_FILES
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def loadable_digest(folder):
     """sha256 over every file the loader can read (the card aside): their relative paths and their own digests."""
     import hashlib
 
-    from .sources import file_sha256
+    from .limits import file_sha256
 
     folder = Path(folder)
     entries = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import stat
 import struct
@@ -25,6 +26,8 @@ from pathlib import Path
 from .errors import HubViTError, OutputExistsError
 
 from .network import _env_float
+
+logger = logging.getLogger(__name__)
 
 MAX_IMAGE_PIXELS = 64_000_000
 MAX_YAML_BYTES = 1 << 20
@@ -103,19 +106,30 @@ def require_safetensors(folder, flag="SRC"):
         )
 
 
-def regular_files(paths, note=print):
-    """The regular files among `paths`; anything else (a named pipe, a device, a socket) is skipped with a note."""
+def file_sha256(path, chunk=1 << 20):
+    """The sha256 of a file, read a chunk at a time."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def regular_files(paths):
+    """The regular files among `paths`; anything else (a named pipe, a device, a socket) is skipped with a warning."""
     kept = []
     for path in paths:
         try:
             mode = os.stat(path).st_mode
         except OSError as error:
-            note(f"skipped {path}: {error.strerror}")
+            logger.warning("skipped %s: %s", path, error.strerror)
             continue
         if stat.S_ISREG(mode):
             kept.append(path)
         elif not stat.S_ISDIR(mode):
-            note(f"skipped {path}: not a regular file ({_kind(mode)})")
+            logger.warning("skipped %s: not a regular file (%s)", path, _kind(mode))
     return kept
 
 

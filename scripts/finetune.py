@@ -35,6 +35,18 @@ def draw_figures(result, image_column):
     training_figures(result.model_dir, images, result.output_dir / "analysis")
 
 
+def show_logs():
+    """The command line's logging: the library's INFO records with a time stamp on stderr; processes other than
+    the first on each machine keep datasets' progress quiet, so it is printed once."""
+    import logging
+
+    import datasets
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # set by `accelerate launch` for every process
+        datasets.utils.logging.set_verbosity_error()
+
+
 def main(argv=None, prog="finetune.py"):
     """Console entry: returns 0, or exits with status 2 and a one-line message on bad arguments."""
     from hubvit.errors import HubViTError
@@ -43,6 +55,7 @@ def main(argv=None, prog="finetune.py"):
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv, prog)
+    show_logs()
     try:
         result = train(args, command=command_line(prog, argv))
         draw_figures(result, args.image_column_name)

@@ -6,6 +6,7 @@ Tolerance: 1e-5 relative to the output scale for float32 parity with timm (the s
 import dataclasses
 import inspect
 import json
+import logging
 import subprocess
 import sys
 
@@ -195,3 +196,35 @@ def test_importing_hubvit_and_its_functions_stays_light():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def logging_state():
+    """What a library must not change: the root logger's level and handlers, and hubvit's own."""
+    root, ours = logging.getLogger(), logging.getLogger("hubvit")
+    return root.level, list(root.handlers), ours.level, list(ours.handlers)
+
+
+def test_a_conversion_prints_nothing_and_leaves_logging_as_it_was(timm_folder, tmp_path, capfd):
+    """Only the command line prints; the record carries what the conversion has to say."""
+    before = logging_state()
+    result = hubvit.convert_timm(timm_folder[0], tmp_path / "out")
+    assert capfd.readouterr().out == ""
+    assert logging_state() == before
+    assert any(line.startswith("verify: ") for line in result.lines)
+
+
+def test_training_prints_nothing_and_leaves_logging_as_it_was(tmp_path, capfd):
+    """`hubvit.train` from Python: the metrics come back in the record; the root logger is the caller's."""
+    before = logging_state()
+    result = hubvit.train(
+        output_dir=str(tmp_path / "out"),
+        image_size=16,
+        config_overrides="patch_size=4,hidden_size=32,num_hidden_layers=2,intermediate_size=64",
+        max_train_samples=32,
+        max_eval_samples=16,
+        per_device_train_batch_size=8,
+        num_train_epochs=1,
+    )
+    assert capfd.readouterr().out == ""
+    assert logging_state() == before
+    assert 0 <= result.metrics["eval_accuracy"] <= 1

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from compatibility_child import SELECTION, outputs
 from hubvit import HubViTForImageClassification, HubViTModel
-from hubvit.conversion.folder import write_folder
+from hubvit.folder import write_folder
 from transformers_releases import RELEASES, ensure_optimum, ensure_release
 from utils import randomize_, tiny_config
 

@@ -107,7 +107,7 @@ def test_headless_relu_model_from_a_training_checkpoint(tmp_path, capsys):
     state = {f"module.{key}": value for key, value in source.state_dict().items()}
     torch.save({"model": state, "epoch": torch.tensor(3)}, tmp_path / "checkpoint.pth")
     assert convert(tmp_path / "checkpoint.pth", tmp_path / "out", "--num-heads", 4, "--activation", "relu") == 0
-    assert "dropped the other top-level entries ['epoch']" in capsys.readouterr().out
+    assert "dropped the other top-level entries ['epoch']" in capsys.readouterr().err
     model = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
     assert model.config.num_labels == 0 and model.config.hidden_act == "relu"
     with torch.no_grad():

@@ -12,7 +12,7 @@ import torch
 from transformers import ViTImageProcessor
 
 from hubvit import HubViTForImageClassification, HubViTModel
-from hubvit.conversion.folder import make_image_processor, write_folder
+from hubvit.folder import make_image_processor, write_folder
 from hubvit.scripts.cli import main as cli
 from utils import mlp_tokens_per_block, randomize_, tiny_config
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hubvit import HubViTForImageClassification
-from hubvit.conversion.folder import write_folder
+from hubvit.folder import write_folder
 from hubvit.scripts.cli import main as cli
 from utils import mlp_tokens_per_block, randomize_, tiny_config
 

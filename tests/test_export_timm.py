@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 timm = pytest.importorskip("timm")
 
 from hubvit import HubViTForImageClassification  # noqa: E402
-from hubvit.conversion.folder import make_image_processor, write_folder  # noqa: E402
+from hubvit.folder import make_image_processor, write_folder  # noqa: E402
 from hubvit.scripts.cli import main as cli  # noqa: E402
 from utils import randomize_, relative_error, run_without_hubvit, tiny_config  # noqa: E402
 

@@ -145,7 +145,7 @@ def test_parameter_groups_decay_and_layer_scales():
 
 
 def test_augmentation_depends_only_on_seed_epoch_and_index():
-    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.preprocessing import Preprocessing
     from hubvit.training.data import SeededImages, make_transforms
 
     data = datasets.Dataset.from_dict({"image": [class_image(0, i) for i in range(3)], "label": [0, 0, 0]})

@@ -21,9 +21,9 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 from hub_server import READ_TOKEN
 from hubvit import HubViTForImageClassification
-from hubvit.conversion.card import CardInfo
-from hubvit.conversion.folder import make_image_processor, write_folder
-from hubvit.conversion.hub import PushError, push_folder
+from hubvit.card import CardInfo
+from hubvit.folder import make_image_processor, write_folder
+from hubvit.hub import PushError, push_folder
 from hubvit.scripts.cli import main as cli
 from utils import randomize_, tiny_config
 
@@ -198,7 +198,7 @@ def test_refusals_upload_nothing(hub_server, folder, tmp_path, monkeypatch, caps
 
 def test_card_of_a_fine_tuned_headless_model(tmp_path):
     from hubvit import HubViTModel  # noqa: F401  (registers the classes)
-    from hubvit.conversion.card import render_card
+    from hubvit.card import render_card
 
     config = tiny_config(num_labels=0, num_register_tokens=2, layer_scale_init_value=1e-5)
     model = randomize_(HubViTForImageClassification(config), 2).eval()

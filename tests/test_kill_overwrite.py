@@ -58,7 +58,7 @@ def drive(workdir, seed):
 
     sys.path.insert(0, str(HERE))
     from hubvit import HubViTForImageClassification
-    from hubvit.conversion.folder import write_folder
+    from hubvit.folder import write_folder
     from utils import tiny_config
 
     torch.set_num_threads(1)

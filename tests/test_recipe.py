@@ -252,7 +252,7 @@ def test_cutmix_pastes_one_rectangle_and_weights_labels_by_its_area():
 def test_randaugment_changes_training_images_and_leaves_evaluation_alone():
     from PIL import Image
 
-    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.preprocessing import Preprocessing
     from hubvit.training import make_transforms
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
@@ -344,7 +344,7 @@ def digit_image(seed=0):
 
 
 def test_augment_none_trains_on_the_evaluation_images():
-    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.preprocessing import Preprocessing
     from hubvit.training import make_transforms
 
     train, evaluation = make_transforms((16, 16), Preprocessing(), "none")
@@ -354,7 +354,7 @@ def test_augment_none_trains_on_the_evaluation_images():
 
 @pytest.mark.parametrize("augment", ["affine", "inception"])
 def test_augment_moves_training_images_and_keeps_their_size(augment):
-    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.preprocessing import Preprocessing
     from hubvit.training import make_transforms
 
     train, evaluation = make_transforms((16, 16), Preprocessing(), augment)
@@ -386,7 +386,7 @@ def test_randaugment_magnitude_sets_how_far_each_operation_goes():
     """Seeded alike, RandAugment picks the same operations at any magnitude; at magnitude 0 most of them (rotation,
     shear, translation, brightness, colour, contrast, sharpness, posterize) leave the image as it is, so the images
     change less than at 20 (of torchvision's 0-30 scale)."""
-    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.preprocessing import Preprocessing
     from hubvit.training import make_transforms
 
     preprocessing = Preprocessing(resample="bilinear")
@@ -408,7 +408,7 @@ def test_random_erasing_is_applied_to_the_training_images_of_a_run(tmp_path):
     index draw the same augmentation)."""
     import datasets
 
-    from hubvit.conversion.preprocessing import Preprocessing
+    from hubvit.preprocessing import Preprocessing
     from hubvit.training import Arguments, resolve_defaults
     from hubvit.training.data import make_loaders
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image
 from utils import randomize_, tiny_config
 
-from hubvit.conversion.preprocessing import Preprocessing
+from hubvit.preprocessing import Preprocessing
 from hubvit.training import Arguments, loop
 
 NUM_LABELS = 3

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from hubvit import HubViTForImageClassification
 from hubvit.conversion.common import ConversionError, read_weights
-from hubvit.conversion.folder import write_folder
+from hubvit.folder import write_folder
 from hubvit.scripts.cli import main as cli
 from utils import tiny_config
 
@@ -146,8 +146,8 @@ def test_root_as_out_is_refused_before_the_source_is_read(tmp_path, capsys):
 
 
 def test_a_failed_swap_puts_the_old_folder_back(tmp_path, monkeypatch):
-    from hubvit.conversion import folder as folder_module
-    from hubvit.conversion.folder import replace_folder
+    from hubvit import folder as folder_module
+    from hubvit.folder import replace_folder
 
     out, new = tmp_path / "out", tmp_path / "new"
     tiny_folder(out, seed=0)
@@ -169,7 +169,7 @@ def test_a_failed_swap_puts_the_old_folder_back(tmp_path, monkeypatch):
 
 
 def test_stale_staging_folders_of_a_killed_run_are_removed_and_a_set_aside_folder_comes_back(tmp_path):
-    from hubvit.conversion.folder import clean_stale
+    from hubvit.folder import clean_stale
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
@@ -275,7 +275,7 @@ def push_folder_path(tmp_path_factory):
 
 
 def test_push_to_an_endpoint_that_never_answers_times_out_with_one_line(push_folder_path):
-    from hubvit.conversion.hub import PushError, push_folder
+    from hubvit.hub import PushError, push_folder
 
     with SilentServer() as server:
         started = time.monotonic()
@@ -288,7 +288,7 @@ def test_push_to_an_endpoint_that_never_answers_times_out_with_one_line(push_fol
 
 
 def test_push_to_a_closed_port_gives_one_line_naming_the_endpoint(push_folder_path):
-    from hubvit.conversion.hub import PushError, push_folder
+    from hubvit.hub import PushError, push_folder
 
     endpoint = closed_endpoint()
     with pytest.raises(PushError) as error:
@@ -690,7 +690,7 @@ def test_config_ranges_are_checked(field, value):
 
 
 def test_push_refuses_symlinks_that_leave_the_folder_listing_them(tmp_path):
-    from hubvit.conversion.hub import PushError, check_files
+    from hubvit.hub import PushError, check_files
 
     folder = tiny_folder(tmp_path / "tiny")
     secret = tmp_path / "secret.txt"
@@ -705,7 +705,7 @@ def test_push_refuses_symlinks_that_leave_the_folder_listing_them(tmp_path):
 
 
 def test_push_without_the_load_check_never_runs_the_folders_code(hub_server, tmp_path, monkeypatch):
-    from hubvit.conversion import hub
+    from hubvit import hub
 
     folder = tiny_folder(tmp_path / "tiny")
 
@@ -720,7 +720,7 @@ def test_push_without_the_load_check_never_runs_the_folders_code(hub_server, tmp
 
 @pytest.mark.heavy
 def test_push_check_refuses_a_folder_whose_position_table_type_differs_from_its_weights(tmp_path):
-    from hubvit.conversion.hub import PushError, check_loads
+    from hubvit.hub import PushError, check_loads
 
     folder = edited_folder(tmp_path, position_embedding_type="none")
     with pytest.raises(PushError) as error:
@@ -729,7 +729,7 @@ def test_push_check_refuses_a_folder_whose_position_table_type_differs_from_its_
 
 
 def test_the_load_check_runs_once_per_folder_content_and_again_when_a_file_changes(tmp_path, monkeypatch):
-    from hubvit.conversion import hub
+    from hubvit import hub
 
     folder = tiny_folder(tmp_path / "tiny")
     loads = []

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from hub_server import configure_hf_client
-from hubvit.conversion.hub import PushError, push_folder
+from hubvit.hub import PushError, push_folder
 from hubvit.scripts.cli import main as cli
 from test_reliability import tiny_folder
 from test_reliability_limits import within

@@ -10,7 +10,7 @@ import re
 import shutil
 
 import datasets
-from hubvit.conversion.folder import write_folder
+from hubvit.folder import write_folder
 from test_reliability import TINY, checkpoint_run, data_flags, finetune, finetune_data  # noqa: F401  (fixtures)
 from utils import tiny_config
 

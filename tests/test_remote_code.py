@@ -9,7 +9,7 @@ from PIL import Image
 from transformers import pipeline
 
 from hubvit import HubViTForImageClassification
-from hubvit.conversion.folder import REQUIRED_FILES, write_folder
+from hubvit.folder import REQUIRED_FILES, write_folder
 from utils import randomize_, run_without_hubvit, tiny_config
 
 

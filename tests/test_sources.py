@@ -293,7 +293,7 @@ def test_an_out_folder_named_like_the_repo_namespace_is_not_taken_for_src(tmp_pa
     """`hubvit convert timm timm/NAME timm`: SRC is a repo id, not a local folder inside OUT, so OUT is accepted;
     a local SRC inside OUT is still refused."""
     from hubvit.conversion.common import ConversionError
-    from hubvit.conversion.folder import check_output_path
+    from hubvit.folder import check_output_path
 
     monkeypatch.chdir(tmp_path)
     assert check_output_path("timm", "timm/vit_tiny_patch16_224.augreg_in21k").name == "timm"

@@ -14,7 +14,7 @@ import transformers
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from hubvit.conversion.folder import make_image_processor, write_folder
+from hubvit.folder import make_image_processor, write_folder
 from hubvit.modeling import HubViTForImageClassification
 from hubvit.scripts.cli import main as cli
 from utils import assert_close, randomize_, run_without_hubvit, tiny_config

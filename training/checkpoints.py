@@ -19,7 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .arguments import UsageError
+from hubvit.errors import UsageError
 from .checks import writing_checkpoint
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
@@ -51,6 +51,18 @@ def checkpoint_folders(root):
 def list_checkpoints(root):
     """Complete checkpoints under `root` (those with their trainer state), oldest first."""
     return [p for _, p in checkpoint_folders(root) if (p / STATE_FILE).is_file()]
+
+
+def check_earlier_checkpoints(output_dir, overwrite, resume):
+    """A run started without `--resume_from_checkpoint` into a folder holding an interrupted run's checkpoints would
+    start from step 0 and write over them."""
+    found = list_checkpoints(Path(output_dir) / "checkpoints")
+    if found and not (overwrite or resume):
+        names = ", ".join(p.name for p in found[-3:])
+        raise UsageError(
+            f"{Path(output_dir) / 'checkpoints'} holds {len(found)} checkpoint(s) of an earlier run ({names}); pass "
+            "--resume_from_checkpoint latest to continue it or --overwrite_output_dir to start again (deleting them)"
+        )
 
 
 def discard_checkpoints(accelerator, output_dir):

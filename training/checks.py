@@ -160,20 +160,6 @@ def check_model_folder(output_dir, model_name_or_path=None):
             )
 
 
-def check_earlier_checkpoints(output_dir, overwrite, resume):
-    """A run started without `--resume_from_checkpoint` into a folder holding an interrupted run's checkpoints would
-    start from step 0 and write over them."""
-    from .checkpoints import list_checkpoints
-
-    found = list_checkpoints(Path(output_dir) / "checkpoints")
-    if found and not (overwrite or resume):
-        names = ", ".join(p.name for p in found[-3:])
-        raise TrainingInputError(
-            f"{Path(output_dir) / 'checkpoints'} holds {len(found)} checkpoint(s) of an earlier run ({names}); pass "
-            "--resume_from_checkpoint latest to continue it or --overwrite_output_dir to start again (deleting them)"
-        )
-
-
 def check_resume(global_step, max_steps, path):
     """A checkpoint beyond the run's last step would resume into no training at all and exit 0."""
     if global_step >= max_steps:

@@ -13,8 +13,7 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 
-from hubvit.conversion.common import resample_name
-from hubvit.conversion.preprocessing import Preprocessing
+from hubvit.preprocessing import Preprocessing, resample_name
 
 from . import checks
 from .arguments import UsageError, is_embedded

@@ -4,8 +4,7 @@ import re
 
 import torch
 
-from hubvit.conversion.common import resample_name
-from hubvit.conversion.preprocessing import Preprocessing
+from hubvit.preprocessing import Preprocessing, resample_name
 
 from . import checks
 from .arguments import PRESETS, UsageError

@@ -10,13 +10,10 @@ import typing
 from pathlib import Path
 from typing import Literal
 
-from hubvit.errors import HubViTError
+from hubvit.errors import UsageError
 
 from . import checks
-
-
-class UsageError(HubViTError):
-    """A bad argument or input, reported before any training starts."""
+from .checkpoints import check_earlier_checkpoints
 
 
 def expected_type(options, name):
@@ -101,7 +98,7 @@ def check_args(args):
             f"{out / 'model'} exists; pass --overwrite_output_dir to replace it or "
             "--resume_from_checkpoint to continue the run"
         )
-    checks.check_earlier_checkpoints(out, args.overwrite_output_dir, args.resume_from_checkpoint)
+    check_earlier_checkpoints(out, args.overwrite_output_dir, args.resume_from_checkpoint)
     check_values(args)
     if args.patch_sizes is not None:
         from .patch_sizes import parse_patch_sizes

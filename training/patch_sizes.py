@@ -11,9 +11,8 @@ import json
 import random
 from pathlib import Path
 
-from hubvit.analysis.info import PATCH_ACCURACY_FILE as ACCURACY_FILE
-
-from .arguments import UsageError
+from hubvit.errors import UsageError
+from hubvit.folder import ACCURACY_FILE
 
 
 class PatchSizeError(UsageError):

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import datasets
 import torch
 
 from .arguments import Arguments, apply_named_recipe, resolve_defaults
@@ -54,10 +53,7 @@ def train(*groups, command=None, **options):
     resolve_defaults(args)
     check_args(args)
     accelerator = make_accelerator(args)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
     logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
-    if not accelerator.is_local_main_process:
-        datasets.utils.logging.set_verbosity_error()
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
     from accelerate.utils import set_seed
@@ -77,7 +73,7 @@ def train(*groups, command=None, **options):
 
 
 def model_card(args, results, data, command):
-    from hubvit.conversion.card import CardInfo
+    from hubvit.card import CardInfo
 
     base = args.model_name_or_path
     source, eval_name = data
@@ -113,7 +109,7 @@ def ema_results(results):
 def export(accelerator, args, run, results, data, preprocessing, command):
     """Write OUTPUT_DIR/model (the one hubvit folder writer), OUTPUT_DIR/model_ema with `--ema_decay`,
     all_results.json, and push the model when asked."""
-    from hubvit.conversion.folder import build_model, make_image_processor, write_folder
+    from hubvit.folder import build_model, make_image_processor, write_folder
 
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(run.model)
@@ -133,7 +129,7 @@ def export(accelerator, args, run, results, data, preprocessing, command):
     write_accuracy(folder, results, data[1], command)
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:
-        from hubvit.conversion.hub import push_folder
+        from hubvit.hub import push_folder
 
         push_folder(folder, args.push_to_hub)
         logger.info(f"pushed {folder} to {args.push_to_hub}")

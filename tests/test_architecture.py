@@ -1,0 +1,125 @@
+"""The floor plan of the package, checked from its source: no module imports the command line, flags are declared only
+in the options dataclasses, and no two modules import each other, directly or through others (an import inside a
+function counts: it is a dependency all the same)."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import hubvit
+
+ROOT = Path(__file__).resolve().parents[1]
+# hubvit's subpackages are the repository's folders (setup.py's package_dir)
+PACKAGES = {
+    "hubvit": "hubvit",
+    "hubvit.cli": "cli",
+    "hubvit.modeling": "modeling",
+    "hubvit.conversion": "conversion",
+    "hubvit.analysis": "analysis",
+    "hubvit.training": "training",
+}
+LIBRARY = ("conversion", "analysis", "training", "hubvit")
+
+
+def modules():
+    """{dotted name: path} of every module of the library packages."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            found[name] = path
+    return found
+
+
+def imports(name, path, known):
+    """The hubvit modules `name` imports anywhere in its source."""
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found |= {target for target in targets if target in known and target != name}
+    return found
+
+
+def cycles(graph):
+    """Every strongly connected group of more than one module (Tarjan)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_two_modules_import_each_other():
+    known = modules()
+    # a package's __init__ importing its own modules is how a package exposes them, not a circle of dependencies
+    graph = {
+        name: {t for t in imports(name, path, known) if not (path.stem == "__init__" and t.startswith(name + "."))}
+        for name, path in known.items()
+    }
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("folder", LIBRARY)
+def test_flags_are_declared_only_in_options_dataclasses(folder):
+    calls = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\badd_argument\(", line)
+    ]
+    assert calls == []
+
+
+def test_the_library_never_imports_the_command_line():
+    known = modules()
+    importers = [name for name, path in known.items() if "hubvit.cli" in imports(name, path, known)]
+    assert [name for name in importers if not name.startswith("hubvit.cli")] == []
+
+
+def test_training_reads_folders_through_the_folder_layer_not_conversion_or_analysis():
+    known = modules()
+    reached = {
+        target
+        for name, path in known.items()
+        if name.startswith("hubvit.training")
+        for target in imports(name, path, known)
+    }
+    assert sorted(t for t in reached if t.startswith(("hubvit.conversion", "hubvit.analysis"))) == []
+
+
+def test_hubvit_is_the_package_these_folders_install():
+    assert Path(hubvit.__file__).resolve().parent == ROOT / "hubvit"
