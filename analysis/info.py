@@ -32,7 +32,7 @@ def preset_config(name, image_size=224, num_labels=1000):
 def parse_image_size(value):
     """`224` or `224x320` (height x width) as an (h, w) pair."""
     parts = str(value).lower().split("x")
-    if len(parts) not in (1, 2) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    if len(parts) not in (1, 2) or not all(p.strip().isdecimal() and int(p) > 0 for p in parts):
         raise HubViTError(f"image size {value!r} must be a positive int or HEIGHTxWIDTH, e.g. 224 or 224x320")
     sizes = [int(p) for p in parts]
     return (sizes[0], sizes[-1])

@@ -9,6 +9,7 @@ and exit status 2; anything else is a bug in hubvit, and its traceback is worth 
 
 import argparse
 import dataclasses
+import difflib
 import json
 import logging
 import sys
@@ -92,9 +93,22 @@ def build_parser():
         sub = subparser(container, command.words[-1], help=command.help, description=options_class.__doc__)
         add_options(sub, options_class)
         add_extras(sub, command)
-        sub.set_defaults(entry=command)
+        sub.set_defaults(entry=command, parser=sub)
     commands.add_parser(TRAIN.words[0], add_help=False, help=TRAIN.help)
     return parser
+
+
+def parse(parser, argv):
+    """Parsed flags; a flag the subcommand does not know is refused with the subcommand's own usage and the flags it
+    most resembles (argparse alone reports it with the top-level usage)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        sub = args.parser
+        flags = [flag for action in sub._actions for flag in action.option_strings]
+        guesses = difflib.get_close_matches(unknown[0].partition("=")[0], flags, n=2, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
 
 
 def options_of(args):
@@ -223,7 +237,7 @@ def main(argv=None):
         from ..scripts import finetune
 
         return finetune.main(argv[1:], prog="hubvit train")
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     from safetensors import SafetensorError
 
     name = f"hubvit {args.entry.name}"

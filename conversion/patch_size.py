@@ -21,7 +21,7 @@ class PatchSizeError(HubViTError):
 def parse_patch_size(text):
     """`16` or `16x8` (height x width) as an int or an (h, w) tuple."""
     parts = str(text).lower().split("x")
-    if len(parts) not in (1, 2) or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    if len(parts) not in (1, 2) or not all(p.strip().isdecimal() and int(p) > 0 for p in parts):
         raise PatchSizeError(f"patch_size={text!r}; expected a positive int or HEIGHTxWIDTH, e.g. 16 or 16x8")
     sizes = [int(p) for p in parts]
     return sizes[0] if len(sizes) == 1 or sizes[0] == sizes[1] else tuple(sizes)

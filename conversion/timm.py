@@ -17,6 +17,7 @@ from torch import nn
 from ..modeling import HubViTConfig
 from ..card import CITATIONS
 from . import sources
+from ..errors import HubViTError
 from ..options import argument, option, settle, text
 from .common import (
     ConversionError,
@@ -77,11 +78,12 @@ class Options(ConversionOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        model_args = json.dumps(self.model_args) if isinstance(self.model_args, dict) else self.model_args
+        if not isinstance(self.model_args, (dict, str, type(None))):
+            raise HubViTError(f"model_args={self.model_args!r}; expected a dict of timm kwargs or its JSON text")
         settle(
             self,
             architecture=text(self.architecture, "architecture"),
-            model_args=text(model_args, "model_args (a dict or its JSON text)"),
+            model_args=json.dumps(self.model_args) if isinstance(self.model_args, dict) else self.model_args,
             revision=text(self.revision, "revision"),
         )
 

@@ -66,6 +66,12 @@ def check_output_path(out_dir, src=None, is_file=False):
     if not text.strip():
         raise ConversionError(f"OUT is {text!r}: give the folder to write (an unset shell variable?)")
     out = Path(out_dir)
+    name_max, path_max = 255, 4096  # Linux's NAME_MAX and PATH_MAX, in bytes
+    long_name = next((part for part in out.parts if len(os.fsencode(part)) > name_max), None)
+    if long_name is not None:
+        raise ConversionError(f"OUT {text[:80]!r}...: the name {long_name[:40]!r}... is longer than {name_max} bytes")
+    if len(os.fsencode(os.path.abspath(out))) > path_max:
+        raise ConversionError(f"OUT {text[:80]!r}...: the path is longer than {path_max} bytes")
     if out.is_symlink():
         raise ConversionError(f"OUT {out} is a symbolic link; give the real folder, hubvit does not replace links")
     if is_file and out.is_dir():

@@ -229,7 +229,7 @@ def _make_transport(inner):
             length = response.headers.get("Content-Length")
             api = "/api/" in request.url.path
             cap = max_download_bytes() if not api else MAX_API_BODY_BYTES
-            if length and length.isdigit():
+            if length and length.isdecimal():
                 cap = min(cap, int(length))
             response.stream = _bounded_stream(response.stream, request, operation, cap)
             return response

@@ -53,14 +53,14 @@ def size_of(hidden_size, num_hidden_layers):
 def parse(name):
     """(Size, patch side) of `b/16`-style text, or `HubViTError` naming it."""
     letter, slash, patch = str(name).lower().partition("/")
-    if not slash or letter not in SIZES or not patch.isdigit() or int(patch) <= 0:
+    if not slash or letter not in SIZES or not patch.isdecimal() or int(patch) <= 0:
         raise HubViTError(f"unknown preset {name!r}; expected SIZE/PATCH with SIZE in {sorted(SIZES)}, e.g. 'b/16'")
     return SIZES[letter], int(patch)
 
 
 def is_preset_name(name) -> bool:
     letter, slash, patch = str(name).lower().partition("/")
-    return bool(slash) and letter in SIZES and patch.isdigit()
+    return bool(slash) and letter in SIZES and patch.isdecimal()
 
 
 def config_fields(name, image_size=224) -> dict:

