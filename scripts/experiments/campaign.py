@@ -198,6 +198,22 @@ def run(options, argv):
     return max(worker.wait() for worker in workers)
 
 
+def progress(options, unit):
+    """Where a started unit's fits are: `fit finished` or `fit at epoch k`, from its checkpoints."""
+    import torch
+
+    name, arm, seed = unit
+    parts = []
+    for path in sorted((Path(options.checkpoints_dir) / name / f"{arm}-seed{seed}").glob("*.pt")):
+        try:
+            state = torch.load(path, weights_only=False, map_location="cpu")
+        except Exception:  # being replaced this moment, or cut short: the next status will read it
+            parts.append(f"{path.stem} unreadable now")
+            continue
+        parts.append(f"{path.stem} finished" if state.get("finished") else f"{path.stem} at epoch {state['epoch']}")
+    return ", ".join(parts) or "no epoch finished yet"
+
+
 def status(options):
     """Done / remaining per experiment, measured minutes per finished unit, and the estimate of what is left."""
     units = queue(options.seeds)
@@ -221,9 +237,10 @@ def status(options):
             if left:
                 unknown.append(name)
         per_arm = ", ".join(f"{arm} {sum(1 for r in records if r['arm'] == arm)}" for arm in module(name).ARMS)
+        started = [f"{u[1]} seed {u[2]}: {progress(options, u)}" for u in busy]
         lines.append(
             f"{name}: {len(mine) - len(left)} done / {len(left)} remaining"
-            + (f" ({len(busy)} started, with checkpoints)" if busy else "")
+            + (f" (started, with checkpoints: {'; '.join(started)})" if busy else "")
             + f"; seeds per arm: {per_arm}; {timing_text}"
         )
     lines.append(
