@@ -231,3 +231,18 @@ def test_a_failing_unit_is_reported_and_the_runner_goes_on(tmp_path, monkeypatch
     assert ran == [("position_embeddings", "none", 0), ("position_embeddings", "learned", 0)]
     assert "FAILED" in capsys.readouterr().err
     assert not list((tmp_path / "checkpoints" / "locks").iterdir())
+
+
+def test_summary_marks_short_schedule_rows_only_for_results_not_built_from_the_campaign(tmp_path):
+    from hubvit.scripts.experiments import summary
+
+    verdict = [{"claim": "c", "measured": "m", "verdict": "v"}]
+    old = {"runs": {"native": {"4": [0.5]}}, "environment": {"wall_time_s": 1.0}}
+    new = {"runs": {"native": {"4": [0.5]}}, "environment": {"units": 4}}
+    for name, results in (("patch_size", old), ("resolution", new)):
+        body = dict(results, name=name, quick=False, command=f"python {name}", verdicts=verdict)
+        (tmp_path / f"{name}.json").write_text(json.dumps(body))
+    assert summary.main(["--output_dir", str(tmp_path)]) == 0
+    rows = {line.split("]")[0]: line for line in (tmp_path / "README.md").read_text().splitlines() if "| [" in line}
+    assert "short schedule" in rows["| [One checkpoint at any patch size (FlexiViT; section 5)"]
+    assert "short schedule" not in rows["| [Resolution change (section 5)"]

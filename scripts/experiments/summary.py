@@ -24,8 +24,10 @@ EXPERIMENTS = {
 
 
 def plateau_trained(results):
-    """Whether the results come from runs trained to a validation plateau (they record validation accuracies)."""
-    return "validation_accuracy" in json.dumps(results["runs"]) or "fits" in results
+    """Whether the results come from runs trained to a validation plateau: the campaign's (every unit is), or
+    runs that record validation accuracies."""
+    campaign = bool(results.get("environment", {}).get("units"))
+    return campaign or "validation_accuracy" in json.dumps(results["runs"]) or "fits" in results
 
 
 def parse_args(argv=None):
