@@ -64,3 +64,21 @@ LONGEST_FILES = (
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(autouse=True)
+def library_verbosity_restored():
+    """Scripts run in-process (the experiments' `main(argv)`) quiet transformers and datasets for their command
+    line; a later test in the same worker that reads transformers' log (its own ModelTesterMixin does) must see
+    the verbosity it started with."""
+    import sys
+
+    import transformers
+
+    before = transformers.logging.get_verbosity()
+    datasets = sys.modules.get("datasets")
+    before_datasets = datasets.utils.logging.get_verbosity() if datasets else None
+    yield
+    transformers.logging.set_verbosity(before)
+    if before_datasets is not None:
+        datasets.utils.logging.set_verbosity(before_datasets)

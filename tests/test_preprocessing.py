@@ -27,6 +27,7 @@ from torchvision.transforms import functional as tvF
 from transformers import AutoImageProcessor
 
 from hubvit.conversion import preprocessing
+from hubvit.preprocessing import describe
 
 timm = pytest.importorskip("timm")
 from timm.data import create_transform, resolve_data_config  # noqa: E402
@@ -128,7 +129,7 @@ def test_timm_settings_become_a_crop_processor():
     processor, _ = preprocessing.from_timm(timm_cfg("vit_base_patch16_224.augreg2_in21k_ft_in1k"))
     assert processor.size == {"shortest_edge": math.floor(224 / 0.9)} and processor.do_center_crop
     assert processor.crop_size == {"height": 224, "width": 224} and processor.resample == 3
-    assert "shorter side to 248 (bicubic), centre crop 224x224" in preprocessing.describe(processor)
+    assert "shorter side to 248 (bicubic), centre crop 224x224" in describe(processor)
 
 
 def test_unexpressible_timm_settings_say_what_they_do_instead():

@@ -265,15 +265,24 @@ def test_randaugment_changes_training_images_and_leaves_evaluation_alone():
     torch.testing.assert_close(rand_eval(image), plain_eval(image), rtol=0, atol=0)
 
 
-def test_a_recipe_leaves_the_options_a_command_line_names_abbreviated_or_not():
+def test_a_recipe_leaves_the_options_a_command_line_names_in_either_spelling():
     from hubvit.training import parse_args
     from hubvit.training.arguments import apply_named_recipe
 
-    args = parse_args(["--output_dir", "unused", "--recipe", "deit", "--weight_dec", "0.01", "--mixup_alpha=0.3"])
+    args = parse_args(["--output_dir", "unused", "--recipe", "deit", "--weight-decay", "0.01", "--mixup_alpha=0.3"])
     apply_named_recipe(args)
     assert (args.weight_decay, args.mixup_alpha) == (0.01, 0.3)
     assert (args.random_erasing, args.ema_decay, args.cutmix_alpha) == (0.25, 0.99996, 1.0)
     assert args.learning_rate == pytest.approx(5e-4 * 64 / 512), "the embedded digits' batch of 64"
+
+
+def test_an_abbreviated_flag_is_refused_naming_the_flags_it_resembles(capsys):
+    from hubvit.training import parse_args
+
+    with pytest.raises(SystemExit) as error:
+        parse_args(["--output_dir", "unused", "--weight_dec", "0.01"])
+    err = capsys.readouterr().err
+    assert error.value.code == 2 and "unrecognized arguments: --weight_dec 0.01; did you mean --weight_decay" in err
 
 
 def test_a_recipe_leaves_the_options_a_python_caller_passes_even_at_their_defaults():

@@ -206,6 +206,6 @@ def test_analyze_skips_a_named_pipe_among_the_images(tmp_path, capsys):
         except OSError:
             pass
     assert finished, "analyze blocked on a named pipe"
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
     assert status == 0
-    assert f"skipped {pipe}: not a regular file (a named pipe)" in out and "1 images" in out
+    assert f"skipped {pipe}: not a regular file (a named pipe)" in captured.err and "1 images" in captured.out

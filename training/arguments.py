@@ -292,14 +292,24 @@ def parser(prog="finetune.py"):
 
 
 def parse_args(argv=None, prog="finetune.py"):
-    """`Arguments` from a command line (argparse's usual exit 2 on a malformed one)."""
-    args = Arguments.build(*parser(prog).parse_args_into_dataclasses(args=argv))
+    """`Arguments` from a command line (argparse's usual exit 2 on a malformed one; an unknown or abbreviated flag
+    gets the usage and the flags it most resembles)."""
+    import difflib
+
+    flags = parser(prog)
+    *groups, unknown = flags.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        known = [flag for action in flags._actions for flag in action.option_strings]
+        guesses = difflib.get_close_matches(unknown[0].partition("=")[0], known, n=2, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
+        flags.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    args = Arguments.build(*groups)
     args._explicit = named_options(argv, prog)
     return args
 
 
 def named_options(argv, prog):
-    """The options a command line names, abbreviated or not, read by argparse itself: every default suppressed, the
+    """The options a command line names, in either spelling, read by argparse itself: every default suppressed, the
     parsed namespace holds only what was typed."""
     names = parser(prog)
     for action in names._actions:
