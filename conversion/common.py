@@ -144,19 +144,38 @@ def read_hubvit_config(src):
 
 
 @dataclass(frozen=True)
-class ConversionOptions:
+class CheckedCopyOptions:
+    """What every conversion and export reads: SRC, OUT, whether to replace OUT, and the tolerance of the check of
+    what is written against what was read."""
+
+    src: str = argument("SRC", "what to read")
+    out: str = argument("OUT", "where to write")
+    overwrite: bool = option(False, "replace OUT if it exists")
+    tolerance: float = option(TOLERANCE, f"relative tolerance of the check against SRC ({TOLERANCE:g})")
+
+    def __post_init__(self):
+        settle(
+            self,
+            src=nonempty_path(self.src, "src"),
+            out=path_text(self.out, "out"),
+            overwrite=flag(self.overwrite, "overwrite"),
+            tolerance=positive(self.tolerance, "tolerance"),
+        )
+
+
+@dataclass(frozen=True)
+class ConversionOptions(CheckedCopyOptions):
     """What every converter reads besides its own options: SRC, OUT, and how the result is checked and served."""
 
     src: str = argument("SRC", "the checkpoint to convert")
     out: str = argument("OUT", "hubvit folder to write")
-    overwrite: bool = option(False, "replace OUT if it exists")
-    verify: bool = option(
-        True,
-        "run the source implementation and the converted model on the same input and fail above tolerance",
-    )
     tolerance: float = option(
         TOLERANCE,
         f"relative tolerance of the check: max |difference| <= tolerance x max |source output| ({TOLERANCE:g})",
+    )
+    verify: bool = option(
+        True,
+        "run the source implementation and the converted model on the same input and fail above tolerance",
     )
     patch_size: int | tuple | str | None = option(
         None,
@@ -166,34 +185,16 @@ class ConversionOptions:
     )
 
     def __post_init__(self):
-        settle(
-            self,
-            src=nonempty_path(self.src, "src"),
-            out=path_text(self.out, "out"),
-            overwrite=flag(self.overwrite, "overwrite"),
-            verify=flag(self.verify, "verify"),
-            tolerance=positive(self.tolerance, "tolerance"),
-            patch_size=check_patch_size(self.patch_size),
-        )
+        super().__post_init__()
+        settle(self, verify=flag(self.verify, "verify"), patch_size=check_patch_size(self.patch_size))
 
 
 @dataclass(frozen=True)
-class ExportOptions:
+class ExportOptions(CheckedCopyOptions):
     """What every export reads: the hubvit folder SRC, OUT, and the tolerance of the check against SRC."""
 
     src: str = argument("SRC", "hubvit folder (config.json + model.safetensors)")
-    out: str = argument("OUT", "where to write")
-    overwrite: bool = option(False, "replace OUT if it exists")
     tolerance: float = option(TOLERANCE, f"relative tolerance of the check against the hubvit folder ({TOLERANCE:g})")
-
-    def __post_init__(self):
-        settle(
-            self,
-            src=nonempty_path(self.src, "src"),
-            out=path_text(self.out, "out"),
-            overwrite=flag(self.overwrite, "overwrite"),
-            tolerance=positive(self.tolerance, "tolerance"),
-        )
 
 
 @dataclass(frozen=True)
