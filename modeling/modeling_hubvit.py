@@ -1170,6 +1170,10 @@ class HubViTForSemanticSegmentation(HubViTPreTrainedModel):
     like the classifier (quantizable, LoRA-able). Pixels labelled `config.semantic_loss_ignore_index` (255 unless
     set, transformers' convention) do not count in the loss. The head is `decode_head` (transformers' name for
     segmentation heads), so a classifier's folder gives the body and never its image classifier as the head.
+
+    With `config.decode_head_pixels` the same `nn.Linear` gives num_labels x patch x patch outputs per token, the
+    logits of every pixel of its patch (SETR-style pixel shuffle, no upsampling): logits at the image's resolution,
+    so strokes thinner than a patch can be told apart from their background at the patch sizes a CPU can afford.
     """
 
     _keys_to_ignore_on_load_unexpected = [r"^classifier\.", r"^distillation_classifier\.", r"^pre_logits\."]
@@ -1180,20 +1184,31 @@ class HubViTForSemanticSegmentation(HubViTPreTrainedModel):
             raise ValueError(f"num_labels={config.num_labels}: a segmentation head needs at least one class")
         self.num_labels = config.num_labels
         self.hubvit = HubViTModel(config)
-        self.decode_head = nn.Linear(config.hidden_size, config.num_labels)
+        self.pixel_head = bool(getattr(config, "decode_head_pixels", False))
+        outputs = config.num_labels * (math.prod(config.patch_size_2d) if self.pixel_head else 1)
+        self.decode_head = nn.Linear(config.hidden_size, outputs)
         self.post_init()
 
     @can_return_tuple
     def forward(self, pixel_values=None, labels=None, patch_size=None, **kwargs: Unpack[TransformersKwargs]):
-        """Logits on the patch grid, and with `labels` (batch, height, width) of class indices the pixel-wise
-        cross-entropy of the logits upsampled to the labels' size."""
+        """Logits on the patch grid (on the pixels with `config.decode_head_pixels`), and with `labels` (batch,
+        height, width) of class indices the pixel-wise cross-entropy of the logits upsampled to the labels' size."""
         check_kwargs(kwargs, self)
         body = self.hubvit
+        if self.pixel_head and patch_size is not None and patch_pair(patch_size) != tuple(self.config.patch_size_2d):
+            raise ValueError(
+                f"patch_size={patch_size!r}: a decode_head_pixels head classifies the pixels of "
+                f"{self.config.patch_size_2d} patches and runs only at that patch size"
+            )
         outputs = body(pixel_values, patch_size=patch_size, **kwargs)
         height, width = pixel_values.shape[-2:]
         (ph, pw) = self.config.patch_size_2d if patch_size is None else patch_pair(patch_size)
         grid = (-(-height // ph), -(-width // pw))  # dynamic_img_pad pads to whole patches
         logits = body.to_feature_map(self.decode_head(outputs.last_hidden_state), grid)
+        if self.pixel_head:  # (batch, labels * ph * pw, rows, columns) -> (batch, labels, rows * ph, columns * pw)
+            batch, rows, columns = logits.shape[0], grid[0], grid[1]
+            logits = logits.reshape(batch, self.num_labels, ph, pw, rows, columns).permute(0, 1, 4, 2, 5, 3)
+            logits = logits.reshape(batch, self.num_labels, rows * ph, columns * pw)[..., :height, :width]
         loss = None
         if labels is not None:
             if labels.ndim != 3 or labels.shape[0] != logits.shape[0]:
