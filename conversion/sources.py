@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -180,7 +181,14 @@ def download(url, final):
         resumed = response.status == 206 and response.headers.get("Content-Range", "").startswith(f"bytes {start}-")
         start = start if resumed else 0
         length = response.headers.get("Content-Length")
+        length = length.strip() if length is not None and length.strip().isdecimal() else None
         total = start + int(length) if length is not None else None
+        free = shutil.disk_usage(part.parent).free
+        if length is not None and int(length) > free:
+            raise ConversionError(
+                f"{url}: the file is {int(length)} bytes (Content-Length) but {part.parent} has only {free} bytes "
+                "free; free some space or point HUBVIT_CACHE at a larger disk"
+            )
         etag = response.headers.get("ETag") or response.headers.get("Last-Modified")
         if etag:
             validator.write_text(etag)
@@ -197,7 +205,14 @@ def download(url, final):
                     received += len(chunk)
                     bar.update(len(chunk))
 
-                read_bounded(response, url, write, expected=int(length) if length is not None else None)
+                read_bounded(
+                    response,
+                    url,
+                    write,
+                    expected=int(length) if length is not None else None,
+                    cap=free,
+                    cap_place=str(part.parent),
+                )
         except NetworkError:
             raise
         except (OSError, http.client.HTTPException) as error:

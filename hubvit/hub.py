@@ -320,14 +320,42 @@ def require_token(api):
     try:
         who = api.whoami(token=token)
     except HfHubHTTPError as error:
-        status = getattr(getattr(error, "response", None), "status_code", None)
+        response = getattr(error, "response", None)
+        status = getattr(response, "status_code", None)
         if status is not None and status >= 500:
             raise  # the server failed; `bounded` names the status
+        check = f"the token check (GET {api.endpoint}/api/whoami-v2)"
+        if status == 429:
+            from .network import rate_limit_wait
+
+            wait = rate_limit_wait(response.headers)
+            asked = f"; it asks to wait {wait[0]:.0f} s ({wait[1]})" if wait else ""
+            raise PushError(
+                f"the Hub at {api.endpoint} rate-limited {check}: HTTP 429{asked}; the token was not judged, "
+                "try again later"
+            ) from None
+        if status is not None and status not in (401, 403):
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise PushError(f"the Hub at {api.endpoint} answered {check} with HTTP {status}: {first}") from None
         raise PushError(f"the token was refused by {api.endpoint}: {error}") from None
-    role = who.get("auth", {}).get("accessToken", {}).get("role")
+    role = token_role(who, api.endpoint)
     if role == "read":
         raise PushError(f"the token of {who.get('name')} is read-only; pushing needs a token with write access")
     return token
+
+
+def token_role(who, endpoint):
+    """The role (`read`, `write`, ...) of the token in a whoami answer, None if it names none; a PushError if the
+    answer is not the JSON object the Hub sends."""
+    if not isinstance(who, dict):
+        raise PushError(
+            f"the Hub at {endpoint} answered the token check (GET /api/whoami-v2) with a JSON "
+            f"{type(who).__name__}; expected a JSON object with the user's name and the token's role"
+        )
+    auth = who.get("auth")
+    access = auth.get("accessToken") if isinstance(auth, dict) else None
+    role = access.get("role") if isinstance(access, dict) else None
+    return role if isinstance(role, str) else None
 
 
 def push_folder(

@@ -3,12 +3,21 @@ connect timeout, a silence timeout per read and a total deadline per operation (
 bodies; a failure becomes one line naming the endpoint and whether it refused, stayed silent, was too slow or
 answered with an error status.
 
-HUBVIT_CONNECT_TIMEOUT, HUBVIT_READ_TIMEOUT, HUBVIT_DEADLINE (seconds) and HUBVIT_MAX_DOWNLOAD_BYTES set the numbers.
+The deadline holds at every socket read and write (the response headers included), not only between requests.
+Inside an operation each request also has its own deadline by kind: a metadata request (`/api/...`, LFS batch,
+HEAD) the metadata one, a transfer (file bodies) the transfer one. A 429 whose Retry-After (or RateLimit reset)
+would not end before the deadline is refused at once instead of letting the client sleep it out. Downloads also fail
+when slower than a minimum rate over a window.
+
+HUBVIT_CONNECT_TIMEOUT, HUBVIT_READ_TIMEOUT, HUBVIT_DEADLINE (both kinds), HUBVIT_METADATA_DEADLINE,
+HUBVIT_TRANSFER_DEADLINE, HUBVIT_RATE_WINDOW (seconds), HUBVIT_MIN_RATE (bytes/s) and HUBVIT_MAX_DOWNLOAD_BYTES set
+the numbers.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -18,12 +27,16 @@ from urllib.parse import urlsplit
 
 from .errors import HubViTError, NetworkError
 
+logger = logging.getLogger(__name__)
+
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
 METADATA_DEADLINE_S = 120.0
 TRANSFER_DEADLINE_S = 7200.0
 MAX_API_BODY_BYTES = 64 << 20
 MAX_DOWNLOAD_BYTES = 64 << 30
+RATE_WINDOW_S = 60.0
+MIN_RATE = 10_000.0  # bytes/s over RATE_WINDOW_S; below it a download fails (a trickle, not a slow link)
 
 
 def _env_float(name, default):
@@ -48,8 +61,41 @@ def read_timeout():
 
 
 def deadline_seconds(kind="metadata"):
-    """The total time one operation may take: 120 s for metadata, 2 h for transfers, or HUBVIT_DEADLINE."""
-    return _env_float("HUBVIT_DEADLINE", METADATA_DEADLINE_S if kind == "metadata" else TRANSFER_DEADLINE_S)
+    """The total time one operation (or one request of this kind) may take: 120 s for metadata, 2 h for transfers;
+    HUBVIT_METADATA_DEADLINE / HUBVIT_TRANSFER_DEADLINE, else HUBVIT_DEADLINE, set them."""
+    default = _env_float("HUBVIT_DEADLINE", METADATA_DEADLINE_S if kind == "metadata" else TRANSFER_DEADLINE_S)
+    return _env_float(_deadline_knob(kind), default)
+
+
+def _deadline_knob(kind):
+    return "HUBVIT_METADATA_DEADLINE" if kind == "metadata" else "HUBVIT_TRANSFER_DEADLINE"
+
+
+def rate_window():
+    return _env_float("HUBVIT_RATE_WINDOW", RATE_WINDOW_S)
+
+
+def min_rate():
+    return _env_float("HUBVIT_MIN_RATE", MIN_RATE)
+
+
+class RateFloor:
+    """Fails a body that arrives slower than `min_rate()` bytes/s, judged over each `rate_window()` seconds."""
+
+    def __init__(self):
+        self.window, self.rate = rate_window(), min_rate()
+        self.start, self.counted = time.monotonic(), 0
+
+    def add(self, count):
+        """Count `count` bytes; returns None, or (bytes, seconds) of a window that was too slow."""
+        self.counted += count
+        elapsed = time.monotonic() - self.start
+        if elapsed < self.window:
+            return None
+        if self.counted < self.rate * elapsed:
+            return self.counted, elapsed
+        self.start, self.counted = time.monotonic(), 0
+        return None
 
 
 def max_download_bytes():
@@ -107,7 +153,8 @@ def _where(url, operation):
 
 
 def describe(kind, url, operation=None, seconds=None, status=None, reason=""):
-    """The one line for a failed call: `kind` is refused, silent, slow, status, too_large or not_json."""
+    """The one line for a failed call: `kind` is refused, silent, slow, request_slow, crawling, rate_limited,
+    redirects, status, too_large, no_space or not_json."""
     where = _where(url, operation)
     if kind == "refused":
         return (
@@ -122,10 +169,32 @@ def describe(kind, url, operation=None, seconds=None, status=None, reason=""):
         )
     if kind == "slow":
         return f"{where} is too slow: the operation did not finish within its {seconds:g} s deadline (HUBVIT_DEADLINE)"
+    if kind == "request_slow":  # reason: "metadata request GET /api/..." or "transfer GET /..."
+        request_kind, _, call = reason.partition(" ")
+        return (
+            f"{where} is too slow: {call} did not finish within the {seconds:g} s deadline of a "
+            f"{request_kind} request ({_deadline_knob(request_kind)}, else HUBVIT_DEADLINE)"
+        )
+    if kind == "crawling":  # seconds: (bytes, elapsed, minimum rate)
+        count, elapsed, rate = seconds
+        return (
+            f"{where} is too slow: {count} bytes in {elapsed:.0f} s, below the minimum of {rate:g} bytes/s "
+            "(HUBVIT_MIN_RATE over HUBVIT_RATE_WINDOW seconds)"
+        )
+    if kind == "rate_limited":  # reason: the request and the header; seconds: (wait, seconds left)
+        wait, left = seconds
+        return (
+            f"{where} rate-limited {reason} (HTTP 429): it asks to wait {wait:.0f} s, longer than the "
+            f"{max(left, 0):.0f} s left before the deadline (HUBVIT_DEADLINE); refused instead of waiting, try again later"
+        )
+    if kind == "redirects":
+        return f"{where} redirected in a loop: more than {seconds} redirects ({reason})"
     if kind == "status":
         return f"{where} answered with an error: HTTP {status}{' ' + reason if reason else ''}"
     if kind == "too_large":
         return f"{where} sent more than {seconds} bytes, the cap for this body (HUBVIT_MAX_DOWNLOAD_BYTES); refused"
+    if kind == "no_space":
+        return f"{where} sent more than {seconds} bytes, the free space of {reason}; refused"
     if kind == "not_json":
         return f"{where} answered with a body that is not JSON ({reason})"
     raise ValueError(kind)
@@ -137,43 +206,162 @@ def _httpx():
     return httpx2
 
 
-def _deadline_error():
-    httpx = _httpx()
-
-    class DeadlineExceeded(httpx.ReadTimeout):
-        """The operation's total deadline passed (a subclass of the client's timeout, so callers treat it so)."""
-
-    return DeadlineExceeded
+_CLASSES = {}
 
 
-_DEADLINE_ERROR = None
+def _bounded_error():
+    """The error the bounded transport raises for a deadline, a cap or a refused wait: a `TransportError` the
+    client's retry loop does not retry (it retries timeouts, network and protocol errors), so a passed deadline is
+    not tried again after a sleep."""
+    if "error" not in _CLASSES:
+        httpx = _httpx()
+
+        class BoundedFailure(httpx.TransportError):
+            """A bounded network call gave up: deadline, size cap, minimum rate or a rate-limit wait refused."""
+
+        _CLASSES["error"] = BoundedFailure
+    return _CLASSES["error"]
 
 
-def _raise_deadline(request, operation):
-    global _DEADLINE_ERROR
-    if _DEADLINE_ERROR is None:
-        _DEADLINE_ERROR = _deadline_error()
-    line = describe("slow", request.url, operation, seconds=operation.deadline_s)
-    operation.record(line, request.url)
-    raise _DEADLINE_ERROR(line, request=request)
+def _fail(line, request, operation):
+    if operation is not None:
+        operation.record(line, request.url)
+    raise _bounded_error()(line, request=request)
 
 
-def _bounded_stream(stream, request, operation, cap):
-    """A response body that stops at the operation's deadline and at its size cap."""
+def _request_kind(request):
+    """metadata (API calls, LFS batch and verify, HEAD) or transfer (file bodies up or down)."""
+    path = request.url.path
+    if "/api/" in path or request.method == "HEAD" or path.endswith(("/objects/batch", "/objects/verify")):
+        return "metadata"
+    return "transfer"
+
+
+class _Limit:
+    """The deadline of one request inside an operation: its kind's own, or the operation's if that comes first."""
+
+    def __init__(self, request, operation):
+        self.request, self.operation = request, operation
+        self.kind = _request_kind(request)
+        self.seconds = deadline_seconds(self.kind)
+        self.deadline = time.monotonic() + self.seconds
+        self.own = self.deadline < operation.deadline
+        self.deadline = min(self.deadline, operation.deadline)
+
+    def remaining(self):
+        return self.deadline - time.monotonic()
+
+    def fail(self):
+        request, operation = self.request, self.operation
+        if self.own:
+            what = f"{self.kind} {request.method} {request.url.path}"
+            line = describe("request_slow", request.url, operation, seconds=self.seconds, reason=what)
+        else:
+            line = describe("slow", request.url, operation, seconds=operation.deadline_s)
+        _fail(line, request, operation)
+
+
+_LOCAL = threading.local()
+# A socket timeout clamped to the time left may fire a hair before the deadline by the clock: still the deadline.
+_TIMER_SLACK_S = 0.05
+
+
+@contextmanager
+def _until(limit):
+    """Socket reads and writes in this thread (headers included) end at `limit`'s deadline."""
+    previous = getattr(_LOCAL, "limit", None)
+    _LOCAL.limit = limit
+    try:
+        yield
+    finally:
+        _LOCAL.limit = previous
+
+
+def _clamp(timeout, error):
+    limit = getattr(_LOCAL, "limit", None)
+    if limit is None:
+        return timeout
+    left = limit.remaining()
+    if left <= 0:
+        raise error("the deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+def _make_backend(inner):
+    """httpcore's network backend with every socket read and write clamped to the current request's deadline."""
+    import httpcore2
+
+    class DeadlineStream(httpcore2.NetworkStream):
+        def __init__(self, stream):
+            self.stream = stream
+
+        def read(self, max_bytes, timeout=None):
+            return self.stream.read(max_bytes, _clamp(timeout, httpcore2.ReadTimeout))
+
+        def write(self, buffer, timeout=None):
+            return self.stream.write(buffer, _clamp(timeout, httpcore2.WriteTimeout))
+
+        def close(self):
+            self.stream.close()
+
+        def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+            timeout = _clamp(timeout, httpcore2.ConnectTimeout)
+            return DeadlineStream(self.stream.start_tls(ssl_context, server_hostname, timeout))
+
+        def get_extra_info(self, info):
+            return self.stream.get_extra_info(info)
+
+    class DeadlineBackend(httpcore2.NetworkBackend):
+        hubvit_bounded = True
+
+        def __init__(self, backend):
+            self.backend = backend
+
+        def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+            timeout = _clamp(timeout, httpcore2.ConnectTimeout)
+            return DeadlineStream(self.backend.connect_tcp(host, port, timeout, local_address, socket_options))
+
+        def connect_unix_socket(self, path, timeout=None, socket_options=None):
+            timeout = _clamp(timeout, httpcore2.ConnectTimeout)
+            return DeadlineStream(self.backend.connect_unix_socket(path, timeout, socket_options))
+
+        def sleep(self, seconds):
+            self.backend.sleep(seconds)
+
+    if getattr(inner, "hubvit_bounded", False):
+        return inner
+    return DeadlineBackend(inner)
+
+
+def _bounded_stream(stream, request, operation, cap, limit=None):
+    """A response body that stops at the request's deadline, at its size cap and, for file bodies, below the
+    minimum rate."""
     httpx = _httpx()
 
     class BoundedStream(httpx.SyncByteStream):
         def __iter__(self):
             received = 0
-            for chunk in stream:
+            floor = RateFloor() if limit is not None and limit.kind == "transfer" else None
+            chunks = iter(stream)
+            while True:
+                try:
+                    with _until(limit):
+                        chunk = next(chunks)
+                except StopIteration:
+                    return
+                except httpx.TimeoutException:
+                    if limit is not None and limit.remaining() <= _TIMER_SLACK_S:
+                        limit.fail()
+                    raise
                 received += len(chunk)
                 if received > cap:
-                    line = describe("too_large", request.url, operation, seconds=cap)
-                    if operation is not None:
-                        operation.record(line, request.url)
-                    raise httpx.RemoteProtocolError(line, request=request)
-                if operation is not None and operation.remaining() <= 0:
-                    _raise_deadline(request, operation)
+                    _fail(describe("too_large", request.url, operation, seconds=cap), request, operation)
+                if limit is not None and limit.remaining() <= 0:
+                    limit.fail()
+                slow = floor.add(len(chunk)) if floor is not None else None
+                if slow is not None:
+                    line = describe("crawling", request.url, operation, seconds=(*slow, floor.rate))
+                    _fail(line, request, operation)
                 yield chunk
 
         def close(self):
@@ -182,8 +370,29 @@ def _bounded_stream(stream, request, operation, cap):
     return BoundedStream()
 
 
+def rate_limit_wait(headers):
+    """(seconds, header text) the client would sleep before retrying a 429, or None: the RateLimit reset when no
+    requests remain, else a Retry-After in seconds (what huggingface_hub's retry loop reads)."""
+    try:
+        from huggingface_hub.utils._http import parse_ratelimit_headers
+
+        info = parse_ratelimit_headers(headers)
+    except Exception:  # noqa: BLE001  (a client without it, or a header it cannot read: Retry-After decides)
+        info = None
+    if info is not None and info.remaining == 0:
+        return float(info.reset_in_seconds), f"RateLimit {headers.get('RateLimit')!r}"
+    value = (headers.get("Retry-After") or "").strip()
+    if value.isdigit():
+        return float(value), f"Retry-After: {value}"
+    return None
+
+
 def _make_transport(inner):
     httpx = _httpx()
+
+    pool = getattr(inner, "_pool", None)
+    if pool is not None and hasattr(pool, "_network_backend"):
+        pool._network_backend = _make_backend(pool._network_backend)
 
     class BoundedTransport(httpx.BaseTransport):
         """Wraps the client's transport: timeouts clamped to the deadline, failures classified, bodies capped."""
@@ -197,23 +406,26 @@ def _make_transport(inner):
             timeout = dict(request.extensions.get("timeout") or {})
             connect = min(connect, timeout.get("connect") or connect)
             read = min(read, timeout.get("read") or read)
+            limit = None
             if operation is not None:
-                remaining = operation.remaining()
+                limit = _Limit(request, operation)
+                remaining = limit.remaining()
                 if remaining <= 0:
-                    _raise_deadline(request, operation)
+                    limit.fail()
                 connect, read = min(connect, remaining), min(read, remaining)
             request.extensions["timeout"] = {"connect": connect, "read": read, "write": read, "pool": connect}
             try:
-                response = self.inner.handle_request(request)
+                with _until(limit):
+                    response = self.inner.handle_request(request)
             except httpx.TimeoutException as error:
                 if operation is not None:
-                    if operation.remaining() <= 0:
-                        _raise_deadline(request, operation)
+                    if limit.remaining() <= _TIMER_SLACK_S:
+                        limit.fail()
                     seconds = connect if isinstance(error, httpx.ConnectTimeout) else read
                     operation.record(describe("silent", request.url, operation, seconds=seconds), request.url)
                 raise
             except httpx.TransportError as error:
-                if operation is not None:
+                if operation is not None and not isinstance(error, _bounded_error()):
                     operation.record(
                         describe("refused", request.url, operation, reason=str(error) or type(error).__name__),
                         request.url,
@@ -226,13 +438,32 @@ def _make_transport(inner):
                     ),
                     request.url,
                 )
+            if response.status_code == 429 and operation is not None:
+                self._check_wait(request, response, operation, limit)
             length = response.headers.get("Content-Length")
             api = "/api/" in request.url.path
             cap = max_download_bytes() if not api else MAX_API_BODY_BYTES
             if length and length.isdecimal():
                 cap = min(cap, int(length))
-            response.stream = _bounded_stream(response.stream, request, operation, cap)
+            response.stream = _bounded_stream(response.stream, request, operation, cap, limit)
             return response
+
+        @staticmethod
+        def _check_wait(request, response, operation, limit):
+            """A 429 the client would sleep out past the deadline is refused now, naming what it asked for."""
+            found = rate_limit_wait(response.headers)
+            if found is None:
+                return
+            wait, header = found
+            left = min(operation.remaining(), deadline_seconds(limit.kind))
+            if wait + 1 < left:  # the client sleeps wait + 1 s, then retries under the same deadline
+                logger.info("%s: rate-limited, %s; the client waits %g s", request.url, header, wait + 1)
+                return
+            response.close()
+            what = f"{request.method} {request.url.path} ({header})"
+            _fail(
+                describe("rate_limited", request.url, operation, seconds=(wait, left), reason=what), request, operation
+            )
 
         def close(self):
             self.inner.close()
@@ -300,6 +531,14 @@ def classify(failure, operation):
     status, reason = _http_status(failure)
     if isinstance(failure, HfHubHTTPError) and status is not None and status >= 500:
         return describe("status", endpoint, operation, status=status, reason=reason)
+    if isinstance(failure, HfHubHTTPError) and status == 429 and operation.failure is None:
+        try:
+            what = f" {failure.response.request.method} {failure.response.request.url.path}"
+        except (AttributeError, RuntimeError):  # a response built without its request
+            what = ""
+        return (
+            f"{_where(endpoint, operation)} rate-limited{what} (HTTP 429) after the client's retries; try again later"
+        )
     if operation.failure is not None and isinstance(
         failure, (httpx.TransportError, LocalEntryNotFoundError, HfHubHTTPError, OSError)
     ):
@@ -308,9 +547,24 @@ def classify(failure, operation):
         return describe("silent", endpoint, operation, seconds=read_timeout())
     if isinstance(failure, httpx.TransportError):
         return describe("refused", endpoint, operation, reason=str(failure) or type(failure).__name__)
+    if isinstance(failure, httpx.TooManyRedirects):
+        request = getattr(failure, "_request", None)
+        last = f"last: {request.method} {request.url}" if request is not None else str(failure)
+        return describe("redirects", endpoint, operation, seconds=_max_redirects(), reason=last)
+    if isinstance(failure, httpx.RequestError):
+        return f"{_where(endpoint, operation)} failed: {type(failure).__name__}: {str(failure).splitlines()[0]}"
     if isinstance(failure, json.JSONDecodeError):
         return describe("not_json", endpoint, operation, reason=f"{failure.msg} at byte {failure.pos}")
     return None
+
+
+def _max_redirects():
+    try:
+        from huggingface_hub.utils import get_session
+
+        return get_session().max_redirects
+    except Exception:  # noqa: BLE001  (only for the message)
+        return 20
 
 
 def _default_endpoint():
@@ -319,14 +573,22 @@ def _default_endpoint():
     return constants.ENDPOINT
 
 
-def read_bounded(response, url, write, deadline_s=None, chunk=1 << 16, expected=None):
-    """Copy an urllib response body into `write(bytes)` under a silence timeout per read, a total deadline and a
-    size cap (Content-Length, else HUBVIT_MAX_DOWNLOAD_BYTES); returns the number of bytes."""
+def read_bounded(response, url, write, deadline_s=None, chunk=1 << 16, expected=None, cap=None, cap_place=None):
+    """Copy an urllib response body into `write(bytes)` under a silence timeout per read, a total deadline, a
+    minimum rate over a window (HUBVIT_MIN_RATE, HUBVIT_RATE_WINDOW) and a size cap: `cap` if given (`cap_place`:
+    the folder whose free space it is), else Content-Length (`expected`), else HUBVIT_MAX_DOWNLOAD_BYTES; returns
+    the number of bytes."""
     operation = _Operation(
         f"download of {Path(urlsplit(url).path).name}", deadline_s or deadline_seconds("transfer"), hub=False
     )
-    cap = expected if expected is not None else max_download_bytes()
+    limits = [(max_download_bytes(), None)]
+    if expected is not None:
+        limits.append((expected, None))
+    if cap is not None:
+        limits.append((cap, cap_place))
+    cap, cap_place = min(limits, key=lambda item: item[0])
     sock = _socket_of(response)
+    floor = RateFloor()
     received = 0
     while True:
         remaining = operation.remaining()
@@ -344,8 +606,13 @@ def read_bounded(response, url, write, deadline_s=None, chunk=1 << 16, expected=
             return received
         received += len(data)
         if received > cap:
+            if cap_place is not None:
+                raise NetworkError(describe("no_space", url, operation, seconds=cap, reason=cap_place))
             raise NetworkError(describe("too_large", url, operation, seconds=cap))
         write(data)
+        slow = floor.add(len(data))
+        if slow is not None:
+            raise NetworkError(describe("crawling", url, operation, seconds=(*slow, floor.rate)))
 
 
 def _socket_of(response):
