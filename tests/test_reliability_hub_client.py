@@ -218,3 +218,39 @@ def test_a_jax_download_larger_than_the_free_disk_is_refused_before_writing(tmp_
     assert status == 2 and len(lines) == 1, lines
     assert "1000000000 bytes (Content-Length)" in lines[0] and "only 1000000 bytes free" in lines[0]
     assert not list((tmp_path / "cache").rglob("*.part"))
+
+
+def test_a_hub_file_below_the_minimum_rate_fails_before_the_deadline(hub_server, monkeypatch, tmp_path):
+    from hubvit.conversion.common import ConversionError
+    from hubvit.conversion.sources import download_repo
+
+    hub_server.create_repo("slow/repo")
+    hub_server.commit("slow/repo", {"config.json": b"{}" + b" " * 5000})
+    monkeypatch.setenv("HUBVIT_DEADLINE", "60")
+    monkeypatch.setenv("HUBVIT_RATE_WINDOW", "1")
+    monkeypatch.setenv("HUBVIT_MIN_RATE", "1000")
+    send_bytes = _Handler._send_bytes
+
+    def trickled(handler, data, headers):
+        if handler.command != "GET" or len(data) < 1000:
+            return send_bytes(handler, data, headers)
+        handler._status = 200
+        handler.send_response(200)
+        for name, value in {**headers, "Content-Length": str(len(data))}.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        try:
+            for index in range(len(data)):
+                handler.wfile.write(data[index : index + 1])
+                handler.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            return
+
+    monkeypatch.setattr(_Handler, "_send_bytes", trickled)
+    finished, result, elapsed = within(30, download_repo, "slow/repo")
+    assert finished, "a 20 bytes/s Hub download still going after 30 s"
+    assert isinstance(result, ConversionError), repr(result)
+    message = str(result)
+    assert "\n" not in message and hub_server.endpoint in message
+    assert "below the minimum of 1000 bytes/s" in message and elapsed < 10
