@@ -146,3 +146,28 @@ def test_bad_masks_are_one_line_naming_the_value(case, expected, tmp_path, capsy
     assert len(lines) == 1 and err.rstrip().endswith(lines[0]), err
     assert re.search(expected, lines[0]), lines[0]
     assert not (tmp_path / "out" / "model").exists()
+
+
+def test_a_classifiers_folder_gives_the_body_and_a_new_pixel_head(tmp_path):
+    """--model_name_or_path: every body tensor as saved, the image classifier left out, the head new; a folder whose
+    body does not fit its config is refused by name."""
+    from hubvit import HubViTForImageClassification
+    from hubvit.folder import write_folder
+    from hubvit.training.segmentation import SegmentationArguments, build_model
+    from utils import randomize_, tiny_config
+
+    classifier = randomize_(HubViTForImageClassification(tiny_config(num_labels=10)), seed=3).eval()
+    folder = write_folder(classifier, tmp_path / "classifier")
+    args = SegmentationArguments(output_dir=str(tmp_path / "out"), model_name_or_path=str(folder))
+    args.decode_head_pixels = True
+    model, _ = build_model(args, DIGIT_LABELS)
+    assert model.config.decode_head_pixels and model.decode_head.out_features == 11 * 8 * 8
+    for name, tensor in classifier.hubvit.state_dict().items():
+        assert torch.equal(model.hubvit.state_dict()[name], tensor), name
+    weights = load_file(folder / "model.safetensors")
+    weights.pop("hubvit.embeddings.patch_embedding.bias")
+    from safetensors.torch import save_file
+
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"encoder.s weights do not fit .*patch_embedding\.bias"):
+        build_model(args, DIGIT_LABELS)

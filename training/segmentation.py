@@ -108,7 +108,7 @@ class SegmentationTrainingArguments:
     lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
     num_warmup_steps: Optional[int] = option()
     warmup_ratio: float = option(0.05)
-    num_train_epochs: int = option(8)
+    num_train_epochs: int = option(12)
     max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
     gradient_accumulation_steps: int = option(1)
     max_grad_norm: float = option(1.0, "0 disables clipping")
@@ -159,7 +159,10 @@ def parser(prog="finetune_segmentation.py"):
 
 def parse_segmentation_args(argv=None, prog="finetune_segmentation.py"):
     """`SegmentationArguments` from a command line (argparse's exit 2 on a malformed or unknown flag)."""
-    groups = parser(prog).parse_args_into_dataclasses(args=argv)
+    flags = parser(prog)
+    *groups, unknown = flags.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        flags.error(f"unrecognized arguments: {' '.join(unknown)}")
     return SegmentationArguments.build(*groups)
 
 
@@ -230,14 +233,13 @@ def build_model(args, names):
             f"--model_name_or_path {path!r} is a {config.model_type!r} checkpoint; convert it first (`hubvit convert`)"
         )
     check_image_size(args.image_size, config)
+    config.id2label, config.label2id = id2label, label2id
+    config.semantic_loss_ignore_index = IGNORE_INDEX
+    for key, value in pixels.items():
+        setattr(config, key, value)
     try:
         model, info = HubViTForSemanticSegmentation.from_pretrained(
-            path,
-            **labels,
-            **pixels,
-            semantic_loss_ignore_index=IGNORE_INDEX,
-            ignore_mismatched_sizes=True,
-            output_loading_info=True,
+            path, config=config, ignore_mismatched_sizes=True, output_loading_info=True
         )
     except (OSError, ValueError, RuntimeError) as error:
         raise TrainingInputError(f"cannot load --model_name_or_path {path!r}: {str(error).splitlines()[0]}") from None
@@ -446,11 +448,15 @@ def fit_segmentation(args, accelerator, train_split, eval_split, model, preproce
         f"{accelerator.num_processes} process(es), {run.schedule.max_steps} updates over {run.schedule.num_epochs} "
         f"epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters"
     )
+    if args.report_to != "none":
+        accelerator.init_trackers("hubvit-segmentation")
     started, metrics = time.time(), {}
     run.model.train()
     while position.epoch < run.schedule.num_epochs:
         batches = train_epoch(run, position)
         metrics = evaluate_segmentation(run)
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        accelerator.log(scalars, step=position.global_step)
         logger.info(
             f"epoch {position.epoch}: mean IoU {metrics['eval_mean_iou']:.4f}, pixel accuracy "
             f"{metrics['eval_overall_accuracy']:.4f}, loss {metrics['eval_loss']:.4f}"
