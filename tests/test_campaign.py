@@ -84,7 +84,7 @@ def test_a_fit_interrupted_after_an_epoch_resumes_to_the_same_weights_and_record
     interrupt_epoch(monkeypatch, at_call=3)
     with pytest.raises(Interrupted):
         fit(digits, tmp_path, checkpoint, eval_every)
-    assert torch.load(checkpoint, weights_only=False)["epoch"] == 2
+    assert common.load_checkpoint(checkpoint)["epoch"] == 2
     monkeypatch.undo()
     calls = count_epochs(monkeypatch)
     resumed, resumed_record = fit(digits, tmp_path, checkpoint, eval_every)
@@ -94,7 +94,7 @@ def test_a_fit_interrupted_after_an_epoch_resumes_to_the_same_weights_and_record
     assert whole_record["epochs"] == 3
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
-    assert torch.load(checkpoint, weights_only=False)["finished"]
+    assert common.load_checkpoint(checkpoint)["finished"]
     calls.clear()
     again, again_record = fit(digits, tmp_path, checkpoint, eval_every)  # a finished fit is not trained again
     assert calls == [] and again_record == resumed_record

@@ -200,13 +200,12 @@ def run(options, argv):
 
 def progress(options, unit):
     """Where a started unit's fits are: `fit finished` or `fit at epoch k`, from its checkpoints."""
-    import torch
 
     name, arm, seed = unit
     parts = []
     for path in sorted((Path(options.checkpoints_dir) / name / f"{arm}-seed{seed}").glob("*.pt")):
         try:
-            state = torch.load(path, weights_only=False, map_location="cpu")
+            state = common.load_checkpoint(path)
         except Exception:  # being replaced this moment, or cut short: the next status will read it
             parts.append(f"{path.stem} unreadable now")
             continue

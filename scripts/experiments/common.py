@@ -9,15 +9,38 @@ import argparse
 import json
 import logging
 import os
-import platform
-import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from hubvit.scripts.experiments.pages import (  # noqa: F401 (the experiments read them as common.*)
+    command,
+    environment,
+    write,
+    pyplot,
+    SCHEDULE_NOTE,
+    pct,
+    campaign_text,
+    header,
+)
+from hubvit.scripts.experiments.statistics import (  # noqa: F401 (the experiments read them as common.*)
+    DEFAULT_SEEDS,
+    REQUIRED_SEEDS,
+    gather,
+    minutes_per_run,
+    seed_counts,
+    undecided,
+    paired_difference,
+    paired,
+    interval_text,
+    equivalence,
+    resolvable_margin,
+    mean_std,
+    difference,
+)
 
 logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +57,6 @@ def fields_text(fields):
 
 
 VIT_OVERRIDES = fields_text(VIT_FIELDS)
-# Five seeds: a paired 95% t interval then uses t(4) = 2.78 standard errors; with three, t(2) = 4.30.
-DEFAULT_SEEDS = 5
 VALIDATION_SIZE = 600
 
 
@@ -236,6 +257,17 @@ def save_atomically(obj, path):
     os.replace(temporary, path)
 
 
+# What a fit's checkpoint holds besides tensors and plain Python values: numpy's RNG state (an array).
+NUMPY_STATE = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_checkpoint(path):
+    """A fit's checkpoint, unpickled with torch's weights-only loader (tensors, plain values and numpy's RNG state
+    only: no code runs from the file)."""
+    with torch.serialization.safe_globals(NUMPY_STATE):
+        return torch.load(path, weights_only=True, map_location="cpu")
+
+
 def rng_states():
     import random
 
@@ -289,7 +321,7 @@ def fit_to_plateau(
     run = prepare_run(args, accelerator, train, model, preprocessing, lr_scale)
     in_memory = keep_in_memory(run, train, preprocessing, size)
     inner = accelerator.unwrap_model(run.model)
-    saved = torch.load(checkpoint, weights_only=False) if checkpoint and Path(checkpoint).is_file() else None
+    saved = load_checkpoint(checkpoint) if checkpoint and Path(checkpoint).is_file() else None
     if saved is not None and saved.get("finished"):
         inner.load_state_dict(saved["best_state"])
         return inner.eval(), saved["record"]
@@ -361,7 +393,6 @@ def fit_to_plateau(
     return inner.eval(), record
 
 
-REQUIRED_SEEDS = DEFAULT_SEEDS
 TIMING_KEYS = ("train_seconds", "eval_seconds", "unit_seconds", "minutes")
 
 
@@ -417,53 +448,6 @@ def unit_record(experiment, arm, seed, quick, setup, values, fits, extra=None):
     }
 
 
-def gather(records, arms, keys):
-    """(setup, runs) from unit records: `runs[arm][key]` lists ordered by seed, as the experiments' summaries read
-    them; records whose setup differs from the first are refused."""
-    setups = {json.dumps(r["setup"], sort_keys=True) for r in records}
-    if len(setups) != 1:
-        raise ValueError(f"the unit records of {records[0]['experiment']} differ in their setup; only seeds may differ")
-    runs = {arm: {key: [] for key in keys} for arm in arms}
-    for record in sorted(records, key=lambda r: (r["seed"], arms.index(r["arm"]))):
-        run = runs[record["arm"]]
-        run["seeds"].append(record["seed"])
-        for key in keys:
-            if key != "seeds":
-                run[key].append(record["values"][key])
-    return records[0]["setup"], runs
-
-
-def minutes_per_run(records):
-    """Measured minutes per unit (whole unit, resumed parts added): min, median, max and count."""
-    minutes = sorted(r["minutes"] for r in records if r.get("minutes") is not None)
-    if not minutes:
-        return None
-    return {
-        "min": minutes[0],
-        "median": float(np.median(minutes)),
-        "max": minutes[-1],
-        "runs": len(minutes),
-        "torch_threads": sorted({r["environment"]["torch_threads"] for r in records}),
-    }
-
-
-def seed_counts(runs):
-    return {arm: len(run["seeds"]) for arm, run in runs.items()}
-
-
-def undecided(verdicts, runs, required=REQUIRED_SEEDS):
-    """Verdicts as they may be stated: while an arm has fewer than `required` seeds, each says "not yet decided"
-    and how many seeds each arm has, then what the seeds so far show."""
-    short = {arm: n for arm, n in seed_counts(runs).items() if n < required}
-    if not short:
-        return verdicts
-    counts = ", ".join(f"{arm} {n}" for arm, n in short.items())
-    return [
-        dict(v, verdict=f"not yet decided (seeds of {required} so far: {counts}); the seeds so far: {v['verdict']}")
-        for v in verdicts
-    ]
-
-
 def write_json_atomically(path, data):
     """JSON through a temporary file in the same folder and a rename."""
     path = Path(path)
@@ -471,62 +455,6 @@ def write_json_atomically(path, data):
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(temporary, path)
-
-
-def paired_difference(a, b, confidence=0.95):
-    """Mean of the per-seed differences a - b (same seed, same split) with its two-sided t interval; the interval
-    is infinite with fewer than two pairs, so that no verdict is drawn from a single run."""
-    from scipy import stats
-
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    n = len(d)
-    if n < 2:
-        return {
-            "difference": float(d.mean()),
-            "low": -float("inf"),
-            "high": float("inf"),
-            "half_width": float("inf"),
-            "pairs": n,
-        }
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / np.sqrt(n))
-    return {
-        "difference": float(d.mean()),
-        "low": float(d.mean()) - half,
-        "high": float(d.mean()) + half,
-        "half_width": half,
-        "pairs": n,
-    }
-
-
-def paired(runs, a, b, key="accuracy"):
-    """`paired_difference` of two arms' `key`, matched by seed (the seeds both arms ran)."""
-    left, right = dict(zip(runs[a]["seeds"], runs[a][key])), dict(zip(runs[b]["seeds"], runs[b][key]))
-    seeds = sorted(set(left) & set(right))
-    return paired_difference([left[s] for s in seeds], [right[s] for s in seeds])
-
-
-def interval_text(diff, scale=100):
-    return (
-        f"{scale * diff['difference']:+.2f} points (95% CI {scale * diff['low']:+.2f} to "
-        f"{scale * diff['high']:+.2f}, {diff['pairs']} paired seeds)"
-    )
-
-
-def equivalence(diff, margin):
-    """Verdict on |a - b| < `margin` from a paired 95% interval: equivalent when the interval lies inside
-    (-margin, margin), different when it lies outside, otherwise not resolved (with the smallest margin the
-    interval could have shown equivalence for)."""
-    low, high = diff["low"], diff["high"]
-    if -margin < low and high < margin:
-        return "equivalent"
-    if low >= margin or high <= -margin:
-        return "different"
-    return "not resolved"
-
-
-def resolvable_margin(diff):
-    """The smallest margin m for which this interval would lie inside (-m, m)."""
-    return max(abs(diff["low"]), abs(diff["high"]))
 
 
 def eval_tensors(dataset, preprocessing, size):
@@ -548,117 +476,3 @@ def predict(model, pixels, batch_size=250):
 
 def accuracy(logits, labels):
     return (logits.argmax(-1) == labels).float().mean().item()
-
-
-def mean_std(values):
-    values = np.asarray(values, dtype=float)
-    return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
-
-
-def difference(a, b):  # kept for the experiments not yet moved to paired intervals
-    """Mean of a - b and its standard error (independent seeds), in the units of a and b; infinite with one seed,
-    so that no verdict is drawn from a single run."""
-    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
-    if min(len(a), len(b)) < 2:
-        return ma - mb, float("inf")
-    return ma - mb, float(np.sqrt(sa**2 / len(a) + sb**2 / len(b)))
-
-
-def command(name, argv=None):
-    """The command line that made these results, as a reader would retype it: the script's own, or the one
-    `main(argv)` stands for when called from Python."""
-    launched = "ACCELERATE_MIXED_PRECISION" in os.environ
-    argv = sys.argv[1:] if argv is None else argv
-    return ("accelerate launch " if launched else "python ") + shlex.join(
-        [f"scripts/experiments/{name}.py", *map(str, argv)]
-    )
-
-
-def environment(started):
-    return {
-        "wall_time_s": round(time.time() - started, 1),
-        "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
-
-
-def write(output_dir, name, results, figure, markdown):
-    """`<name>.json`, `<name>.png` (the figure, closed after) and `<name>.md` in `output_dir`."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    figure.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
-    (out / f"{name}.md").write_text(markdown.rstrip() + "\n")
-    return out
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-SCHEDULE_NOTE = (
-    "The main command's 20-epoch recipe of the time reached 96.7% on these digits (60 epochs since, see the "
-    "README). Runs recorded before the plateau schedule (a few hundred updates, no validation split) stop short "
-    "of that, and their verdicts describe that regime only; runs with a `validation_accuracy` per seed are "
-    "trained to their validation plateau."
-)
-
-
-def pct(x):
-    return f"{100 * x:.2f}"
-
-
-def campaign_text(results):
-    """For a page built from campaign runs: seeds per arm against the five required, minutes per run."""
-    counts = seed_counts(results["runs"])
-    seeds = ", ".join(f"{arm} {n} of {REQUIRED_SEEDS} seeds" for arm, n in counts.items())
-    short = [arm for arm, n in counts.items() if n < REQUIRED_SEEDS]
-    timing = results["environment"]["minutes_per_run"]
-    return (
-        f"**Built from {results['environment']['units']} campaign runs** (`docs/experiments/runs/{results['name']}/`, "
-        "one JSON per arm and seed; `python scripts/experiments/campaign.py report` rebuilds this page). "
-        f"Seeds so far: {seeds}"
-        + (f"; verdicts stay *not yet decided* until every arm has {REQUIRED_SEEDS}" if short else "")
-        + f". Minutes of training per run: median {timing['median']:.1f} ({timing['min']:.1f}-{timing['max']:.1f}, "
-        f"{timing['runs']} runs, {', '.join(map(str, timing['torch_threads']))} torch thread(s) each).\n\n"
-    )
-
-
-def header(title, results, claim):
-    """The top of every experiment's markdown: what was claimed, how it was measured, where, how long."""
-    env = results["environment"]
-    quick = (
-        "\n**Quick run (`--quick`): a smoke test at toy size; its numbers say nothing about the claim.**\n"
-        if results["quick"]
-        else ""
-    )
-    return (
-        f"# {title}\n{quick}\n**Claim.** {claim}\n\n**Command.** `{results['command']}`\n\n"
-        + (campaign_text(results) if env.get("units") else "")
-        + f"Measured on a shared 2-core CPU machine ({env['torch_threads']} torch thread(s), load average "
-        f"{env['load_average_at_end'][0]} at the end, other jobs running): "
-        + (
-            f"{env['wall_time_s'] / 60:.0f} min of training in all"
-            if env.get("units")
-            else f"wall time {env['wall_time_s'] / 60:.1f} min"
-        )
-        + (
-            f" ({env['parallel_parts']} processes side by side, one per seed, pooled with `--merge`)"
-            if env.get("parallel_parts")
-            else ""
-        )
-        + ". "
-        f"Results: [`{results['name']}.json`]({results['name']}.json), figure "
-        f"[`{results['name']}.png`]({results['name']}.png).\n\n![{results['name']}]({results['name']}.png)\n"
-    )

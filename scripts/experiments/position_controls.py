@@ -65,3 +65,50 @@ def quadrant_digits(quick=False):
     if quick:
         train, validation, test = train.select(range(200)), validation.select(range(60)), test.select(range(100))
     return train, validation, test
+
+
+def quadrant_verdict(summary, types, margin=0.1):
+    """Control (b)'s verdict over the position `types`: `none` within `margin` of chance, every other type above chance + `margin`."""
+    none_at_chance = abs(summary["none"]["quadrant_accuracy"]["mean"] - 0.25) < margin
+    above = [k for k in types if k != "none" and summary[k]["quadrant_accuracy"]["mean"] > 0.25 + margin]
+    stuck = [k for k in types if k != "none" and k not in above]
+    if not none_at_chance:
+        return "does not hold: `none` is not at chance"
+    if not stuck:
+        return "holds"
+    return (
+        f"half holds: `none` stays at chance; above chance: {', '.join(above) or 'none of the others'}; still at "
+        f"chance within this schedule: {', '.join(stuck)} (their position tables or biases start near zero and "
+        "must be learned; the fixed sin-cos table needs no learning)"
+    )
+
+
+def accuracy_figure(results, types):
+    """Test, shuffled-patch and quadrant-task accuracy per position type: bars of the mean, dots per seed."""
+    from hubvit.scripts.experiments import common
+
+    plt = common.pyplot()
+    runs, summary = results["runs"], results["summary"]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    x = np.arange(len(types))
+    for ax, key, title in zip(
+        axes,
+        ("accuracy", "shuffled_accuracy", "quadrant_accuracy"),
+        ("digits (test)", "digits, patches shuffled (fixed permutation)", "quadrant task (label = position)"),
+    ):
+        means = [100 * summary[k][key]["mean"] for k in types]
+        stds = [100 * summary[k][key]["std"] for k in types]
+        ax.bar(x, means, yerr=stds, color="#9ecae1", capsize=4)
+        for i, k in enumerate(types):
+            ax.scatter([i] * len(runs[k][key]), [100 * v for v in runs[k][key]], color="k", s=10, zorder=3)
+        if key == "quadrant_accuracy":
+            ax.axhline(25, color="r", ls="--", lw=1, label="chance")
+            ax.legend(loc="lower right")
+        ax.set_xticks(x, types, rotation=30)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("accuracy (%)")
+    for ax in axes:
+        ax.set_ylim(0, 100)
+    fig.suptitle("Position embedding types: mean ± std over seeds (dots: seeds)")
+    fig.tight_layout()
+    return fig

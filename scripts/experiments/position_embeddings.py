@@ -24,6 +24,8 @@ if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hubvit.scripts.experiments import common  # noqa: E402
 from hubvit.scripts.experiments.position_controls import (  # noqa: E402
+    accuracy_figure,
+    quadrant_verdict,
     CANVAS,
     QUADRANTS,
     fixed_permutation,
@@ -409,54 +411,14 @@ def summarise(runs):
         {
             "claim": "control (b): on a task whose label is a position, `none` stays at chance (25%) and the others do not",
             "measured": quadrant,
-            "verdict": quadrant_verdict(summary),
+            "verdict": quadrant_verdict(summary, TYPES),
         },
     ]
     return summary, verdicts
 
 
-def quadrant_verdict(summary, margin=0.1):
-    """`none` within `margin` of chance, every other type above chance + `margin`."""
-    none_at_chance = abs(summary["none"]["quadrant_accuracy"]["mean"] - 0.25) < margin
-    above = [k for k in TYPES if k != "none" and summary[k]["quadrant_accuracy"]["mean"] > 0.25 + margin]
-    stuck = [k for k in TYPES if k != "none" and k not in above]
-    if not none_at_chance:
-        return "does not hold: `none` is not at chance"
-    if not stuck:
-        return "holds"
-    return (
-        f"half holds: `none` stays at chance; above chance: {', '.join(above) or 'none of the others'}; still at "
-        f"chance within this schedule: {', '.join(stuck)} (their position tables or biases start near zero and "
-        "must be learned; the fixed sin-cos table needs no learning)"
-    )
-
-
 def figure(results):
-    plt = common.pyplot()
-    runs, summary = results["runs"], results["summary"]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    x = np.arange(len(TYPES))
-    for ax, key, title in zip(
-        axes,
-        ("accuracy", "shuffled_accuracy", "quadrant_accuracy"),
-        ("digits (test)", "digits, patches shuffled (fixed permutation)", "quadrant task (label = position)"),
-    ):
-        means = [100 * summary[k][key]["mean"] for k in TYPES]
-        stds = [100 * summary[k][key]["std"] for k in TYPES]
-        ax.bar(x, means, yerr=stds, color="#9ecae1", capsize=4)
-        for i, k in enumerate(TYPES):
-            ax.scatter([i] * len(runs[k][key]), [100 * v for v in runs[k][key]], color="k", s=10, zorder=3)
-        if key == "quadrant_accuracy":
-            ax.axhline(25, color="r", ls="--", lw=1, label="chance")
-            ax.legend(loc="lower right")
-        ax.set_xticks(x, TYPES, rotation=30)
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel("accuracy (%)")
-    for ax in axes:
-        ax.set_ylim(0, 100)
-    fig.suptitle("Position embedding types: mean ± std over seeds (dots: seeds)")
-    fig.tight_layout()
-    return fig
+    return accuracy_figure(results, TYPES)
 
 
 def markdown(results):
