@@ -171,3 +171,25 @@ def test_a_classifiers_folder_gives_the_body_and_a_new_pixel_head(tmp_path):
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"encoder.s weights do not fit .*patch_embedding\.bias"):
         build_model(args, DIGIT_LABELS)
+
+
+def test_the_pixel_head_puts_each_tokens_outputs_on_the_pixels_of_its_patch():
+    """`decode_head_pixels`: the logit of class k at pixel (r * ph + i, c * pw + j) is output k * ph * pw + i * pw + j
+    of the head on token (r, c); non-square grid, registers dropped; another patch size is refused."""
+    from hubvit import HubViTForSemanticSegmentation
+    from utils import randomize_, tiny_config
+
+    model = HubViTForSemanticSegmentation(
+        tiny_config(num_labels=3, decode_head_pixels=True, num_register_tokens=1, patch_size=4)
+    )
+    model = randomize_(model, seed=5).eval()
+    x = torch.randn(2, 3, 12, 20, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(x).logits
+        tokens = model.hubvit(x).last_hidden_state[:, model.config.num_prefix_tokens :]
+        outputs = model.decode_head(tokens).reshape(2, 3, 5, 3, 4, 4)  # (batch, rows, columns, class, i, j)
+    assert logits.shape == (2, 3, 12, 20)
+    for r, c, k, i, j in [(0, 0, 0, 0, 0), (2, 4, 2, 3, 1), (1, 3, 1, 2, 3)]:
+        assert logits[1, k, r * 4 + i, c * 4 + j] == outputs[1, r, c, k, i, j]
+    with pytest.raises(ValueError, match=r"patch_size=2: a decode_head_pixels head .* runs only at that patch size"):
+        model(x, patch_size=2)
