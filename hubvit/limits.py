@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import HubViTError, OutputExistsError
 
-from .network import _env_float
+from .deadlines import _env_float
 
 logger = logging.getLogger(__name__)
 

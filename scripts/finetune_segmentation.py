@@ -35,7 +35,8 @@ def main(argv=None, prog="finetune_segmentation.py"):
 
     from hubvit.errors import HubViTError
     from hubvit.training.checks import worker_error_line
-    from hubvit.training.segmentation import parse_segmentation_args, train_segmentation
+    from hubvit.training.segmentation import train_segmentation
+    from hubvit.training.segmentation_arguments import parse_segmentation_args
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_segmentation_args(argv, prog)

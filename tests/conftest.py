@@ -66,19 +66,29 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-@pytest.fixture(autouse=True)
-def library_verbosity_restored():
-    """Scripts run in-process (the experiments' `main(argv)`) quiet transformers and datasets for their command
-    line; a later test in the same worker that reads transformers' log (its own ModelTesterMixin does) must see
-    the verbosity it started with."""
-    import sys
-
+@pytest.fixture(scope="session", autouse=True)
+def library_baseline():
+    """transformers' and datasets' verbosity and torch's thread count as the worker started, taken before any
+    module-scoped fixture runs (the experiments' `setup_quietly` in one changes all three)."""
+    import datasets
+    import torch
     import transformers
 
-    before = transformers.logging.get_verbosity()
-    datasets = sys.modules.get("datasets")
-    before_datasets = datasets.utils.logging.get_verbosity() if datasets else None
+    return transformers.logging.get_verbosity(), datasets.utils.logging.get_verbosity(), torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def library_verbosity_restored(library_baseline):
+    """Scripts run in-process (the experiments' `main(argv)`) quiet transformers and datasets for their command
+    line and pin torch's threads; a later test in the same worker that reads transformers' log (its own
+    ModelTesterMixin does) must see the verbosity the worker started with, and run on its threads."""
+    import datasets
+    import torch
+    import transformers
+
     yield
-    transformers.logging.set_verbosity(before)
-    if before_datasets is not None:
-        datasets.utils.logging.set_verbosity(before_datasets)
+    verbosity, datasets_verbosity, threads = library_baseline
+    transformers.logging.set_verbosity(verbosity)
+    datasets.utils.logging.set_verbosity(datasets_verbosity)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

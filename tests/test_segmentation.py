@@ -153,7 +153,8 @@ def test_a_classifiers_folder_gives_the_body_and_a_new_pixel_head(tmp_path):
     body does not fit its config is refused by name."""
     from hubvit import HubViTForImageClassification
     from hubvit.folder import write_folder
-    from hubvit.training.segmentation import SegmentationArguments, build_model
+    from hubvit.training.segmentation import build_model
+    from hubvit.training.segmentation_arguments import SegmentationArguments
     from utils import randomize_, tiny_config
 
     classifier = randomize_(HubViTForImageClassification(tiny_config(num_labels=10)), seed=3).eval()

