@@ -187,6 +187,15 @@ def test_verdicts_say_not_yet_decided_while_an_arm_has_fewer_than_five_seeds():
     assert "holds" in short[0]["verdict"] and "a 5" not in short[0]["verdict"]
 
 
+def test_an_arm_with_one_seed_states_no_interval_rather_than_an_infinite_one():
+    verdicts = [{"claim": "c", "measured": "m", "verdict": "the interval -inf to inf contains 3"}]
+    single = common.undecided(verdicts, {"a": {"seeds": [0]}, "b": {"seeds": [0, 1]}})
+    assert (
+        single[0]["verdict"]
+        == "not yet decided (seeds of 5 so far: a 1, b 2); an arm with one seed has no interval yet"
+    )
+
+
 @pytest.mark.heavy
 def test_campaign_runs_skips_finished_units_and_reports_from_the_records(tmp_path, capsys):
     argv = campaign_argv(tmp_path, "--only", "position_embeddings")

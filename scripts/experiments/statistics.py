@@ -51,10 +51,10 @@ def undecided(verdicts, runs, required=REQUIRED_SEEDS):
     if not short:
         return verdicts
     counts = ", ".join(f"{arm} {n}" for arm, n in short.items())
-    return [
-        dict(v, verdict=f"not yet decided (seeds of {required} so far: {counts}); the seeds so far: {v['verdict']}")
-        for v in verdicts
-    ]
+    head = f"not yet decided (seeds of {required} so far: {counts})"
+    if min(short.values()) < 2:
+        return [dict(v, verdict=f"{head}; an arm with one seed has no interval yet") for v in verdicts]
+    return [dict(v, verdict=f"{head}; the seeds so far: {v['verdict']}") for v in verdicts]
 
 
 def paired_difference(a, b, confidence=0.95):
