@@ -110,7 +110,13 @@ def read_manifest(path):
         raise ConversionError(f"{path}: a folder, not a manifest file (.yaml, .yml or .csv)")
     if not path.is_file():
         raise ConversionError(f"{path}: no such manifest")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConversionError(
+            f"{path}: byte {error.start} is not UTF-8 ({error.object[error.start : error.start + 1]!r}); save the "
+            "manifest as UTF-8"
+        ) from None
     if path.suffix.lower() == ".csv":
         rows = read_csv(text, str(path))
     elif path.suffix.lower() in (".yaml", ".yml"):

@@ -139,11 +139,26 @@ def test_a_missing_source_raises_a_value_error_naming_it(tmp_path):
         ),
         (lambda src, out: hubvit.convert_timm(src, out, patch_size="²"), "patch_size='²'; expected a positive int"),
         (lambda src, out: hubvit.convert_timm(src, out + "/" + "n" * 300), "is longer than 255 bytes"),
+        (
+            lambda src, out: hubvit.train(output_dir=out, recipe="deit", per_device_train_batch_size="32"),
+            "--per_device_train_batch_size '32': expected int, got str",
+        ),
+        (
+            lambda src, out: hubvit.train(output_dir=out, torch_compile="no_such_backend"),
+            "--torch_compile 'no_such_backend': expected a torch.compile backend, one of eager",
+        ),
     ],
 )
 def test_bad_keyword_values_raise_hubvit_errors_naming_them(tmp_path, call, message):
     with pytest.raises(hubvit.HubViTError, match=message.replace("(", r"\(").replace("|", r"\|")):
         call(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_recipe_refuses_a_world_size_that_is_not_a_count(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(hubvit.HubViTError, match="WORLD_SIZE='two': expected a whole number of processes"):
+        hubvit.train(output_dir=str(tmp_path / "out"), recipe="deit")
     assert not (tmp_path / "out").exists()
 
 

@@ -177,3 +177,10 @@ def test_a_bad_manifest_is_refused_before_anything_runs(tmp_path, capsys, text, 
     assert cli(["publish", str(tmp_path / "zoo.yaml")]) == 2
     err = capsys.readouterr().err
     assert re.search(message, err) and len(err.strip().splitlines()) == 1
+
+
+def test_a_manifest_that_is_not_utf8_is_refused_naming_the_byte(tmp_path, capsys):
+    (tmp_path / "zoo.yaml").write_bytes("- {source: caf\u00e9, converter: timm, repo_id: u/a}\n".encode("latin-1"))
+    assert cli(["publish", str(tmp_path / "zoo.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "byte 14 is not UTF-8" in err and "save the manifest as UTF-8" in err and len(err.splitlines()) == 1

@@ -332,7 +332,13 @@ def apply_named_recipe(args):
 
     explicit = set_by_caller(args)
     batch = args.per_device_train_batch_size or resolve_defaults(dataclasses.replace(args)).per_device_train_batch_size
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if not (world.isascii() and world.isdecimal() and int(world) >= 1):
+        raise UsageError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}: expected a whole number of processes >= 1 (as `accelerate "
+            f"launch` sets it) for --recipe {args.recipe}'s learning rate"
+        )
+    world = int(world)
     return apply_recipe(args, args.recipe, explicit, batch * world * args.gradient_accumulation_steps)
 
 

@@ -31,6 +31,10 @@ def expected_type(options, name):
 
 def check_types(args):
     """What argparse checks on a command line, checked for Python callers too: types, choices, required values."""
+    if isinstance(args.patch_sizes, (list, tuple)):  # Python callers may pass the sizes themselves
+        from .patch_sizes import parse_patch_sizes
+
+        args.patch_sizes = ",".join(map(str, parse_patch_sizes(args.patch_sizes)))
     if args.output_dir is None:
         raise UsageError("output_dir is required: the folder that gets model/, all_results.json and checkpoints/")
     if isinstance(args.output_dir, str) and not args.output_dir.strip():
@@ -58,11 +62,8 @@ def check_types(args):
 
 def check_args(args):
     """Refuse inconsistent options before anything is loaded."""
-    if isinstance(args.patch_sizes, (list, tuple)):  # Python callers may pass the sizes themselves
-        from .patch_sizes import parse_patch_sizes
-
-        args.patch_sizes = ",".join(map(str, parse_patch_sizes(args.patch_sizes)))
     check_types(args)
+    check_compile_backend(args.torch_compile)
     if args.validation_dir and not args.train_dir:
         raise UsageError("--validation_dir needs --train_dir")
     if args.dataset_name and args.train_dir:
@@ -150,6 +151,17 @@ AT_LEAST = {
     "image_size": 1,
     "shuffle_buffer": 0,
 }
+
+
+def check_compile_backend(backend):
+    """A `--torch_compile` backend Accelerate knows (it fails later, inside `Accelerator`, with an enum error)."""
+    if backend is None:
+        return
+    from accelerate.utils import DynamoBackend
+
+    known = [member.name.lower() for member in DynamoBackend if member.name != "NO"]
+    if str(backend).upper() not in DynamoBackend.__members__ or str(backend).upper() == "NO":
+        raise UsageError(f"--torch_compile {backend!r}: expected a torch.compile backend, one of {', '.join(known)}")
 
 
 def check_values(args):

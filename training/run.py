@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .arguments import Arguments, apply_named_recipe, resolve_defaults
-from .option_checks import check_args
+from .option_checks import check_args, check_types
 from .data import load_run_splits
 from .loop import fit_run, logger, make_accelerator
 from .patch_sizes import ACCURACY_FILE, write_accuracy
@@ -49,6 +49,7 @@ def train(*groups, command=None, **options):
     """
     started = time.time()
     args = Arguments.build(*groups, **options)
+    check_types(args)  # before a recipe computes with the values
     apply_named_recipe(args)
     resolve_defaults(args)
     check_args(args)
