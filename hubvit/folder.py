@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .card import CardInfo, render_card
 from .errors import ConversionError, HubViTError, OutputExistsError, listing
-from .limits import require_safetensors
+from .limits import check_folder_weights, require_safetensors
 from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel
 from .preprocessing import Preprocessing, processor_for
 
@@ -252,6 +252,7 @@ def load(src, *, classifier=None, what="SRC", **kwargs):
     from transformers import AutoConfig
 
     require_safetensors(src, what)
+    check_folder_weights(src)
     try:
         config = AutoConfig.from_pretrained(str(src))
     except (OSError, ValueError) as error:

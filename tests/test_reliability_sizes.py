@@ -164,3 +164,53 @@ def test_the_budget_refuses_a_billion_wide_layer_by_name():
 
     with pytest.raises(SizeError, match="hidden_size=1000000000"):
         check_config_sizes({"hidden_size": 10**9, "num_hidden_layers": 1})
+
+
+SPARSE_CHILD = """
+import json, resource, sys
+from pathlib import Path
+from hubvit.scripts.cli import main
+import timm  # imported before the limit, as the converters would
+argv_list = json.loads(sys.argv[1])
+for argv in argv_list:
+    used = next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmSize:"))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (used + 3 * 10**9, hard))
+    print("status", main(argv), flush=True)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+"""
+
+
+def sparse_safetensors(path, name, size=12 * 10**9):
+    """A safetensors file whose header declares one float32 tensor of `size` bytes; sparse, so no disk is used."""
+    header = json.dumps({name: {"dtype": "F32", "shape": [size // 4], "data_offsets": [0, size]}})
+    header = header.encode() + b" " * (-len(header) % 8)
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(header)) + header)
+        file.truncate(8 + len(header) + size)
+    return path
+
+
+def test_a_sparse_12_gb_safetensors_file_under_ulimit_v_is_refused_naming_the_limit(tmp_path):
+    """The machine has more memory available than the file declares, but `ulimit -v` leaves the process 3 GB:
+    safetensors' reader raised MemoryError ("Cannot allocate memory (os error 12)") in the converters and in a
+    folder load. Each route now refuses before reading, naming the file, the largest tensor's size and the limit."""
+    from test_reliability import run_python
+
+    weights = sparse_safetensors(tmp_path / "vit.safetensors", "patch_embed.weight")
+    folder = tiny_folder(tmp_path / "folder")
+    sparse_safetensors(folder / "model.safetensors", "hubvit.embeddings.patch_embedding.weight")
+    routes = [
+        ["convert", "pytorch", str(weights), str(tmp_path / "out1"), "--num-heads", "4"],
+        ["convert", "timm", str(weights), str(tmp_path / "out2"), "--architecture", "vit_tiny_patch16_224"],
+        ["export", "onnx", str(folder), str(tmp_path / "m.onnx")],
+    ]
+    run = run_python("-c", SPARSE_CHILD, json.dumps(routes))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["status", "2"] * 3, run.stdout + run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if ": error: " in line]
+    assert len(lines) == 3 and "Traceback" not in run.stderr and "MemoryError" not in run.stderr, run.stderr[-3000:]
+    for line, path in zip(lines, [weights, weights, folder / "model.safetensors"]):
+        assert str(path) in line and "12.0 GB" in line and "ulimit -v" in line, line
+    assert "'patch_embed.weight', 12.0 GB" in lines[0]
+    assert not any((tmp_path / name).exists() for name in ("out1", "out2", "m.onnx"))
