@@ -10,12 +10,13 @@ and exit status 2; anything else is a bug in hubvit, and its traceback is worth 
 import argparse
 import dataclasses
 import difflib
+import importlib
 import json
 import logging
 import sys
 import typing
 
-from ..commands import GROUPS, TABLE, TRAIN
+from ..commands import GROUPS, TABLE, TRAINERS
 from ..errors import HubViTError
 from ..network import NetworkError
 
@@ -94,7 +95,8 @@ def build_parser():
         add_options(sub, options_class)
         add_extras(sub, command)
         sub.set_defaults(entry=command, parser=sub)
-    commands.add_parser(TRAIN.words[0], add_help=False, help=TRAIN.help)
+    for trainer in TRAINERS:
+        commands.add_parser(trainer.words[0], add_help=False, help=trainer.help)
     return parser
 
 
@@ -233,10 +235,10 @@ def run_command(args):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == list(TRAIN.words):  # its own HfArgumentParser: the options of scripts/finetune.py
-        from ..scripts import finetune
-
-        return finetune.main(argv[1:], prog="hubvit train")
+    for trainer in TRAINERS:  # each its own HfArgumentParser: the options of its script
+        if argv[:1] == list(trainer.words):
+            script = importlib.import_module(f"..scripts.{trainer.script}", __package__)
+            return script.main(argv[1:], prog=f"hubvit {trainer.name}")
     args = parse(build_parser(), argv)
     from safetensors import SafetensorError
 

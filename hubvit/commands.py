@@ -19,7 +19,8 @@ class Command:
     """One command: its words on the command line, the module holding `Options` and `run`, and its one-line help.
 
     `record`: the name of the record type `run` returns (importable from `hubvit` too). `options` and `run` name
-    other attributes where one module holds several commands."""
+    other attributes where one module holds several commands. `script`: for a trainer, the runnable script in
+    `scripts/` whose `HfArgumentParser` dataclasses are its options."""
 
     words: tuple
     module: str
@@ -27,6 +28,7 @@ class Command:
     record: str
     options: str = "Options"
     run: str = "run"
+    script: str = ""
 
     @property
     def name(self) -> str:
@@ -142,10 +144,25 @@ TABLE = (
 )
 
 TRAIN = Command(
-    ("train",), "hubvit.training", "fine-tune or train a classifier (`hubvit train --help`)", "TrainingResult"
+    ("train",),
+    "hubvit.training",
+    "fine-tune or train a classifier (`hubvit train --help`)",
+    "TrainingResult",
+    run="train",
+    script="finetune",
 )
-"""`train` keeps the options of `scripts/finetune.py` (transformers' `HfArgumentParser` over four groups), so its
-function is `hubvit.training.train` itself and its command line that parser."""
+SEGMENT = Command(
+    ("train-segmentation",),
+    "hubvit.training.segmentation",
+    "fine-tune or train a semantic segmentation model (`hubvit train-segmentation --help`)",
+    "TrainingResult",
+    run="train_segmentation",
+    script="finetune_segmentation",
+)
+TRAINERS = (TRAIN, SEGMENT)
+"""The trainers keep the options of their script (`scripts/finetune.py`, `scripts/finetune_segmentation.py`:
+transformers' `HfArgumentParser` over dataclass groups), so each one's function is the library's own
+(`hubvit.training.train`, `hubvit.training.segmentation.train_segmentation`) and its command line that parser."""
 
 BY_FUNCTION = {command.function: command for command in TABLE}
 CONVERTERS = {command.words[1]: command for command in TABLE if command.words[0] == "convert"}
@@ -154,8 +171,8 @@ CONVERTERS = {command.words[1]: command for command in TABLE if command.words[0]
 def lazy_names():
     """Every name `hubvit` imports on first use -> the module it comes from (command functions and records)."""
     names = {command.function: None for command in TABLE}
-    names.update({command.record: command.module for command in (*TABLE, TRAIN)})
-    names[TRAIN.function] = TRAIN.module
+    names.update({command.record: command.module for command in (*TABLE, *TRAINERS)})
+    names.update({command.run: command.module for command in TRAINERS})
     return names
 
 

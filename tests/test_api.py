@@ -4,6 +4,7 @@ Tolerance: 1e-5 relative to the output scale for float32 parity with timm (the s
 """
 
 import dataclasses
+import importlib
 import inspect
 import json
 import logging
@@ -15,7 +16,7 @@ import torch
 
 import hubvit
 from hubvit.cli import build_parser, main
-from hubvit.commands import CONVERTERS, TABLE
+from hubvit.commands import CONVERTERS, TABLE, TRAINERS
 from hubvit.conversion.publish import keyword_arguments
 
 TINY_TIMM = dict(depth=2, embed_dim=48, num_heads=4, img_size=32, patch_size=8, num_classes=5)
@@ -273,3 +274,17 @@ def test_a_mistyped_flag_gets_the_subcommands_usage_and_a_suggestion(capsys):
 def test_every_option_takes_both_spellings(tmp_path, spelling):
     assert main(["analyze", "position-similarity", "s/16", "--image-size", "32", spelling, str(tmp_path)]) == 0
     assert (tmp_path / "position_similarity.png").is_file()
+
+
+@pytest.mark.parametrize("trainer", TRAINERS, ids=lambda trainer: trainer.name)
+def test_each_trainer_is_a_command_and_its_librarys_function(trainer, tmp_path, capsys):
+    """`hubvit train` and `hubvit train-segmentation` parse their script's flags and refuse a bad value in one line
+    with status 2; `hubvit.train` / `hubvit.train_segmentation` are the library functions themselves."""
+    assert getattr(hubvit, trainer.run) is getattr(importlib.import_module(trainer.module), trainer.run)
+    argv = [trainer.name, "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "0"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"hubvit {trainer.name}: error: --per_device_train_batch_size") and len(err) == 1
+    assert not (tmp_path / "out").exists()
