@@ -5,11 +5,14 @@ and a 2-layer model; what is checked is exit status 2 with one `finetune.py: err
 where something could be lost, that it is still there.
 """
 
+import errno
 import json
+import os
 import re
 import shutil
 
 import datasets
+import pytest
 from hubvit.folder import write_folder
 from test_reliability import TINY, checkpoint_run, data_flags, finetune, finetune_data  # noqa: F401  (fixtures)
 from utils import tiny_config
@@ -316,3 +319,85 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_check
     line = one_error(run.stderr)
     assert "cannot write the checkpoint checkpoint_1" in line and "File too large" in line
     assert not list((out / "checkpoints").glob("*")) if (out / "checkpoints").exists() else True
+
+
+def failing_save(monkeypatch, error, folder="checkpoint_2"):
+    """torch.save writes part of a file of `folder`, then fails with `error` (what a disk filling up mid-save does);
+    files of other checkpoints are written as usual."""
+    import torch
+
+    real = torch.save
+
+    def save(obj, file, *args, **kwargs):
+        if folder in str(file):
+            with open(file, "wb") as handle:
+                handle.write(b"PK\x03\x04" + b"\0" * 60)
+            raise error
+        return real(obj, file, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+def checkpointing_run(data, out, capsys, *flags):
+    return finetune(
+        [
+            *data_flags(data),
+            *TINY,
+            *("--max_train_steps", "2", "--checkpointing_steps", "1", "--output_dir", out),
+            *flags,
+        ],
+        capsys,
+    )
+
+
+@pytest.mark.parametrize(
+    "error, reason",
+    [
+        (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), "No space left on device"),
+        (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"), "unexpected pos"),
+    ],
+    ids=["ENOSPC", "torch-unexpected-pos"],
+)
+def test_a_full_disk_midway_through_a_checkpoint_names_it_and_keeps_the_last_complete_one(
+    tmp_path,
+    capsys,
+    monkeypatch,
+    finetune_data,  # noqa: F811
+    error,
+    reason,
+):
+    """The second checkpoint's optimizer file fails after its model file is written: one line naming checkpoint_2
+    (torch's own "unexpected pos" used to end in its serialization traceback), the incomplete folder removed, and
+    checkpoint_1 still what `--resume_from_checkpoint latest` picks."""
+    from hubvit.training.checkpoints import resolve_checkpoint
+
+    failing_save(monkeypatch, error)
+    out = tmp_path / "out"
+    status, err = checkpointing_run(finetune_data, out, capsys)
+    line = one_error(err)
+    assert status == 2 and "cannot write the checkpoint checkpoint_2" in line and reason in line, line
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint_1"]
+    assert resolve_checkpoint("latest", out) == out / "checkpoints" / "checkpoint_1"
+
+
+def test_a_checkpoint_interrupted_midway_is_never_resumed_and_is_replaced(
+    tmp_path,
+    capsys,
+    monkeypatch,
+    finetune_data,  # noqa: F811
+):
+    """Ctrl-C (or a kill) inside the save leaves checkpoint_2 half written, its model file there and no trainer
+    state: `latest` resumes checkpoint_1, and the resumed run writes a complete checkpoint_2 in its place."""
+    from hubvit.training.checkpoints import STATE_FILE, resolve_checkpoint
+
+    out = tmp_path / "out"
+    failing_save(monkeypatch, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        checkpointing_run(finetune_data, out, capsys)
+    partial = out / "checkpoints" / "checkpoint_2"
+    assert partial.is_dir() and any(partial.iterdir()) and not (partial / STATE_FILE).exists()
+    assert resolve_checkpoint("latest", out) == out / "checkpoints" / "checkpoint_1"
+    monkeypatch.undo()
+    status, err = checkpointing_run(finetune_data, out, capsys, "--resume_from_checkpoint", "latest")
+    assert status in (0, None), err[-3000:]
+    assert json.loads((partial / STATE_FILE).read_text())["global_step"] == 2

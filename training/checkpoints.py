@@ -89,11 +89,11 @@ def save_checkpoint(accelerator, state, loader=None, ema=None):
     with writing_checkpoint(final):
         accelerator.save_state()
         save_extra_state(accelerator, final, loader, ema)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        staging = final / f".{STATE_FILE}.tmp"
-        staging.write_text(json.dumps(state, indent=2))
-        os.replace(staging, final / STATE_FILE)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            staging = final / f".{STATE_FILE}.tmp"
+            staging.write_text(json.dumps(state, indent=2))
+            os.replace(staging, final / STATE_FILE)
     accelerator.wait_for_everyone()
     return final
 

@@ -169,24 +169,45 @@ def check_resume(global_step, max_steps, path):
         )
 
 
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+# What torch's zip writer raises when a write fails midway: it finds its position short of what it wrote
+# ("unexpected pos 704 vs 598") or its stream in a failed state; neither carries the errno (measured on /dev/full).
+TORCH_WRITE_FAILURES = ("unexpected pos", "iostream error", "file write failed", "failed writing")
+
+
+def write_failure(error):
+    """Why writing a checkpoint failed, in words, when `error` is a failed write (ENOSPC, EFBIG, EDQUOT; torch and
+    safetensors wrap them in their own errors); None for any other error."""
+    text = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+    code = getattr(error, "errno", None)
+    match = re.search(r"os error (\d+)|code: (\d+)", text)
+    code = code or (int(match[1] or match[2]) if match else None)
+    if code in DISK_FULL:
+        return os.strerror(code)
+    if any(marker in text.lower() for marker in TORCH_WRITE_FAILURES) or "write" in text.lower():
+        return f"torch could not write a file of it ({text})"
+    return None
+
+
 @contextmanager
 def writing_checkpoint(staging):
-    """A write that fails for lack of space (ENOSPC, EFBIG; torch and safetensors wrap them) becomes one line; the
-    half-written checkpoint folder (`staging`, which has no trainer state yet) is removed, so none is left."""
+    """A write that fails for lack of space becomes one line naming the checkpoint and the free space; the
+    half-written checkpoint folder (`staging`, which has no trainer state yet) is removed, so none is left. A kill
+    or Ctrl-C leaves it, without its trainer state, so it is never resumed (`checkpoints.list_checkpoints`)."""
     try:
         yield
     except Exception as error:  # torch raises RuntimeError, safetensors its own SafetensorError
-        text = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
-        code = getattr(error, "errno", None)
-        match = re.search(r"os error (\d+)", text)
-        code = code or (int(match[1]) if match else None)
-        if not (code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "write" in text.lower()):
+        reason = write_failure(error)
+        if reason is None:
             raise
         shutil.rmtree(staging, ignore_errors=True)
-        reason = os.strerror(code) if code else text
+        try:
+            free = f"; {shutil.disk_usage(Path(staging).parent).free / 1e6:.0f} MB free there"
+        except OSError:
+            free = ""
         raise TrainingInputError(
-            f"cannot write the checkpoint {Path(staging).name} in "
-            f"{Path(staging).parent}: {reason} (disk full?); no partial checkpoint was left"
+            f"cannot write the checkpoint {Path(staging).name} in {Path(staging).parent}: {reason} (disk "
+            f"full?{free}); the incomplete {Path(staging).name} was removed, no partial checkpoint is left"
         ) from None
 
 
