@@ -55,6 +55,16 @@ def stripe_score(similarity):
     return float(torch.stack(gaps).mean()) if gaps else None
 
 
+def distance_only_table(grid, width=8.0):
+    """(N, N) a reference table whose cosine similarities depend on patch distance only: the Cholesky factor of a
+    Gaussian kernel of the distance (`width`: twice its variance in patches squared). Its stripe score is the zero
+    a trained table's stripes are measured against."""
+    ys, xs = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    points = torch.stack([ys.reshape(-1), xs.reshape(-1)], -1).double()
+    kernel = torch.exp(-torch.cdist(points, points).square() / width)
+    return torch.linalg.cholesky(kernel + 1e-6 * torch.eye(len(points), dtype=torch.float64))
+
+
 def relative_bias_tables(model, layer=0, grid=None):
     """(heads, 2gh - 1, 2gw - 1) biases over (dy, dx) of one block, resized to `grid` as the model does."""
     model = body(model)

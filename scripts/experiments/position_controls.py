@@ -112,3 +112,10 @@ def accuracy_figure(results, types):
     fig.suptitle("Position embedding types: mean ± std over seeds (dots: seeds)")
     fig.tight_layout()
     return fig
+
+
+def distance_only_stripe(grid=(7, 7)):
+    """The stripe score of a table that depends on distance only, on the experiment's grid: the reference zero."""
+    from hubvit.analysis import position
+
+    return position.stripe_score(position.cosine_similarity_grid(position.distance_only_table(grid), grid))

@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # run as a file from a source checkout
 from hubvit.scripts.experiments import common  # noqa: E402
 from hubvit.scripts.experiments.position_controls import (  # noqa: E402
     accuracy_figure,
+    distance_only_stripe,
     quadrant_verdict,
     CANVAS,
     QUADRANTS,
@@ -378,6 +379,7 @@ def summarise(runs):
                 for k in STRIPE_TYPES[1:]
                 if None not in runs[k]["stripe_score"] and runs[k]["stripe_score"]
             )
+            + f"; a table that depends on distance only: {distance_only_stripe():.1e} (the reference zero)"
         )
         stripe_verdict = (
             "holds: rows and columns stand out (interval above 0)"
