@@ -293,9 +293,17 @@ def _pair(value):
     return int(value), int(value)
 
 
-def check_config_sizes(config, where="config.json", image_size=None):
-    """Refuse a config whose model (or one image's attention at `image_size`) cannot fit this machine, naming
-    the field, before anything is built."""
+def estimated_training_bytes(hidden_size, num_layers, intermediate_size, tokens, batch_size):
+    """What a training step adds to `estimated_model_bytes`, a lower bound: gradients and two Adam moments of the
+    float32 parameters, and per image each layer's product inputs kept for the backward pass (no attention matrix:
+    SDPA keeps none; measured 2.4x this bound at 4096 tokens)."""
+    params = num_layers * (4 * hidden_size * hidden_size + 2 * hidden_size * intermediate_size)
+    return 4 * (3 * params + batch_size * num_layers * tokens * (4 * hidden_size + intermediate_size))
+
+
+def check_config_sizes(config, where="config.json", image_size=None, batch_size=None):
+    """Refuse a config whose model (or one image's attention at `image_size`, or with `batch_size` a training step
+    on that many images) cannot fit this machine, naming the field, before anything is built."""
     fields = {}
     for name in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_channels"):
         value = _int_field(config, name)
@@ -318,20 +326,22 @@ def check_config_sizes(config, where="config.json", image_size=None):
             f"{MAX_TOKENS} (attention grows with their square); expected a smaller image_size"
         )
     hidden = fields.get("hidden_size", 768)
-    nbytes = estimated_model_bytes(
-        hidden,
-        fields.get("num_hidden_layers", 12),
-        fields.get("intermediate_size", 4 * hidden),
-        tokens,
-        fields.get("num_attention_heads", 12),
-    )
-    budget = int(_env_float("HUBVIT_MAX_MODEL_BYTES", 0)) or memory_budget()
+    sizes = (hidden, fields.get("num_hidden_layers", 12), fields.get("intermediate_size", 4 * hidden))
+    nbytes = estimated_model_bytes(*sizes, tokens, fields.get("num_attention_heads", 12))
+    if batch_size:
+        nbytes += estimated_training_bytes(*sizes, tokens, batch_size)
+    budget, source = (int(_env_float("HUBVIT_MAX_MODEL_BYTES", 0)), "HUBVIT_MAX_MODEL_BYTES")
+    budget, source = (budget, source) if budget else memory_budget(with_source=True)
     if nbytes > budget:
         largest = max(("hidden_size", "intermediate_size", "num_hidden_layers"), key=lambda n: fields.get(n, 0))
+        step = f" (a training step on {batch_size} images)" if batch_size else ""
+        weights = estimated_model_bytes(*sizes, 0, 0) * (4 if batch_size else 1)
+        hint = f"check {largest}" if weights * 2 > nbytes else "expected a smaller image_size"
         raise SizeError(
-            f"{where}: hidden_size={hidden}, intermediate_size={fields.get('intermediate_size', 4 * hidden)}, "
-            f"num_hidden_layers={fields.get('num_hidden_layers', 12)}, {tokens} tokens need at least "
-            f"{_human(nbytes)}, more than the {_human(budget)} available; check {largest}"
+            f"{where}: hidden_size={hidden}, intermediate_size={sizes[2]}, num_hidden_layers={sizes[1]}, "
+            f"{tokens} tokens at image_size {height}x{width} need at least {_human(nbytes)}{step}, more than the "
+            f"{_human(budget)} available ({source}); {hint}"
+            + (" or batch size" if batch_size and "image" in hint else "")
         )
 
 

@@ -15,7 +15,7 @@ def available_memory():
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                found.append((int(line.split()[1]) * 1024, "memory available (MemAvailable)"))
+                found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
     except (OSError, ValueError, IndexError):
         pass
     if not found:

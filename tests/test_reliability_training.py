@@ -401,3 +401,31 @@ def test_a_checkpoint_interrupted_midway_is_never_resumed_and_is_replaced(
     status, err = checkpointing_run(finetune_data, out, capsys, "--resume_from_checkpoint", "latest")
     assert status in (0, None), err[-3000:]
     assert json.loads((partial / STATE_FILE).read_text())["global_step"] == 2
+
+
+def test_the_segmentation_script_refuses_an_image_size_whose_model_cannot_fit(tmp_path, capsys):
+    """It built the model first: a 156-million-row position table, "DefaultCPUAllocator: can't allocate memory"."""
+    from scripts.finetune_segmentation import main
+
+    for flags, expected in (
+        (["--image_size", "100000"], "--image_size 100000x100000 gives 156250000 patches of 8"),
+        (["--config_overrides", "image_size=100000"], "image_size 100000x100000 with patch_size 8x8 gives"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*flags, "--output_dir", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("finetune_segmentation.py: error:")]
+        assert exit_info.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        assert expected in lines[0], lines[0]
+    assert not (tmp_path / "out" / "model").exists()
+
+
+def test_an_image_size_whose_training_step_cannot_fit_is_refused(tmp_path, capsys, monkeypatch, finetune_data):  # noqa: F811
+    """980 px at patch 7 passes the one-image check (19,601 tokens, 6 GB of attention scores), but a step on 64
+    images keeps every layer's inputs for the backward pass: refused before the model is built, saying so."""
+    monkeypatch.setenv("HUBVIT_MAX_MODEL_BYTES", str(8 * 10**9))
+    argv = [*data_flags(finetune_data), "--image_size", "980", "--max_train_steps", "1"]
+    status, err = finetune([*argv, "--per_device_train_batch_size", "64", "--output_dir", tmp_path / "out"], capsys)
+    line = one_error(err)
+    assert status == 2 and "19601 tokens at image_size 980x980" in line and "a training step on 64 images" in line
+    assert "expected a smaller image_size or batch size" in line and "HUBVIT_MAX_MODEL_BYTES" in line

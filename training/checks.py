@@ -130,17 +130,24 @@ def check_source_model(path, num_channels=None):
         )
 
 
-def check_config(config, image_size=None, flag="--image_size"):
+def check_config(config, image_size=None, flag="--image_size", batch_size=None):
     """A model config fine-tuning can build and feed: RGB, and a size whose attention fits."""
     if getattr(config, "num_channels", 3) != 3:
         raise TrainingInputError(f"num_channels={config.num_channels}, but fine-tuning feeds RGB images; expected 3")
-    if image_size is not None:
-        patch = config.patch_size_2d[0] if hasattr(config, "patch_size_2d") else 16
-        try:
+    check_sizes(config, image_size, flag, batch_size)
+
+
+def check_sizes(config, image_size=None, flag="--image_size", batch_size=None):
+    """The model at `image_size` (else its config's) fits this machine, and with `batch_size` a training step on that
+    many images does (`hubvit.limits.check_config_sizes`, as `hubvit analyze` checks); before anything is allocated."""
+    patch = config.patch_size_2d[0] if hasattr(config, "patch_size_2d") else 16
+    where = flag if image_size else "the model's image_size"
+    try:
+        if image_size:
             check_image_size(image_size, image_size, flag, patch)
-            check_config_sizes(config, flag, image_size)
-        except SizeError as error:
-            raise TrainingInputError(str(error)) from None
+        check_config_sizes(config, where, image_size or None, batch_size)
+    except SizeError as error:
+        raise TrainingInputError(str(error)) from None
 
 
 def check_model_folder(output_dir, model_name_or_path=None):

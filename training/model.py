@@ -45,8 +45,8 @@ def build_start_model(args, label_names, config_fields=None):
             config.validate_architecture()
     except (ValueError, TypeError) as error:
         raise UsageError(f"bad --config_overrides {args.config_overrides!r} or fields {config_fields!r}: {error}")
+    checks.check_config(config, args.image_size, batch_size=args.per_device_train_batch_size)
     check_image_size(args.image_size, config)
-    checks.check_config(config, args.image_size)
     if args.image_size:
         config.image_size = args.image_size
     return HubViTForImageClassification(config), Preprocessing()
@@ -64,9 +64,9 @@ def load_checkpoint_model(args, id2label, label2id):
             f"--model_name_or_path {args.model_name_or_path!r} is a {config.model_type!r} "
             "checkpoint; convert it first (`hubvit convert ...`)"
         )
-    check_image_size(args.image_size, config)
     checks.check_source_model(args.model_name_or_path, config.num_channels)
-    checks.check_config(config, args.image_size)
+    checks.check_config(config, args.image_size, batch_size=args.per_device_train_batch_size)
+    check_image_size(args.image_size, config)
     model = load_pretrained(args.model_name_or_path, config, id2label, label2id)
     if args.image_size:
         model.resize_position_embeddings(args.image_size)
@@ -130,11 +130,13 @@ def load_pretrained(path, config, id2label, label2id):
 
 
 def check_image_size(image_size, config):
-    if image_size is None:
-        return
-    ph, pw = config.patch_size_2d
-    if image_size <= 0 or image_size % ph or image_size % pw:
-        raise UsageError(f"--image_size {image_size} is not divisible by the patch size {config.patch_size!r}")
+    """--image_size (or the config's own) divisible by the patch size, and few enough tokens for the model to fit
+    (`checks.check_sizes`), before the model and its position table are allocated."""
+    if image_size is not None:
+        ph, pw = config.patch_size_2d
+        if image_size <= 0 or image_size % ph or image_size % pw:
+            raise UsageError(f"--image_size {image_size} is not divisible by the patch size {config.patch_size!r}")
+    checks.check_sizes(config, image_size)
 
 
 def layer_id(name, depth):
