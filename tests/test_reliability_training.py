@@ -429,3 +429,17 @@ def test_an_image_size_whose_training_step_cannot_fit_is_refused(tmp_path, capsy
     line = one_error(err)
     assert status == 2 and "19601 tokens at image_size 980x980" in line and "a training step on 64 images" in line
     assert "expected a smaller image_size or batch size" in line and "HUBVIT_MAX_MODEL_BYTES" in line
+
+
+def test_a_dataset_folder_holding_a_loading_script_is_one_line(tmp_path, capsys, monkeypatch):
+    """datasets 4+ raised "RuntimeError: Dataset scripts are no longer supported, but found digits.py" from deep in
+    load_dataset; map-style and streaming runs now say what to give instead."""
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    (folder / "digits.py").write_text("import datasets\n\nclass Digits(datasets.GeneratorBasedBuilder):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--streaming"]):
+        status, err = run(tmp_path, capsys, "--dataset_name", "./digits", *extra)
+        line = one_error(err)
+        assert status == 2 and "digits/digits.py is a datasets loading script" in line, line
+        assert "does not run loading scripts" in line and "save_to_disk" in line and "parquet" in line

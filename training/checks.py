@@ -78,6 +78,46 @@ def load_saved_dataset(path):
         ) from None
 
 
+SCRIPTS_REFUSED = "Dataset scripts are no longer supported"
+
+
+def dataset_script(name):
+    """The datasets loading script `name` is or holds (a `.py` file, or a folder holding `<folder name>.py`, the
+    name as given, as datasets looks for it)."""
+    path = Path(str(name))
+    if path.suffix == ".py" and path.is_file():
+        return path
+    parts = [part for part in str(name).replace(os.sep, "/").split("/") if part]
+    script = path / f"{parts[-1]}.py" if parts else None
+    return script if script is not None and path.is_dir() and script.is_file() else None
+
+
+def script_refused(name, script):
+    import datasets
+
+    return TrainingInputError(
+        f"--dataset_name {name}: {script} is a datasets loading script, and the installed datasets "
+        f"{datasets.__version__} does not run loading scripts. Give instead a folder of data files (parquet "
+        "files, or images in one folder per class), the folder `Dataset.save_to_disk` wrote, or --train_dir"
+    )
+
+
+def load_dataset(name, *args, **kwargs):
+    """`datasets.load_dataset(name, ...)`, a loading script (local, or in a Hub repo) refused in one line: datasets
+    raises RuntimeError for it."""
+    import datasets
+
+    script = dataset_script(name)
+    if script is not None:
+        raise script_refused(name, script)
+    try:
+        return datasets.load_dataset(name, *args, **kwargs)
+    except RuntimeError as error:
+        if SCRIPTS_REFUSED not in str(error):
+            raise
+        raise script_refused(name, str(error).rpartition("found ")[2] or "it") from None
+
+
 def check_split(dataset, label_column, name="train"):
     """A non-empty split whose labels are all class ids (datasets uses -1 for 'no label')."""
     if len(dataset) == 0:

@@ -74,7 +74,7 @@ def load_raw(args):
     if saved.is_dir() and ((saved / "dataset_dict.json").exists() or (saved / "state.json").exists()):
         raw = checks.load_saved_dataset(saved)
     else:
-        raw = datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        raw = checks.load_dataset(args.dataset_name, args.dataset_config_name)
     if isinstance(raw, datasets.Dataset):
         raw = datasets.DatasetDict({"train": raw})
     source = f"dataset {args.dataset_name}" + (f" ({args.dataset_config_name})" if args.dataset_config_name else "")

@@ -35,6 +35,7 @@ import datasets
 import numpy as np
 import torch
 
+from .checks import dataset_script, load_dataset, script_refused
 from .shard_survey import (
     StreamingError,
     broken_shard,
@@ -56,8 +57,10 @@ def open_stream(
     `datasets.load_dataset` takes. Its label column is a `ClassLabel` (webdataset labels get their names from
     `classes.txt` beside the shards) and its images stay undecoded (`StreamingImages` decodes them)."""
     folder = Path(source)
+    if dataset_script(source) is not None:
+        raise script_refused(source, dataset_script(source))
     if not folder.is_dir():
-        stream = datasets.load_dataset(source, config_name, split=split, streaming=True)
+        stream = load_dataset(source, config_name, split=split, streaming=True)
     else:
         builder, files = shard_files(folder, split)
         names = None
@@ -357,7 +360,7 @@ def streaming_splits(args: Any):
         if folder.is_dir():
             builder, files = shard_files(folder, "validation")
         else:
-            evaluation = datasets.load_dataset(source, args.dataset_config_name, split="validation")
+            evaluation = load_dataset(source, args.dataset_config_name, split="validation")
     except ValueError as error:
         raise StreamingError(f"--streaming needs a validation split in {source!r} ({error})") from None
     if folder.is_dir():
