@@ -2,8 +2,49 @@
 
 This file travels to the Hub next to every checkpoint: no I/O, no imports of
 hubvit itself. Field names follow transformers' `ViTConfig` where it has one.
+
+Every field is declared once, as a typed class annotation with its default
+(`hidden_size: int = 768`), and nothing else repeats a name or a default. What
+each transformers release does with the declarations (measured, 4.46.3, 4.57.6,
+5.0.0, 5.10.4, 5.24.0, 5.25.0):
+
+- 5.10 and later: `PreTrainedConfig` is a dataclass whose `__init_subclass__`
+  turns `HubViTConfig` into one too (`dataclasses.fields` lists the fields with
+  their types) and, as the class defines no `__init__`, gives it transformers'
+  keyword-only `__init__`: declared fields are set from the arguments or their
+  defaults, every other argument (`num_labels`, `out_indices`, `auto_map`, ...)
+  goes to `__post_init__`.
+- 4.46 to 5.0: `PretrainedConfig` is a plain class and reads no annotations;
+  `HubViTConfig` defines that same keyword-only `__init__` itself, reading the
+  names and defaults from the annotations (and giving `inspect.signature` the
+  typed parameters 5.10+ shows), and calls the same `__post_init__`.
+
+Keyword arguments only, on every release (positional ones are refused with the
+`ValueError` 5.10+ raises). `out_features=` / `out_indices=` are properties, so
+their stored fields are `_out_features` / `_out_indices`, as transformers'
+`Dinov2Config` declares them.
+
+`__post_init__` finishes the base class's setup (on 5.10+ its `__post_init__`
+and its `validate()`, as the earlier `__init__` did through it; before, its
+`__init__`), then `validate_architecture` checks every field's value against
+its annotation, a `ValueError` naming field, value and expected type
+(`hidden_size='768' has type str; expected int`), then the combinations, then
+the backbone stages are set. The class is not decorated with transformers'
+`@strict`: it exists on 5.10+ only, and its errors are huggingface_hub's
+`StrictDataclassFieldValidationError`, no `ValueError` (which hubvit's callers
+catch); hubvit's check gives the same error on every release.
+
+`save_pretrained` writes every field on every release, exactly the config.json
+the earlier `__init__` wrote (compared key by key on each release above): every
+release leaves out only keys that the bare base config also has at the same
+value (5.24+ also compares them with `default_config_fields`), and no hubvit
+field is such a key. A folder saved on 5.25 loads with the same values on 4.46.
 """
 
+import dataclasses
+import inspect
+import types
+import typing
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig
@@ -54,6 +95,44 @@ def to_2tuple(value, name):
     if min(pair) <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
     return pair
+
+
+# transformers 5.10 and later make every config class a dataclass (see the module's docstring); before, a plain class.
+DATACLASS_CONFIGS = dataclasses.is_dataclass(PretrainedConfig)
+
+
+def type_name(expected):
+    """An annotation as it is written: `int`, `float | None`, `int | list[int] | tuple[int, int]`."""
+    return expected.__name__ if isinstance(expected, type) and typing.get_origin(expected) is None else str(expected)
+
+
+def matches(value, expected):
+    """Whether `value` has the annotated type. `bool` is no `int` here, and a `float` field takes an `int` (PEP 484's
+    numeric tower: `layer_norm_eps=1`, or a `0` written by hand in config.json) but no `bool`."""
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (typing.Union, types.UnionType):
+        return any(matches(value, option) for option in args)
+    if origin is list:
+        return isinstance(value, list) and all(matches(item, args[0]) for item in value)
+    if origin is tuple:
+        return isinstance(value, tuple) and len(value) == len(args) and all(map(matches, value, args))
+    if expected is type(None):
+        return value is None
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected in (bool, str):
+        return isinstance(value, expected)
+    raise TypeError(f"no check for the annotation {expected!r}")  # a field declared with a type not handled above
+
+
+def check_types(config, annotations):
+    """Refuse the first field whose value does not have its annotated type, naming field, value and type."""
+    for name, expected in annotations.items():
+        value = getattr(config, name)
+        if not matches(value, expected):
+            raise ValueError(f"{name}={value!r} has type {type(value).__name__}; expected {type_name(expected)}")
 
 
 class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
@@ -107,78 +186,64 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
 
     model_type = "hubvit"
 
-    def __init__(
-        self,
-        image_size=224,
-        patch_size=16,
-        num_channels=3,
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        hidden_act="gelu",
-        layer_norm_eps=1e-6,
-        final_layer_norm_eps=None,
-        qkv_bias=True,
-        patch_bias=True,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        drop_path_rate=0.0,
-        layer_scale_init_value=None,
-        pre_norm=False,
-        class_token=True,
-        num_register_tokens=0,
-        distillation_token=False,
-        distillation_head=True,
-        position_embedding_type="learned",
-        position_embedding_includes_prefix=True,
-        interpolation_mode="bicubic",
-        interpolation_antialias=True,
-        interpolation_align_corners=False,
-        pooling="cls",
-        fc_norm=False,
-        representation_size=None,
-        dynamic_img_pad=False,
-        initializer_range=0.02,
-        out_features=None,
-        out_indices=None,
-        apply_layernorm=True,
-        reshape_hidden_states=True,
-        **kwargs,
-    ):
-        self.image_size = list(to_2tuple(image_size, "image_size")) if not isinstance(image_size, int) else image_size
-        self.patch_size = list(to_2tuple(patch_size, "patch_size")) if not isinstance(patch_size, int) else patch_size
-        self.num_channels = num_channels
-        self.hidden_size = hidden_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.intermediate_size = intermediate_size
-        self.hidden_act = hidden_act
-        self.layer_norm_eps = layer_norm_eps
-        self.final_layer_norm_eps = final_layer_norm_eps
-        self.qkv_bias = qkv_bias
-        self.patch_bias = patch_bias
-        self.hidden_dropout_prob = hidden_dropout_prob
-        self.attention_probs_dropout_prob = attention_probs_dropout_prob
-        self.drop_path_rate = drop_path_rate
-        self.layer_scale_init_value = layer_scale_init_value
-        self.pre_norm = pre_norm
-        self.class_token = class_token
-        self.num_register_tokens = num_register_tokens
-        self.distillation_token = distillation_token
-        self.distillation_head = distillation_head
-        self.position_embedding_type = position_embedding_type
-        self.position_embedding_includes_prefix = position_embedding_includes_prefix
-        self.interpolation_mode = interpolation_mode
-        self.interpolation_antialias = interpolation_antialias
-        self.interpolation_align_corners = interpolation_align_corners
-        self.pooling = pooling
-        self.fc_norm = fc_norm
-        self.representation_size = representation_size
-        self.dynamic_img_pad = dynamic_img_pad
-        self.initializer_range = initializer_range
-        self.apply_layernorm = apply_layernorm
-        self.reshape_hidden_states = reshape_hidden_states
+    # The fields: name, type and default, declared here only (the docstring above says what each is for).
+    image_size: int | list[int] | tuple[int, int] = 224
+    patch_size: int | list[int] | tuple[int, int] = 16
+    num_channels: int = 3
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-6
+    final_layer_norm_eps: float | None = None
+    qkv_bias: bool = True
+    patch_bias: bool = True
+    hidden_dropout_prob: float = 0.0
+    attention_probs_dropout_prob: float = 0.0
+    drop_path_rate: float = 0.0
+    layer_scale_init_value: float | None = None
+    pre_norm: bool = False
+    class_token: bool = True
+    num_register_tokens: int = 0
+    distillation_token: bool = False
+    distillation_head: bool = True
+    position_embedding_type: str = "learned"
+    position_embedding_includes_prefix: bool = True
+    interpolation_mode: str = "bicubic"
+    interpolation_antialias: bool = True
+    interpolation_align_corners: bool = False
+    pooling: str = "cls"
+    fc_norm: bool = False
+    representation_size: int | None = None
+    dynamic_img_pad: bool = False
+    initializer_range: float = 0.02
+    # `out_features=` and `out_indices=` (properties below, so not fields of their own name, as in transformers'
+    # Dinov2Config): both None means the last stage; `__post_init__` aligns them into these two.
+    _out_features: list[str] | None = None
+    _out_indices: list[int] | None = None
+    apply_layernorm: bool = True
+    reshape_hidden_states: bool = True
+
+    if not DATACLASS_CONFIGS:  # 4.46 to 5.0 (5.10 and later write this `__init__` themselves)
+
+        def __init__(self, *args, **kwargs):
+            """Keyword arguments only: the declared fields (their class defaults where not given), then
+            `__post_init__` with everything else, as transformers 5.10 and later do."""
+            if args:
+                raise ValueError(
+                    f"{type(self).__name__} accepts only keyword arguments, but found `{len(args)}` positional args."
+                )
+            for name in HubViTConfig.__annotations__:
+                setattr(self, name, kwargs.pop(name, getattr(type(self), name)))
+            self.__post_init__(**kwargs)
+
+    def __post_init__(self, **kwargs):
+        if not isinstance(self.image_size, int):
+            self.image_size = list(to_2tuple(self.image_size, "image_size"))
+        if not isinstance(self.patch_size, int):
+            self.patch_size = list(to_2tuple(self.patch_size, "patch_size"))
+        out_features, out_indices = kwargs.pop("out_features", None), kwargs.pop("out_indices", None)
         kwargs.pop("stage_names", None)  # derived from num_hidden_layers (written by transformers' own backbones)
         kwargs.setdefault(
             "auto_map",
@@ -194,7 +259,12 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         if isinstance(model, str) and model.endswith(".HubViTModel") and "AutoBackbone" not in auto_map:
             # a folder saved before the backbone existed: saved again by this code, it gains it
             kwargs["auto_map"] = {**auto_map, "AutoBackbone": model[: -len("HubViTModel")] + "HubViTBackbone"}
-        super().__init__(**kwargs)
+        if DATACLASS_CONFIGS:
+            super().__post_init__(**kwargs)
+            if hasattr(self, "validate"):  # transformers' own checks (`@strict`), which its `__init__` ran here before
+                self.validate()
+        else:
+            super().__init__(**kwargs)
         self.validate_architecture()
         self.set_output_features_output_indices(out_features, out_indices)
 
@@ -320,7 +390,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
 
     def validate_architecture(self):
-        """Refuse combinations no model can run, naming the fields involved."""
+        """Refuse values of the wrong type and combinations no model can run, naming the fields involved."""
+        # `_out_features` / `_out_indices` are checked, with the stages named, by `set_output_features_output_indices`
+        check_types(self, {name: kind for name, kind in HubViTConfig.__annotations__.items() if name[0] != "_"})
 
         def choice(name, allowed):
             value = getattr(self, name)
@@ -385,5 +457,17 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
 
+
+if not DATACLASS_CONFIGS:  # what `inspect.signature` and `help` show on 5.10+ (from the dataclass), before 5.10 too
+    HubViTConfig.__init__.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=getattr(HubViTConfig, name), annotation=kind
+            )
+            for name, kind in HubViTConfig.__annotations__.items()
+        ]
+        + [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    )
 
 __all__ = ["HubViTConfig"]

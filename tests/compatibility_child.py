@@ -4,7 +4,8 @@ environment's release).
 
 hubvit is hidden before anything is imported, so only the code copied into the folders can run. Every output the
 compatibility test compares is written to `out[name]` (safetensors); one JSON line on stdout says what else was seen
-per folder: where the model class came from, the warnings the folders' code raised, the pipeline's answer.
+per folder: where the model class came from, what it made of the config (`config_facts`), the warnings the
+folders' code raised, the pipeline's answer.
 `outputs()` is also what the test runs in its own process on the installed hubvit, so both sides do the same.
 """
 
@@ -13,6 +14,26 @@ import sys
 import warnings
 
 SELECTION = [0, -1]
+# Values of the wrong type for four fields: every release must refuse them with the same message.
+WRONG_TYPES = {"hidden_size": "768", "qkv_bias": "yes", "layer_norm_eps": True, "representation_size": 1.5}
+
+
+def config_facts(config_class, folder):
+    """What a release makes of a folder's config: every declared field's value (as `to_dict` writes it: the
+    public names `out_features` / `out_indices` for `_out_features` / `_out_indices`), the stages after
+    `from_pretrained(folder, num_hidden_layers=1)`, and the message each of `WRONG_TYPES` is refused with."""
+    config = config_class.from_pretrained(folder)
+    written = config.to_dict()
+    fields = {name.lstrip("_"): written[name.lstrip("_")] for name in config_class.__annotations__}
+    shallow = config_class.from_pretrained(folder, num_hidden_layers=1)
+    refused = {}
+    for name, value in WRONG_TYPES.items():
+        try:
+            config_class(**{name: value})
+            refused[name] = None
+        except ValueError as error:
+            refused[name] = str(error)
+    return dict(fields=fields, shallow_stages=[shallow.out_features, shallow.out_indices], refused=refused)
 
 
 def outputs(classifier_cls, body_cls, folder, x, **load):
@@ -76,6 +97,7 @@ def main(path):
                 )
             seen[name] = dict(
                 config_class=type(config).__module__,
+                config=config_facts(type(config), folder),
                 loading_info={key: sorted(map(str, value)) for key, value in info.items()},
                 absent=absent,
                 pipeline=classify(request["image"]),

@@ -30,8 +30,8 @@ import transformers
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from compatibility_child import SELECTION, outputs
-from hubvit import HubViTForImageClassification, HubViTModel
+from compatibility_child import SELECTION, WRONG_TYPES, config_facts, outputs
+from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
 from hubvit.folder import write_folder
 from transformers_releases import RELEASES, ensure_optimum, ensure_release
 from utils import randomize_, tiny_config
@@ -154,6 +154,25 @@ def test_folder_written_today_gives_the_same_outputs_under_the_release(folders, 
             warnings=sorted(set(seen["warnings"])),
         )
     )
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("release", [*RELEASES, INSTALLED])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_config_saved_here_loads_with_every_field_equal_under_the_release(folders, runs, release, name):
+    """The folder's config.json is written by the installed release (5.25, where a dataclass config may leave out
+    default-valued keys): it holds every declared field, and each release's copy of the folder's config class reads
+    the same values, follows a changed depth the same way and refuses wrong types with the same messages."""
+    folder = folders[1][name]["folder"]
+    written = json.loads((folder / "config.json").read_text())
+    declared = [field.lstrip("_") for field in HubViTConfig.__annotations__]
+    assert [field for field in declared if field not in written] == []
+    expected = config_facts(HubViTConfig, folder)
+    assert expected["fields"] == {field: written[field] for field in declared}
+    assert all(message and field in message for field, message in expected["refused"].items()), expected["refused"]
+    seen = runs(release)[0]["folders"][name]["config"]
+    assert seen == expected
+    assert sorted(seen["refused"]) == sorted(WRONG_TYPES)
 
 
 EARLIER = Path(__file__).parent / "fixtures" / "earlier-2026-12-03"

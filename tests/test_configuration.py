@@ -1,0 +1,118 @@
+"""HubViTConfig's fields are declared once, as typed class annotations with their defaults, and checked against them.
+
+On the installed transformers (5.x, where configs are dataclasses); tests/test_compatibility.py runs the same
+config under 4.46 ... 5.24 (`config_facts`: values, depth change, messages for wrong types).
+"""
+
+import dataclasses
+import inspect
+import json
+
+import pytest
+from transformers import PretrainedConfig
+
+from hubvit import HubViTConfig
+
+DECLARED = dict(HubViTConfig.__annotations__)
+PUBLIC = {name: kind for name, kind in DECLARED.items() if not name.startswith("_")}
+
+
+def test_every_field_is_declared_with_its_type_and_the_default_the_constructor_uses():
+    config = HubViTConfig()
+    assert len(PUBLIC) == 33 and {"_out_features", "_out_indices"} <= set(DECLARED)
+    assert DECLARED["hidden_size"] is int and HubViTConfig.hidden_size == 768
+    assert DECLARED["image_size"] == int | list[int] | tuple[int, int] and HubViTConfig.image_size == 224
+    assert DECLARED["qkv_bias"] is bool and DECLARED["final_layer_norm_eps"] == float | None
+    signature = inspect.signature(HubViTConfig).parameters
+    by_name = {field.name: field for field in dataclasses.fields(HubViTConfig)}
+    for name, kind in DECLARED.items():
+        default = getattr(HubViTConfig, name)
+        assert (by_name[name].type, by_name[name].default) == (kind, default), name
+        assert (signature[name].annotation, signature[name].default) == (kind, default), name
+        if name in PUBLIC:
+            assert getattr(config, name) == default, name
+    # out_features=None and out_indices=None (the `_out_*` defaults) mean the last stage
+    assert (config.out_features, config.out_indices) == (["stage12"], [12])
+
+
+def test_the_config_holds_no_field_that_is_not_declared():
+    written = set(HubViTConfig(num_labels=3).to_dict())
+    base = set(PretrainedConfig().to_dict())
+    assert written - base - set(PUBLIC) == {"auto_map", "out_features", "out_indices"}
+
+
+def test_every_declared_field_is_documented():
+    documented = HubViTConfig.__doc__
+    assert [name for name in DECLARED if name.lstrip("_") not in documented] == []
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(hidden_size="768"), "hidden_size='768' has type str; expected int"),
+        (dict(qkv_bias="yes"), "qkv_bias='yes' has type str; expected bool"),
+        (dict(num_hidden_layers=True), "num_hidden_layers=True has type bool; expected int"),
+        (dict(num_register_tokens=1.0), "num_register_tokens=1.0 has type float; expected int"),
+        (dict(layer_norm_eps="1e-6"), "layer_norm_eps='1e-6' has type str; expected float"),
+        (dict(drop_path_rate=None), "drop_path_rate=None has type NoneType; expected float"),
+        (dict(final_layer_norm_eps=[1e-6]), "final_layer_norm_eps=[1e-06] has type list; expected float | None"),
+        (dict(representation_size=1.5), "representation_size=1.5 has type float; expected int | None"),
+        (dict(pooling=None), "pooling=None has type NoneType; expected str"),
+        (dict(image_size=True), "image_size=True has type bool; expected int | list[int] | tuple[int, int]"),
+        (dict(image_size=(224.0, 224)), "image_size must be an int or an (height, width) pair of ints, got (224.0"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_field_value_and_type(fields, message):
+    with pytest.raises(ValueError) as error:
+        HubViTConfig(**fields)
+    assert message in str(error.value)
+
+
+def test_an_int_is_a_float_and_pairs_become_lists():
+    config = HubViTConfig(layer_norm_eps=1, hidden_dropout_prob=0, image_size=(32, 48), patch_size=[8, 8])
+    assert (config.layer_norm_eps, config.hidden_dropout_prob) == (1, 0)
+    assert (config.image_size, config.patch_size) == ([32, 48], [8, 8])
+
+
+def test_positional_arguments_are_refused():
+    with pytest.raises(ValueError, match="accepts only keyword arguments"):
+        HubViTConfig(224)
+
+
+def test_a_hand_edited_config_json_of_the_wrong_type_is_refused_on_load(tmp_path):
+    HubViTConfig(num_labels=2).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "qkv_bias": "yes"}))
+    with pytest.raises(ValueError, match="qkv_bias='yes' has type str; expected bool"):
+        HubViTConfig.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="hidden_size='768' has type str; expected int"):
+        HubViTConfig.from_dict({**HubViTConfig().to_dict(), "hidden_size": "768"})
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(num_labels=3, hidden_size=64, num_attention_heads=4, out_indices=[2])])
+def test_config_json_holds_every_field_even_at_its_default(tmp_path, fields):
+    """transformers 5.24+ leaves default-valued keys out of config.json for the keys its bare base config has; a
+    folder saved here must still say everything to a release that knows no annotations (4.46 reads only the file)."""
+    config = HubViTConfig(**fields)
+    config.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    for name in DECLARED:
+        assert written[name.lstrip("_")] == getattr(config, name.lstrip("_")), name
+    loaded, saved = HubViTConfig.from_pretrained(tmp_path).to_dict(), config.to_dict()
+    assert {k: v for k, v in loaded.items() if k != "_name_or_path"} == {
+        k: v for k, v in saved.items() if k != "_name_or_path"
+    }
+
+
+def test_configs_that_differ_in_a_field_are_not_equal():
+    assert HubViTConfig(hidden_size=64, num_attention_heads=4) != HubViTConfig()
+    assert HubViTConfig(qkv_bias=False) != HubViTConfig() and HubViTConfig() == HubViTConfig()
+
+
+def test_a_changed_depth_still_moves_the_stages():
+    config = HubViTConfig(num_hidden_layers=4, out_indices=[2, 4])
+    config.num_hidden_layers = 3
+    assert (config.out_features, config.out_indices) == (["stage3"], [3])
+    config = HubViTConfig(num_hidden_layers=4)
+    config.num_hidden_layers = 6
+    assert (config.stage_names[-1], config.out_features, config.out_indices) == ("stage6", ["stage6"], [6])
