@@ -882,6 +882,17 @@ def main(argv=None):
                     for (rows, inner, outer, _), kernel in sorted(CHOOSER.choices.items())
                 )
                 case.notes.append(f"optimize_for_cpu's probe chose (rows x inner -> outer): {picks}")
+                if CHOOSER.layer_choices:
+                    layers = ", ".join(
+                        f"{'x'.join(map(str, shape))}->{fan_out}: {route} ({CHOOSER.layer_timings[key]['pytorch'] * 1e3:.1f} "
+                        f"vs {CHOOSER.layer_timings[key]['chosen'] * 1e3:.1f} ms)"
+                        for key, route in sorted(CHOOSER.layer_choices.items())
+                        for shape, _, fan_out in [key[:3]]
+                    )
+                    case.notes.append(
+                        "where a product chose oneDNN, the layer's forward and backward timed together (PyTorch's "
+                        f"own vs the chosen kernels) kept: {layers}"
+                    )
                 CHOOSER.clear()
             record = case_record(case, throughput, differences, iterations, args, peak, detail)
             report["cases"].append(record)

@@ -6,7 +6,10 @@ about twice the sgemm's FLOP/s, on AMD Zen 3 (AVX2) both run AVX2 kernels and MK
 (`python benchmarks/projections.py`). So no rule is written down here: each encoder projection becomes a
 `FastestLinear`, which times both kernels on its own product shape the first time it meets it (forward, and each
 of the two backward products), remembers the winner for the process, and keeps MKL unless oneDNN is measurably
-faster. The parameters (the state dict, and so every saved file) are unchanged.
+faster. In training that is not the whole cost: the oneDNN route runs the layer's backward in Python, with copies
+of transposed operands, and timing products alone picked it where the step then ran 0.95x the default (AMD Zen 4).
+So a layer that trains is decided by timing what runs: its forward and backward together, PyTorch's own against
+the chosen kernels. The parameters (the state dict, and so every saved file) are unchanged.
 
 `precision="int8"` quantizes the encoder's projections (weights int8, activations quantized on the fly) and keeps
 the patch embedding, LayerNorms, pooler and head in float; `precision="bf16"` runs the encoder under bfloat16
@@ -67,6 +70,33 @@ def time_product(kernel: str, rows: int, inner: int, outer: int, repeats: int = 
 
 
 Measure = Callable[[str, int, int, int], float]
+MeasureLayer = Callable[[str, tuple, int, int, tuple, "KernelChooser"], float]
+ROUTES = ("pytorch", "chosen")
+
+
+def time_layer(route, input_shape, fan_in, fan_out, needs, chooser, repeats=3):
+    """Median seconds of one forward and backward of a float32 linear layer on an input of `input_shape`, with
+    gradients for (input, weight, bias) as `needs` says (None: no bias): `route` "pytorch" is `F.linear` with PyTorch's backward
+    (the default model's), "chosen" the `_FastestLinearFunction` on the kernels `chooser` picks per product, with
+    its Python backward and operand copies."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(*input_shape, generator=generator).requires_grad_(needs[0])
+    weight = (torch.randn(fan_out, fan_in, generator=generator) * 0.02).requires_grad_(needs[1])
+    bias = None if needs[2] is None else torch.zeros(fan_out).requires_grad_(needs[2])
+    grad_output = torch.randn(*input_shape[:-1], fan_out, generator=generator)
+    inputs = [t for t in (x, weight, bias) if t is not None and t.requires_grad]
+    times = []
+    with torch.enable_grad():
+        for index in range(repeats + 1):
+            start = time.perf_counter()
+            if route == "pytorch":
+                output = F.linear(x, weight, bias)
+            else:
+                output = _FastestLinearFunction.apply(x, weight, bias, chooser)
+            torch.autograd.grad(output, inputs, grad_output)
+            if index:
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 class KernelChooser:
@@ -78,12 +108,44 @@ class KernelChooser:
     and the opt-in cannot end up slower than the model it was applied to.
     """
 
-    def __init__(self, measure: Measure | None = None, rounds: int = 3, margin: float = 0.05):
+    def __init__(
+        self,
+        measure: Measure | None = None,
+        rounds: int = 3,
+        margin: float = 0.05,
+        measure_layer: MeasureLayer | None = None,
+    ):
         self.measure = measure or time_product
+        self.measure_layer = measure_layer or time_layer
         self.rounds = rounds
         self.margin = margin
         self.choices: dict[tuple, str] = {}
         self.timings: dict[tuple, dict[str, float]] = {}
+        self.layer_choices: dict[tuple, str] = {}
+        self.layer_timings: dict[tuple, dict[str, float]] = {}
+
+    def _faster(self, candidates, measure, timings):
+        """The second candidate if it beats the first by more than the margin (interleaved rounds, medians)."""
+        times = {candidate: [] for candidate in candidates}
+        for index in range(self.rounds):
+            for candidate in candidates if index % 2 == 0 else candidates[::-1]:
+                times[candidate].append(measure(candidate))
+        medians = {candidate: statistics.median(values) for candidate, values in times.items()}
+        timings.update(medians)
+        default, other = candidates
+        return other if medians[other] * (1 + self.margin) < medians[default] else default
+
+    def choose_training(self, input_shape: tuple, fan_in: int, fan_out: int, needs: tuple) -> str:
+        """ "chosen" when a layer's forward and backward on the per-product kernels beat PyTorch's own (F.linear and
+        its backward) by more than the margin, timed together on this input shape; else "pytorch". Only asked for
+        layers where some product chose oneDNN."""
+        key = (tuple(input_shape), fan_in, fan_out, tuple(needs), torch.get_num_threads())
+        choice = self.layer_choices.get(key)
+        if choice is None:
+            measure = lambda route: self.measure_layer(route, input_shape, fan_in, fan_out, needs, self)  # noqa: E731
+            choice = self._faster(ROUTES, measure, self.layer_timings.setdefault(key, {}))
+            self.layer_choices[key] = choice
+        return choice
 
     def choose(self, rows: int, inner: int, outer: int) -> str:
         key = (rows, inner, outer, torch.get_num_threads())
@@ -92,20 +154,14 @@ class KernelChooser:
             if not onednn_usable():
                 choice = "mkl"
             else:
-                times = {kernel: [] for kernel in KERNELS}
-                for index in range(self.rounds):
-                    order = KERNELS if index % 2 == 0 else KERNELS[::-1]
-                    for kernel in order:
-                        times[kernel].append(self.measure(kernel, rows, inner, outer))
-                medians = {kernel: statistics.median(values) for kernel, values in times.items()}
-                self.timings[key] = medians
-                choice = "onednn" if medians["onednn"] * (1 + self.margin) < medians["mkl"] else "mkl"
+                measure = lambda kernel: self.measure(kernel, rows, inner, outer)  # noqa: E731
+                choice = self._faster(KERNELS, measure, self.timings.setdefault(key, {}))
             self.choices[key] = choice
         return choice
 
     def clear(self):
-        self.choices.clear()
-        self.timings.clear()
+        for table in (self.choices, self.timings, self.layer_choices, self.layer_timings):
+            table.clear()
 
 
 CHOOSER = KernelChooser()
@@ -184,8 +240,12 @@ class FastestLinear(nn.Linear):
         ):
             return F.linear(input, self.weight, self.bias)
         tokens = input.numel() // input.shape[-1]
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (input, self.weight, self.bias)):
-            if all_mkl(self.chooser, tokens, self.in_features, self.out_features):
+        needs = tuple(None if t is None else t.requires_grad for t in (input, self.weight, self.bias))
+        if torch.is_grad_enabled() and any(needs):
+            if all_mkl(self.chooser, tokens, self.in_features, self.out_features) or (
+                self.chooser.choose_training(tuple(input.shape), self.in_features, self.out_features, needs)
+                == "pytorch"
+            ):
                 return F.linear(input, self.weight, self.bias)  # PyTorch's own backward: no Python in the step
             return _FastestLinearFunction.apply(input, self.weight, self.bias, self.chooser)
         kernel = self.chooser.choose(*product_shape("forward", tokens, self.in_features, self.out_features))
@@ -292,10 +352,11 @@ def optimize_for_cpu(model, skip_unread_tokens: bool = True, precision: str = "f
     `precision="float32"` (default): every `nn.Linear` inside the encoder becomes a `FastestLinear` sharing its
     parameters, so outputs equal the default's to float32 rounding, gradients flow, and `state_dict` /
     `save_pretrained` write exactly what they wrote before; each product runs on the kernel its first-use probe
-    found faster (MKL unless oneDNN wins by more than 5%). With `skip_unread_tokens` a classifier whose head reads
-    the [CLS] (and distillation) token runs its last block for those tokens only, unless hidden states or
-    attentions are asked for; a hook on the last block or the final norm then sees those tokens alone, so pass
-    False for explainability tools that hook them.
+    found faster (MKL unless oneDNN wins by more than 5%); a layer that trains takes those kernels only where its
+    forward and backward, timed together, beat PyTorch's own by more than 5%. With `skip_unread_tokens` a
+    classifier whose head reads the [CLS] (and distillation) token runs its last block for those tokens only,
+    unless hidden states or attentions are asked for; a hook on the last block or the final norm then sees those
+    tokens alone, so pass False for explainability tools that hook them.
 
     `precision="int8"`: inference only (the model is put in eval mode); encoder projections int8 with dynamic
     activation quantization, patch embedding, LayerNorms, pooler and head in float. The state dict changes (packed

@@ -140,7 +140,7 @@ def test_each_direction_runs_on_the_kernel_chosen_for_its_shape(monkeypatch, wit
     }
     torch.manual_seed(0)
     layer = FastestLinear(fan_in, fan_out)
-    layer.chooser = KernelChooser(fake_timings(fast)[0], rounds=1)
+    layer.chooser = KernelChooser(fake_timings(fast)[0], rounds=1, measure_layer=layer_timings(chosen=0.5)[0])
     log = spy_kernels(monkeypatch)
     x = torch.randn(2, 5, fan_in, requires_grad=True)
     layer(x).square().sum().backward()
@@ -166,9 +166,51 @@ def test_training_keeps_pytorchs_own_backward_where_the_probe_keeps_mkl_for_all_
     output = layer(torch.randn(2, 5, fan_in, requires_grad=True))
     assert "FastestLinearFunction" not in type(output.grad_fn).__name__
     one_onednn = {**slower_onednn, ("onednn",) + product_shape("weight-gradient", tokens, fan_in, fan_out): 0.5}
-    layer.chooser = KernelChooser(fake_timings(one_onednn)[0], rounds=1)
+    layer.chooser = KernelChooser(fake_timings(one_onednn)[0], rounds=1, measure_layer=layer_timings(chosen=0.5)[0])
     output = layer(torch.randn(2, 5, fan_in, requires_grad=True))
     assert "FastestLinearFunction" in type(output.grad_fn).__name__
+
+
+def layer_timings(pytorch=1.0, chosen=1.0):
+    """A `measure_layer` answering each route's step time, logging (route, input shape, needs)."""
+    calls = []
+
+    def measure_layer(route, input_shape, fan_in, fan_out, needs, chooser):
+        calls.append((route, tuple(input_shape), needs))
+        return {"pytorch": pytorch, "chosen": chosen}[route]
+
+    return measure_layer, calls
+
+
+@pytest.mark.parametrize("chosen, expected", [(1.0, False), (0.97, False), (0.5, True)])
+def test_training_takes_the_chosen_kernels_only_where_the_layers_whole_step_is_faster(with_onednn, chosen, expected):
+    """Issue 39: every product timed alone chose oneDNN, yet the step ran 0.95x on AMD Zen 4 (the Python backward
+    and its operand copies were never timed). The layer's forward and backward, timed together on its input shape,
+    decide: PyTorch's own unless the chosen kernels beat it by more than the margin."""
+    tokens, fan_in, fan_out = 2 * 5, 8, 4
+    onednn_everywhere = {
+        (kernel,) + product_shape(direction, tokens, fan_in, fan_out): {"mkl": 2.0, "onednn": 1.0}[kernel]
+        for kernel in ("mkl", "onednn")
+        for direction in ("forward", "input-gradient", "weight-gradient")
+    }
+    measure_layer, calls = layer_timings(pytorch=1.0, chosen=chosen)
+    layer = FastestLinear(fan_in, fan_out)
+    layer.chooser = KernelChooser(fake_timings(onednn_everywhere)[0], rounds=3, measure_layer=measure_layer)
+    for _ in range(2):
+        output = layer(torch.randn(2, 5, fan_in, requires_grad=True))
+        assert ("FastestLinearFunction" in type(output.grad_fn).__name__) is expected
+    assert calls == [
+        (route, (2, 5, fan_in), (True, True, True))
+        for route in ("pytorch", "chosen", "chosen", "pytorch", "pytorch", "chosen")
+    ], "probed once per shape, interleaved, with the layer's own input shape and gradients"
+
+
+@needs_onednn
+def test_the_layer_probe_runs_both_routes_forward_and_backward():
+    chooser = KernelChooser(lambda kernel, *shape: {"mkl": 2.0, "onednn": 1.0}[kernel], rounds=1)
+    for needs in ((True, True, True), (False, True, None)):
+        for route in cpu.ROUTES:
+            assert cpu.time_layer(route, (2, 5, 8), 8, 4, needs, chooser, repeats=1) > 0
 
 
 def test_under_inference_the_forward_kernel_is_the_chosen_one(monkeypatch, with_onednn):
