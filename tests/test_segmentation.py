@@ -16,7 +16,14 @@ from safetensors.torch import load_file
 from transformers import pipeline
 
 from hubvit.training.segmentation import train_segmentation
-from hubvit.training.segmentation_data import DIGIT_LABELS, embedded_canvases, place_digits
+from hubvit.training.segmentation_arguments import SegmentationArguments
+from hubvit.training.segmentation_data import (
+    DIGIT_LABELS,
+    FreshCanvases,
+    embedded_canvases,
+    load_segmentation_splits,
+    place_digits,
+)
 from scripts.finetune_segmentation import main
 from utils import run_without_hubvit
 
@@ -43,6 +50,42 @@ def test_embedded_canvases_label_each_digits_strokes_with_its_class_and_hold_out
     again, _ = embedded_canvases(8, 4)
     assert train["mask"][0].tobytes() == again["mask"][0].tobytes(), "the split does not depend on the run"
     assert {np.asarray(m).max() for m in held_out["mask"]} <= set(range(1, 11))
+
+
+def test_fresh_canvases_differ_across_epochs_and_repeat_for_the_same_seed_and_epoch(monkeypatch):
+    """The default training canvases are placed anew each epoch from (seed, epoch, index): the same triple gives the
+    same canvas in any process (what exact resumption needs), another epoch or seed other canvases."""
+    from hubvit.preprocessing import Preprocessing
+    from hubvit.training import segmentation_data
+
+    digit_split = segmentation_data.embedded_digit_split()
+    monkeypatch.setattr(segmentation_data, "embedded_digit_split", lambda: digit_split)  # parsed once
+    train, _ = embedded_canvases(8, 4)
+    digits, labels = train.digits
+
+    def canvases_of(seed, epoch):
+        fresh = FreshCanvases(train.digits, 6, seed, (64, 64), Preprocessing())
+        fresh.set_epoch(epoch)
+        return [fresh.canvas(i) for i in range(6)], [fresh[i] for i in range(6)]
+
+    (first, tensors), (again, tensors_again) = canvases_of(0, 1), canvases_of(0, 1)
+    for (image, mask), (image2, mask2) in zip(first, again):
+        assert np.array_equal(image, image2) and np.array_equal(mask, mask2)
+    for (pixels, mask), (pixels2, mask2) in zip(tensors, tensors_again):
+        assert torch.equal(pixels, pixels2) and torch.equal(mask, mask2)
+    other_epoch, _ = canvases_of(0, 2)
+    other_seed, _ = canvases_of(1, 1)
+    for other in (other_epoch, other_seed):
+        assert not any(np.array_equal(a[0], b[0]) for a, b in zip(first, other))
+    for (image, mask), (pixels, mask_tensor) in zip(first, tensors):
+        assert np.array_equal(mask > 0, image >= 128) and torch.equal(mask_tensor, torch.from_numpy(mask).long())
+        assert torch.allclose(pixels, torch.from_numpy(image).float().div(255).sub(0.5).div(0.5).expand(3, 64, 64))
+    assert len(digits) == len(labels) == 4250, "the training 85% of the 5,000 digits, never the held-out ones"
+    for fresh in (True, False):
+        args = SegmentationArguments(output_dir="unused", num_train_canvases=8, num_eval_canvases=4)
+        args.fresh_canvases = fresh
+        split, *_ = load_segmentation_splits(args)
+        assert (split.digits is not None) == fresh, "--fresh_canvases False trains on the fixed canvases"
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +130,8 @@ def test_run_writes_a_folder_the_pipeline_serves_without_hubvit(trained, tmp_pat
 
 
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
-    """4 batches per epoch, checkpoint at update 3 (mid-epoch): resuming replays updates 4-6 across the epoch end."""
+    """4 batches per epoch, checkpoint at update 3 (mid-epoch): resuming replays updates 4-6 across the epoch end,
+    the second epoch's fresh canvases included."""
     options = dict(TINY, max_train_steps=6, checkpointing_steps="3")
     out = tmp_path / "out"
     train_segmentation(output_dir=str(out), **options)
@@ -154,7 +198,6 @@ def test_a_classifiers_folder_gives_the_body_and_a_new_pixel_head(tmp_path):
     from hubvit import HubViTForImageClassification
     from hubvit.folder import write_folder
     from hubvit.training.segmentation import build_model
-    from hubvit.training.segmentation_arguments import SegmentationArguments
     from utils import randomize_, tiny_config
 
     classifier = randomize_(HubViTForImageClassification(tiny_config(num_labels=10)), seed=3).eval()

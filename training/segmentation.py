@@ -182,13 +182,15 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, we
 
     from .loop import Schedule
     from .model import make_optimizer
-    from .segmentation_data import SegmentationPairs, collate
+    from .segmentation_data import FreshCanvases, SegmentationPairs, collate
 
     size = tuple(model.config.image_size_2d)
     pairs = [
         SegmentationPairs(split, args.image_column_name, args.mask_column_name, size, preprocessing)
         for split in (train_split, eval_split)
     ]
+    if getattr(train_split, "digits", None) is not None:
+        pairs[0] = FreshCanvases(train_split.digits, len(train_split), args.seed, size, preprocessing)
     train_loader = torch.utils.data.DataLoader(
         pairs[0],
         batch_size=args.per_device_train_batch_size,
@@ -259,6 +261,8 @@ def train_epoch(run, position):
     args, accelerator, model = run.args, run.accelerator, run.model
     every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
     run.train_loader.set_epoch(position.epoch)
+    if hasattr(run.train_loader.dataset, "set_epoch"):
+        run.train_loader.dataset.set_epoch(position.epoch)  # fresh canvases: this epoch's placements
     loader, batches = run.train_loader, 0
     if position.skip_batches:
         loader = accelerator.skip_first_batches(run.train_loader, position.skip_batches)

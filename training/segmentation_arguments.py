@@ -50,6 +50,11 @@ class SegmentationDataArguments:
     max_eval_samples: Optional[int] = option()
     num_train_canvases: int = option(4000, "embedded data: training canvases")
     num_eval_canvases: int = option(500, "embedded data: held-out canvases (built from held-out digits)")
+    fresh_canvases: bool = option(
+        True,
+        "embedded data: place the training digits anew every epoch (seeded by --seed and the epoch) instead of "
+        "reusing the same --num_train_canvases canvases",
+    )
 
 
 @dataclass
@@ -79,14 +84,14 @@ class SegmentationTrainingArguments:
     per_device_train_batch_size: int = option(32)
     per_device_eval_batch_size: int = option(128)
     optimizer: Literal["adamw", "sgd"] = option("adamw")
-    learning_rate: float = option(2e-3)
+    learning_rate: float = option(4e-3)
     momentum: float = option(0.9)
     weight_decay: float = option(0.05, "not applied to norms, biases, tokens, position tables")
     layer_decay: float = option(1.0)
     lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
     num_warmup_steps: Optional[int] = option()
     warmup_ratio: float = option(0.05)
-    num_train_epochs: int = option(12)
+    num_train_epochs: int = option(24)
     max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
     gradient_accumulation_steps: int = option(1)
     max_grad_norm: float = option(1.0, "0 disables clipping")
