@@ -29,6 +29,38 @@ def show_logs():
         datasets.utils.logging.set_verbosity_error()
 
 
+def draw_predictions(model_dir, dataset, image_column, mask_column, path, count=6):
+    """The first `count` held-out images (top), their true masks (middle) and the masks the folder predicts through
+    `pipeline("image-segmentation", trust_remote_code=True)` (bottom), coloured by class; saved to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from transformers import AutoConfig, pipeline
+
+    label2id = AutoConfig.from_pretrained(model_dir, trust_remote_code=True).label2id
+    colours = ListedColormap(["black", *plt.get_cmap("tab20").colors[: max(1, len(label2id) - 1)]])
+    segmenter = pipeline("image-segmentation", model=str(model_dir), trust_remote_code=True)
+    rows = dataset.select(range(min(count, len(dataset))))
+    figure, axes = plt.subplots(3, len(rows), figsize=(1.6 * len(rows), 5.0), squeeze=False)
+    for column, row in enumerate(rows):
+        image = row[image_column]
+        predicted = np.zeros(np.asarray(row[mask_column]).shape[:2], dtype=np.int64)
+        for segment in segmenter(image):
+            predicted[np.asarray(segment["mask"]) > 0] = label2id[segment["label"]]
+        pictures = (np.asarray(image.convert("L")), np.asarray(row[mask_column]), predicted)
+        for axis, picture, colour in zip(axes[:, column], pictures, ("gray", colours, colours)):
+            axis.imshow(picture, cmap=colour, vmin=0, vmax=None if colour == "gray" else len(label2id) - 1)
+            axis.set_xticks([]), axis.set_yticks([])
+    for axis, title in zip(axes[:, 0], ("image", "true mask", "predicted")):
+        axis.set_ylabel(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def main(argv=None, prog="finetune_segmentation.py"):
     """Console entry: returns 0, or exits with status 2 and a one-line message on bad arguments or data."""
     from accelerate import PartialState
@@ -52,7 +84,10 @@ def main(argv=None, prog="finetune_segmentation.py"):
         raise SystemExit(2)
     if PartialState().is_main_process:
         metrics = result.metrics
+        pictures = result.output_dir / "predictions.png"
+        draw_predictions(result.model_dir, result.eval_dataset, args.image_column_name, args.mask_column_name, pictures)
         print(f"model: {result.model_dir}")
+        print(f"predictions: {pictures}")
         print(
             f"metrics: eval_mean_iou {metrics['eval_mean_iou']:.4f}, eval_overall_accuracy "
             f"{metrics['eval_overall_accuracy']:.4f}, train_runtime_s {metrics['train_runtime_s']}, "

@@ -237,3 +237,15 @@ def test_the_pixel_head_puts_each_tokens_outputs_on_the_pixels_of_its_patch():
         assert logits[1, k, r * 4 + i, c * 4 + j] == outputs[1, r, c, k, i, j]
     with pytest.raises(ValueError, match=r"patch_size=2: a decode_head_pixels head .* runs only at that patch size"):
         model(x, patch_size=2)
+
+
+def test_the_predictions_picture_shows_images_truth_and_the_pipelines_masks(trained, tmp_path):
+    """The script's OUT/predictions.png (the one docs/dense.md shows): three rows of `count` panels."""
+    from PIL import Image
+
+    from scripts.finetune_segmentation import draw_predictions
+
+    path = tmp_path / "predictions.png"
+    draw_predictions(trained.model_dir, trained.eval_dataset, "image", "mask", path, count=4)
+    width, height = Image.open(path).size
+    assert (width, height) == (640, 500), "1.6 x 5.0 inches at 100 dpi for 4 columns"
