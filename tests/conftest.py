@@ -47,12 +47,7 @@ def converter_bug(monkeypatch):
 # machine, 2026-12-04), longest first. pytest-xdist hands whole files (`--dist loadfile`) to whichever worker is free,
 # in collection order; starting with the longest keeps one long file from being the last thing a worker runs while
 # the other sits idle. Files not named keep their usual order after these.
-# test_export_timm.py goes first, on a fresh worker: on a worker that had run the 11 files before it, its worker
-# died silently (no fatal-signal dump: faulthandler to a file showed it inside the timm-side subprocess.run) in 3
-# of 5 full runs on 2026-12-05; not yet explained (pid_max is 32768 here, so a leftover kill of a reused pid is the
-# suspect). Reproduce: `pytest -n 1` over the first 12 files of this order, test_export_timm.py last.
 LONGEST_FILES = (
-    "test_export_timm.py",
     "test_finetune.py",
     "test_compatibility.py",
     "test_experiments.py",
