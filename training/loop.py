@@ -121,8 +121,6 @@ class Run:
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr_scale=None):
     """Loaders, optimizer and schedule for `model`, prepared by Accelerate (`lr_scale`: see `scale_learning_rates`)."""
-    from transformers import get_scheduler
-
     num_labels = len(train_split.features[args.label_column_name].names)
     size = tuple(model.config.image_size_2d)
     streamed = getattr(args, "streaming", False)
@@ -136,14 +134,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
         eval_loader = accelerator.prepare(eval_loader)
     schedule = Schedule.plan(args, len(train_loader))
     optimizer = make_optimizer(args, model, lr_scale)
-    # A prepared scheduler steps once per process per update (accelerate's AcceleratedScheduler).
-    processes = accelerator.num_processes
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=schedule.warmup * processes,
-        num_training_steps=schedule.max_steps * processes,
-    )
+    scheduler = make_scheduler(args, optimizer, schedule, accelerator.num_processes)
     if getattr(args, "gradient_checkpointing", False):
         enable_checkpointing(accelerator, model)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -393,3 +384,16 @@ def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
         checks.release_worker_error(error)
         raise
     return run, results(run, metrics, position.global_step, train_runtime, by_patch_size)
+
+
+def make_scheduler(args, optimizer, schedule, processes):
+    """transformers' learning-rate schedule for `schedule`; a prepared scheduler steps once per process per update
+    (accelerate's AcceleratedScheduler), so its step counts are scaled by the process count."""
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=schedule.warmup * processes,
+        num_training_steps=schedule.max_steps * processes,
+    )

@@ -178,9 +178,7 @@ def evaluate_segmentation(run):
 
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing, weights):
-    from transformers import get_scheduler
-
-    from .loop import Schedule
+    from .loop import Schedule, make_scheduler
     from .model import make_optimizer
     from .segmentation_data import FreshCanvases, SegmentationPairs, collate
 
@@ -208,13 +206,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, we
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     schedule = Schedule.plan(args, len(train_loader))
     optimizer = make_optimizer(args, model)
-    processes = accelerator.num_processes
-    scheduler = get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=schedule.warmup * processes,
-        num_training_steps=schedule.max_steps * processes,
-    )
+    scheduler = make_scheduler(args, optimizer, schedule, accelerator.num_processes)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     return SegmentationRun(
         args,
