@@ -57,6 +57,21 @@ def count_epochs(monkeypatch):
     return calls
 
 
+@pytest.fixture(autouse=True)
+def loaders_in_the_test_process():
+    """The experiments' runs read batches in a loader process; here in the test process (tests/conftest.py says
+    why a test process must not fork). The batches are the same. Kept apart from the tests' own monkeypatch, which
+    some undo part way."""
+    real = common.training_args
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            common,
+            "training_args",
+            lambda output_dir, seed, **options: real(output_dir, seed, **{"dataloader_num_workers": 0, **options}),
+        )
+        yield
+
+
 @pytest.fixture(scope="module")
 def digits():
     common.setup_quietly(1)
@@ -98,6 +113,21 @@ def test_a_fit_interrupted_after_an_epoch_resumes_to_the_same_weights_and_record
     calls.clear()
     again, again_record = fit(digits, tmp_path, checkpoint, eval_every)  # a finished fit is not trained again
     assert calls == [] and again_record == resumed_record
+
+
+@pytest.mark.heavy
+def test_training_images_kept_in_memory_are_batched_without_a_loader_process(digits, tmp_path):
+    """A loader process would only copy tensors already in memory; the run asked for one."""
+    import multiprocessing
+
+    train, _, _ = digits
+    args = common.training_args(tmp_path / "out", 3, augment="none", dataloader_num_workers=1)
+    model, preprocessing = common.build_vit(args, train.features["label"].names, {"position_embedding_type": "none"})
+    run = common.prepare_run(args, common.accelerator_for(tmp_path / "out"), train, model, preprocessing)
+    assert common.keep_in_memory(run, train, preprocessing, (28, 28))
+    batches = iter(run.train_loader)
+    next(batches)
+    assert multiprocessing.active_children() == []
 
 
 @pytest.mark.heavy

@@ -244,7 +244,8 @@ def keep_in_memory(run, split, preprocessing, size):
     data = run.train_set
     data.__class__ = type("ImagesInMemory", (type(data),), {"__getitem__": _item_in_memory})
     data.pixels, data.labels = pixels, labels
-    run.train_loader.num_workers = 0  # a loader process would only copy tensors; the sampler's order is the same
+    loader = getattr(run.train_loader, "base_dataloader", run.train_loader)  # accelerate's wrapper reads from it
+    loader.num_workers = 0  # a loader process would only copy tensors; the sampler's order is the same
     return True
 
 
