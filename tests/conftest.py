@@ -6,6 +6,8 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.hub_server import hub_server  # noqa: F401
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
 
 
@@ -92,3 +94,32 @@ def library_verbosity_restored(library_baseline):
     datasets.utils.logging.set_verbosity(datasets_verbosity)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+# Forks of this test process, newest last: (test id, where it forked). A test process of pytest-xdist talks to its
+# controller from a thread of its own; a copy of it made by `fork` (a DataLoader worker, a multiprocessing pool) cut
+# that conversation off in about half of the full runs ("node down: Not properly terminated", at some later
+# subprocess call of whichever test ran then), and with the worker gone the whole run stops. Code that forks runs in
+# a fresh interpreter (`subprocess`, which execs at once and is fine) or with `dataloader_num_workers=0`.
+FORKS = []
+
+
+def _record_fork():
+    import traceback
+
+    FORKS.append("".join(traceback.format_stack(limit=12)[:-1]))
+
+
+os.register_at_fork(before=_record_fork)
+
+
+@pytest.fixture(autouse=True)
+def no_fork_of_the_test_process(request):
+    before = len(FORKS)
+    yield
+    if len(FORKS) > before:
+        pytest.fail(
+            f"{request.node.nodeid} forked the test process {len(FORKS) - before} time(s); run the forking code in a "
+            f"subprocess or with dataloader_num_workers=0. The first fork:\n{FORKS[before]}",
+            pytrace=False,
+        )

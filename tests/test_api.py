@@ -250,6 +250,7 @@ def test_training_prints_nothing_and_leaves_logging_as_it_was(tmp_path, capfd):
         max_eval_samples=16,
         per_device_train_batch_size=8,
         num_train_epochs=1,
+        dataloader_num_workers=0,
     )
     assert capfd.readouterr().out == ""
     assert logging_state() == before
