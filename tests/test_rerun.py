@@ -19,6 +19,7 @@ TINY = {
     "max_train_samples": 32,
     "max_eval_samples": 16,
     "per_device_train_batch_size": 8,
+    "dataloader_num_workers": 0,  # in the test process, which must not fork (tests/conftest.py)
 }
 
 

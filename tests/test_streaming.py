@@ -67,9 +67,11 @@ def count_on_two_processes(folder, out):
 
 
 def test_two_processes_read_every_example_exactly_once(parquet_shards, tmp_path):
-    from accelerate import debug_launcher
+    """The launcher forks its processes, so it runs in a fresh interpreter (`__main__` below; tests/conftest.py)."""
+    from test_reliability import run_python
 
-    debug_launcher(lambda: count_on_two_processes(parquet_shards, tmp_path), num_processes=2)
+    result = run_python(__file__, "ranks", parquet_shards, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
     runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world"] for r in runs] == [2, 2] and runs[0]["backend"] == "gloo"
     read = [[i for batch in r["ids"] for i in batch] for r in runs]
@@ -188,7 +190,7 @@ def two_worker_epochs(folder):
 def test_two_workers_read_every_example_once_in_the_promised_batch_count_and_resume(parquet_shards):
     from test_reliability import run_python
 
-    result = run_python(__file__, parquet_shards)
+    result = run_python(__file__, "epochs", parquet_shards)
     assert result.returncode == 0, result.stderr[-3000:]
     epochs = json.loads(result.stdout.strip().splitlines()[-1])
     whole = epochs["whole"]
@@ -323,4 +325,9 @@ def test_a_shard_count_outside_one_to_the_example_count_is_refused(tmp_path, num
 
 
 if __name__ == "__main__":
-    print(json.dumps(two_worker_epochs(sys.argv[1])))
+    if sys.argv[1] == "ranks":
+        from accelerate import debug_launcher
+
+        debug_launcher(lambda: count_on_two_processes(sys.argv[2], sys.argv[3]), num_processes=2)
+    else:
+        print(json.dumps(two_worker_epochs(sys.argv[2])))
