@@ -6,6 +6,7 @@ never accuracy.
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,6 +190,18 @@ def test_a_unit_stopped_in_its_second_fit_resumes_to_the_same_record(tmp_path, m
     resumed = json.loads((tmp_path / "cut/runs/position_embeddings/sincos_2d-seed1.json").read_text())
     assert without_timing(resumed) == without_timing(whole) and resumed["values"]["accuracy"] > 0
     assert not (tmp_path / "cut/checkpoints/position_embeddings/sincos_2d-seed1").exists()
+
+
+def test_report_builds_every_page_from_the_runs_committed_so_far(tmp_path):
+    """The records in docs/experiments/runs/, whatever shape each experiment's runs take (per model, per unit, one
+    model): every experiment with a run for each arm gets its page, with its seeds per arm stated."""
+    runs = Path(__file__).resolve().parents[1] / "docs" / "experiments" / "runs"
+    ready = [name for name in campaign.EXPERIMENTS if not campaign.missing_arms(runs, name)]
+    assert ready, "no experiment has a committed run for every arm yet"
+    assert campaign.main(["report", "--runs_dir", str(runs), "--output_dir", str(tmp_path)]) == 0
+    for name in ready:
+        page = (tmp_path / f"{name}.md").read_text()
+        assert f"campaign runs** (`docs/experiments/runs/{name}/`" in page and " of 5 seeds" in page, name
 
 
 def test_queue_is_seed_major_and_covers_every_arm_and_seed():

@@ -219,7 +219,7 @@ def report(records, command, environment, arms=ARMS):
         "minutes_per_run": common.minutes_per_run(records),
     }
     results["summary"] = summarise(runs, uniform)
-    results["verdicts"] = common.undecided(verdicts(results), runs)
+    common.decide(results, verdicts(results), runs)
     results["environment"] = environment
     return results
 

@@ -33,6 +33,7 @@ from hubvit.scripts.experiments.statistics import (  # noqa: F401 (the experimen
     minutes_per_run,
     seed_counts,
     undecided,
+    decide,
     paired_difference,
     paired,
     interval_text,
@@ -40,6 +41,8 @@ from hubvit.scripts.experiments.statistics import (  # noqa: F401 (the experimen
     resolvable_margin,
     mean_std,
     difference,
+    gap_text,
+    interval_cell,
 )
 
 logger = logging.getLogger(__name__)

@@ -254,7 +254,7 @@ def report(records, command, environment):
         "minutes_per_run": common.minutes_per_run(records),
     }
     results["summary"], verdicts = summarise(runs, fractions)
-    results["verdicts"] = common.undecided(verdicts, runs["vit"])
+    common.decide(results, verdicts, runs["vit"])
     results["environment"] = environment
     return results
 
@@ -360,7 +360,7 @@ def markdown(results, fractions=None):
             f"| {f:.0%} | {int(np.mean(runs['cnn'][str(f)]['train_images']))} | "
             f"{', '.join(map(str, runs['vit'][str(f)]['updates']))} | {common.pct(s['cnn']['mean'])} ± "
             f"{common.pct(s['cnn']['std'])} | {common.pct(s['vit']['mean'])} ± {common.pct(s['vit']['std'])} | "
-            f"{100 * d['difference']:+.2f} ({100 * d['low']:+.2f} to {100 * d['high']:+.2f}) |"
+            f"{common.interval_cell(d)} |"
         )
     lines += ["", "± is the standard deviation over seeds.", "", "## Verdict", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hubvit.scripts.experiments.statistics import REQUIRED_SEEDS, seed_counts
+from hubvit.scripts.experiments.statistics import REQUIRED_SEEDS
 
 
 def command(name, argv=None):
@@ -71,7 +71,7 @@ def pct(x):
 
 def campaign_text(results):
     """For a page built from campaign runs: seeds per arm against the five required, minutes per run."""
-    counts = seed_counts(results["runs"])
+    counts = results["seeds_per_arm"]
     seeds = ", ".join(f"{arm} {n} of {REQUIRED_SEEDS} seeds" for arm, n in counts.items())
     short = [arm for arm, n in counts.items() if n < REQUIRED_SEEDS]
     timing = results["environment"]["minutes_per_run"]

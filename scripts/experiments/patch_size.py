@@ -256,7 +256,7 @@ def report(records, command, environment):
         "runs": runs,
         "minutes_per_run": common.minutes_per_run(records),
     }
-    results["verdicts"] = common.undecided(verdicts(results), units)
+    common.decide(results, verdicts(results), units)
     results["environment"] = environment
     return results
 
@@ -280,8 +280,7 @@ def verdicts(results):
             "claim": "FlexiViT: one model trained with a random patch size is within about a point of a model trained "
             "natively at every patch size",
             "measured": "; ".join(
-                f"P={p}: random {fmt('random', p)}% vs native {fmt('native', p)}% "
-                f"({100 * gaps[p][0]:+.2f} ± {200 * gaps[p][1]:.2f})"
+                f"P={p}: random {fmt('random', p)}% vs native {fmt('native', p)}% ({common.gap_text(*gaps[p])})"
                 for p in sizes
             )
             + " (points, ± 2 SE)",
@@ -295,8 +294,7 @@ def verdicts(results):
             "claim": "PI-resize keeps a model trained at one patch size usable at others, where plain interpolation of "
             "the kernel does not",
             "measured": "; ".join(
-                f"P={p}: PI {fmt('pi', p)}% vs interpolate {fmt('interpolate', p)}% "
-                f"({100 * pi_vs[p][0]:+.2f} ± {200 * pi_vs[p][1]:.2f})"
+                f"P={p}: PI {fmt('pi', p)}% vs interpolate {fmt('interpolate', p)}% ({common.gap_text(*pi_vs[p])})"
                 for p in others
             )
             + f" (trained at P={base}: {fmt('native', base)}%)",

@@ -293,7 +293,7 @@ def report(records, command, environment):
         "minutes_per_run": common.minutes_per_run(records),
     }
     results["summary"], verdicts = summarise(runs)
-    results["verdicts"] = common.undecided(verdicts, runs)
+    common.decide(results, verdicts, runs)
     results["environment"] = environment
     return results
 
@@ -372,8 +372,12 @@ def summarise(runs):
         stripe_verdict, stripe_measured = "not measured: the grid has no equal-distance pairs", "n/a"
     else:
         stripe_measured = (
-            f"stripe score of the trained learned 1D tables {stripes['difference']:.3f} (95% CI "
-            f"{stripes['low']:.3f} to {stripes['high']:.3f}, {len(scores)} seeds); "
+            f"stripe score of the trained learned 1D tables {stripes['difference']:.3f} "
+            + (
+                f"(95% CI {stripes['low']:.3f} to {stripes['high']:.3f}, {len(scores)} seeds); "
+                if len(scores) > 1
+                else "(one seed: no interval yet); "
+            )
             + ", ".join(
                 f"{k} {np.mean(runs[k]['stripe_score']):.3f}"
                 for k in STRIPE_TYPES[1:]
@@ -456,11 +460,7 @@ def markdown(results):
             f"{common.pct(s['validation_accuracy']['mean'])} ± {common.pct(s['validation_accuracy']['std'])} | "
             f"{', '.join(f'{u} ({b})' for u, b in zip(r['updates'], r['best_updates']))} | "
             f"{', '.join(r['stopped_by'])} | "
-            + (
-                "—"
-                if k == "learned"
-                else f"{100 * vs['difference']:+.2f} ({100 * vs['low']:+.2f} to {100 * vs['high']:+.2f})"
-            )
+            + ("—" if k == "learned" else common.interval_cell(vs))
             + f" | {common.pct(s['shuffled_accuracy']['mean'])} ± {common.pct(s['shuffled_accuracy']['std'])} | "
             f"{', '.join(map(str, r['changed_predictions']))} of {results['setup']['test_images']} | "
             f"{common.pct(s['quadrant_accuracy']['mean'])} ± {common.pct(s['quadrant_accuracy']['std'])} |"

@@ -247,7 +247,7 @@ def report(records, command, environment):
         "mosaics": first.get("mosaics"),
     }
     results["summary"] = {name: dict(zip(("mean", "std"), common.mean_std(v))) for name, v in results["runs"].items()}
-    results["verdicts"] = common.undecided(verdicts(results), {"model": {"seeds": runs["seeds"]}})
+    common.decide(results, verdicts(results), {"model": {"seeds": runs["seeds"]}})
     results["environment"] = environment
     return results
 

@@ -57,6 +57,13 @@ def undecided(verdicts, runs, required=REQUIRED_SEEDS):
     return [dict(v, verdict=f"{head}; the seeds so far: {v['verdict']}") for v in verdicts]
 
 
+def decide(results, verdicts, runs, required=REQUIRED_SEEDS):
+    """Store in `results` the verdicts as they may be stated (`undecided`) and the seeds per arm they rest on,
+    which the page prints; `runs` maps each arm to its runs, whatever shape the experiment's own runs have."""
+    results["seeds_per_arm"] = seed_counts(runs)
+    results["verdicts"] = undecided(verdicts, runs, required)
+
+
 def paired_difference(a, b, confidence=0.95):
     """Mean of the per-seed differences a - b (same seed, same split) with its two-sided t interval; the interval
     is infinite with fewer than two pairs, so that no verdict is drawn from a single run."""
@@ -90,6 +97,8 @@ def paired(runs, a, b, key="accuracy"):
 
 
 def interval_text(diff, scale=100):
+    if diff["pairs"] < 2:
+        return f"{scale * diff['difference']:+.2f} points (one paired seed: no interval yet)"
     return (
         f"{scale * diff['difference']:+.2f} points (95% CI {scale * diff['low']:+.2f} to "
         f"{scale * diff['high']:+.2f}, {diff['pairs']} paired seeds)"
@@ -116,6 +125,18 @@ def resolvable_margin(diff):
 def mean_std(values):
     values = np.asarray(values, dtype=float)
     return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def interval_cell(diff, scale=100):
+    """A paired difference and its 95% interval for a table cell; one pair has no interval yet."""
+    if diff["pairs"] < 2:
+        return f"{scale * diff['difference']:+.2f} (one seed)"
+    return f"{scale * diff['difference']:+.2f} ({scale * diff['low']:+.2f} to {scale * diff['high']:+.2f})"
+
+
+def gap_text(mean, se):
+    """A difference and its 2 SE in points; with one seed the error is unknown rather than infinite."""
+    return f"{100 * mean:+.2f} ± {200 * se:.2f}" if np.isfinite(se) else f"{100 * mean:+.2f}, one seed"
 
 
 def difference(a, b):  # kept for the experiments not yet moved to paired intervals
