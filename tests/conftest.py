@@ -46,19 +46,25 @@ def converter_bug(monkeypatch):
 
 
 # The test files that take longest (seconds summed over their tests, from `pytest --junitxml` on the 2-core CI
-# machine, 2026-12-04), longest first. pytest-xdist hands whole files (`--dist loadfile`) to whichever worker is free,
+# machine, 2026-12-06), longest first. pytest-xdist hands whole files (`--dist loadfile`) to whichever worker is free,
 # in collection order; starting with the longest keeps one long file from being the last thing a worker runs while
 # the other sits idle. Files not named keep their usual order after these.
 LONGEST_FILES = (
+    "test_benchmark.py",
     "test_finetune.py",
     "test_compatibility.py",
     "test_experiments.py",
+    "test_export.py",
+    "test_streaming_once.py",
+    "test_reliability_training.py",
+    "test_backbone.py",
+    "test_campaign.py",
     "test_reliability.py",
-    "test_hub_push.py",
-    "test_benchmark.py",
     "test_convert_jax.py",
-    "test_publish.py",
+    "test_hub_push.py",
+    "test_streaming.py",
     "test_finetune_fsdp.py",
+    "test_publish.py",
     "test_multinode.py",
 )
 
