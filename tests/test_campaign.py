@@ -204,6 +204,29 @@ def test_report_builds_every_page_from_the_runs_committed_so_far(tmp_path):
         assert f"campaign runs** (`docs/experiments/runs/{name}/`" in page and " of 5 seeds" in page, name
 
 
+def patch_results(random_minus_native, random_seeds=(0, 1, 2)):
+    """Patch-size results at one size (P=7, also the base): native accuracies of seeds 0-3, the random-P model's
+    for `random_seeds`, each `random_minus_native[seed]` away from native's at the same seed."""
+    native = {0: 0.90, 1: 0.92, 2: 0.94, 3: 0.50}
+    random = [native[s] + random_minus_native[s] for s in random_seeds]
+    runs = {"native": {"7": list(native.values())}, "random": {"7": random}, "pi": {}, "interpolate": {}}
+    seeds = {"native": {"7": list(native)}, "random": {"7": list(random_seeds)}, "pi": {}, "interpolate": {}}
+    return {"runs": runs, "run_seeds": seeds, "patch_sizes": [7], "base_patch": 7}
+
+
+def test_flexivit_verdict_pairs_the_random_model_with_native_by_seed():
+    """Seed 3 ran natively only (at 50%): pairing by seed leaves it out, so a random-P model 0.1-0.3 points
+    below native at every shared seed lies within a point; 5 points below is not within it."""
+    from hubvit.scripts.experiments import patch_size
+
+    close = patch_size.verdicts(patch_results({0: -0.001, 1: -0.003, 2: -0.002}))[0]
+    assert close["verdict"].startswith("holds") and "3 paired seeds" in close["measured"], close
+    far = patch_size.verdicts(patch_results({0: -0.05, 1: -0.051, 2: -0.049}))[0]
+    assert far["verdict"].startswith("does not hold") and "-5.00 points" in far["measured"], far
+    spread = patch_size.verdicts(patch_results({0: 0.02, 1: -0.04, 2: 0.01}))[0]
+    assert spread["verdict"].startswith("not resolved"), spread
+
+
 def test_queue_is_seed_major_and_covers_every_arm_and_seed():
     units = campaign.queue(seeds=5, experiments=["position_embeddings"])
     arms = position_embeddings.ARMS

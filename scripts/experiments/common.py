@@ -40,8 +40,6 @@ from hubvit.scripts.experiments.statistics import (  # noqa: F401 (the experimen
     equivalence,
     resolvable_margin,
     mean_std,
-    difference,
-    gap_text,
     interval_cell,
 )
 

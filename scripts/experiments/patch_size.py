@@ -94,6 +94,7 @@ def set_interpolation(model, interpolation):
 PLATEAU = common.Plateau(max_epochs=30, patience=5, min_delta=0.003, min_epochs=10)
 SIZES = [4, 7, 14]
 BASE = 7
+FLEXIVIT_MARGIN = 0.01  # "within about a point" (FlexiViT), as a fraction of accuracy
 # One unit per trained model: the native model at each P (the base P's also gives arms (a) and (b)) and the
 # random-P model.
 ARMS = [f"native-{p}" for p in SIZES] + ["random"]
@@ -215,12 +216,14 @@ def report(records, command, environment):
     largest, plateau, splits = max(sizes), common.Plateau(**setup["plateau"]), setup["splits"]
     units = {arm: {"seeds": []} for arm in [f"native-{p}" for p in sizes] + ["random"]}
     runs = {arm: {str(p): [] for p in sizes} for arm in ARMS_TEXT}
+    run_seeds = {arm: {str(p): [] for p in sizes} for arm in ARMS_TEXT}
     speed, first = {}, {}
     for record in sorted(records, key=lambda r: r["seed"]):
         units[record["arm"]]["seeds"].append(record["seed"])
         for arm, per_size in record["values"].items():
             for p, value in per_size.items():
                 runs[arm][p].append(value)
+                run_seeds[arm][p].append(record["seed"])
         for p, value in record.get("images_per_second", {}).items():
             speed.setdefault(p, value)
         first.setdefault("encoder_parameters", record["encoder_parameters"])
@@ -254,6 +257,7 @@ def report(records, command, environment):
         "base_patch": base,
         "images_per_second": speed,
         "runs": runs,
+        "run_seeds": run_seeds,
         "minutes_per_run": common.minutes_per_run(records),
     }
     common.decide(results, verdicts(results), units)
@@ -261,50 +265,75 @@ def report(records, command, environment):
     return results
 
 
+def paired_at(results, a, b, p):
+    """Paired difference of arms a and b at patch size p over the seeds both ran (results merged from runs before
+    `run_seeds` was kept ran every arm for each seed, in seed order)."""
+    runs = results["runs"]
+    seeds = results.get("run_seeds") or {arm: {q: list(range(len(v))) for q, v in r.items()} for arm, r in runs.items()}
+    arms = {arm: {"seeds": seeds[arm][p], "accuracy": runs[arm][p]} for arm in (a, b)}
+    return common.paired(arms, a, b)
+
+
 def verdicts(results):
+    """FlexiViT's "within about a point": every size's paired interval of random - native lies above -1 point
+    (holds), some lies wholly below it (does not hold), or the seeds cannot tell. PI-resize beats interpolation
+    where the paired interval of PI - interpolate lies above 0."""
     runs, sizes, base = results["runs"], [str(p) for p in results["patch_sizes"]], str(results["base_patch"])
     summary = {
         arm: {p: dict(zip(("mean", "std"), common.mean_std(v))) for p, v in r.items()} for arm, r in runs.items()
     }
     results["summary"] = summary
-    seeds = len(runs["native"][sizes[0]])
-    gaps = {p: common.difference(runs["random"][p], runs["native"][p]) for p in sizes}
-    worst = min(sizes, key=lambda p: gaps[p][0])
-    within = all(gap > -0.01 - 2 * se for gap, se in gaps.values())
+    gaps = {p: paired_at(results, "random", "native", p) for p in sizes}
     others = [p for p in sizes if p != base]
-    pi_vs = {p: common.difference(runs["pi"][p], runs["interpolate"][p]) for p in others}
+    pi_vs = {p: paired_at(results, "pi", "interpolate", p) for p in others}
     fmt = lambda arm, p: f"{common.pct(summary[arm][p]['mean'])}"  # noqa: E731
-    one_seed = "not resolved (one seed)"
+    if min(d["pairs"] for d in gaps.values()) < 2:
+        flexivit = "not resolved (one seed)"
+    elif all(d["low"] > -FLEXIVIT_MARGIN for d in gaps.values()):
+        flexivit = f"holds at this scale: every size's interval lies above -{100 * FLEXIVIT_MARGIN:.0f} point"
+    elif any(d["high"] < -FLEXIVIT_MARGIN for d in gaps.values()):
+        worst = min(sizes, key=lambda p: gaps[p]["high"])
+        flexivit = (
+            f"does not hold at this scale: at P={worst} the random-P model is {-100 * gaps[worst]['high']:.1f} "
+            "points or more below native"
+        )
+    else:
+        flexivit = (
+            f"not resolved: the seeds place random - native only above {100 * min(d['low'] for d in gaps.values()):.1f}"
+            " points"
+        )
+    better = [p for p in others if pi_vs[p]["pairs"] > 1 and pi_vs[p]["low"] > 0]
+    if min((d["pairs"] for d in pi_vs.values()), default=0) < 2:
+        pi = "not resolved (one seed)"
+    else:
+        pi = (
+            "holds at this scale"
+            if len(better) == len(others)
+            else (
+                "PI-resize is better at "
+                + (", ".join(f"P={p}" for p in better) or "no size")
+                + " (paired 95% interval above 0)"
+            )
+        )
     return [
         {
             "claim": "FlexiViT: one model trained with a random patch size is within about a point of a model trained "
             "natively at every patch size",
             "measured": "; ".join(
-                f"P={p}: random {fmt('random', p)}% vs native {fmt('native', p)}% ({common.gap_text(*gaps[p])})"
+                f"P={p}: random {fmt('random', p)}% vs native {fmt('native', p)}%, {common.interval_text(gaps[p])}"
                 for p in sizes
-            )
-            + " (points, ± 2 SE)",
-            "verdict": one_seed
-            if seeds < 2
-            else "holds at this scale"
-            if within
-            else f"does not hold at this scale: {abs(100 * gaps[worst][0]):.1f} points below native at P={worst}",
+            ),
+            "verdict": flexivit,
         },
         {
             "claim": "PI-resize keeps a model trained at one patch size usable at others, where plain interpolation of "
             "the kernel does not",
             "measured": "; ".join(
-                f"P={p}: PI {fmt('pi', p)}% vs interpolate {fmt('interpolate', p)}% ({common.gap_text(*pi_vs[p])})"
+                f"P={p}: PI {fmt('pi', p)}% vs interpolate {fmt('interpolate', p)}%, {common.interval_text(pi_vs[p])}"
                 for p in others
             )
             + f" (trained at P={base}: {fmt('native', base)}%)",
-            "verdict": one_seed
-            if seeds < 2
-            else "holds at this scale"
-            if all(d > 2 * se for d, se in pi_vs.values())
-            else "PI-resize is better at "
-            + (", ".join(f"P={p}" for p in others if pi_vs[p][0] > 2 * pi_vs[p][1]) or "no size")
-            + " beyond 2 SE",
+            "verdict": pi,
         },
     ]
 

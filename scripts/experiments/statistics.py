@@ -132,17 +132,3 @@ def interval_cell(diff, scale=100):
     if diff["pairs"] < 2:
         return f"{scale * diff['difference']:+.2f} (one seed)"
     return f"{scale * diff['difference']:+.2f} ({scale * diff['low']:+.2f} to {scale * diff['high']:+.2f})"
-
-
-def gap_text(mean, se):
-    """A difference and its 2 SE in points; with one seed the error is unknown rather than infinite."""
-    return f"{100 * mean:+.2f} ± {200 * se:.2f}" if np.isfinite(se) else f"{100 * mean:+.2f}, one seed"
-
-
-def difference(a, b):  # kept for the experiments not yet moved to paired intervals
-    """Mean of a - b and its standard error (independent seeds), in the units of a and b; infinite with one seed,
-    so that no verdict is drawn from a single run."""
-    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
-    if min(len(a), len(b)) < 2:
-        return ma - mb, float("inf")
-    return ma - mb, float(np.sqrt(sa**2 / len(a) + sb**2 / len(b)))
