@@ -66,6 +66,22 @@ def make_accelerator(args):
     return accelerator
 
 
+def start_run(args):
+    """What a trainer does first: its Accelerator, the trainers' log at INFO on each machine's main process only,
+    the torch threads asked for, and the seed set."""
+    import logging
+
+    import torch
+    from accelerate.utils import set_seed
+
+    accelerator = make_accelerator(args)
+    logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
+    set_seed(args.seed)
+    return accelerator
+
+
 @dataclass
 class Schedule:
     """How long the run is, in optimizer updates and epochs."""

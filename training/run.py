@@ -2,17 +2,15 @@
 
 import dataclasses
 import json
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from .arguments import Arguments, apply_named_recipe, resolve_defaults
 from .option_checks import check_args, check_types
 from .data import load_run_splits
-from .loop import fit_run, logger, make_accelerator
+from .loop import fit_run, logger, start_run
 from .patch_sizes import ACCURACY_FILE, write_accuracy
 
 
@@ -53,13 +51,7 @@ def train(*groups, command=None, **options):
     apply_named_recipe(args)
     resolve_defaults(args)
     check_args(args)
-    accelerator = make_accelerator(args)
-    logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
-    if args.cpu_threads:
-        torch.set_num_threads(args.cpu_threads)
-    from accelerate.utils import set_seed
-
-    set_seed(args.seed)
+    accelerator = start_run(args)
     with accelerator.main_process_first():
         train_split, eval_split, source, eval_name = load_run_splits(args)
     from .model import load_model

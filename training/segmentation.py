@@ -338,7 +338,7 @@ def train_segmentation(*groups, command=None, **options):
 
     from .checkpoints import check_earlier_checkpoints
     from .checks import check_model_folder
-    from .loop import make_accelerator
+    from .loop import start_run
     from .segmentation_data import load_segmentation_splits, scan_masks
 
     started = time.time()
@@ -347,11 +347,7 @@ def train_segmentation(*groups, command=None, **options):
     check_options(args)
     check_model_folder(args.output_dir, args.model_name_or_path)
     check_earlier_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
-    accelerator = make_accelerator(args)
-    logger.setLevel(logging.INFO if accelerator.is_local_main_process else logging.ERROR)
-    if args.cpu_threads:
-        torch.set_num_threads(args.cpu_threads)
-    set_seed(args.seed)
+    accelerator = start_run(args)
     with accelerator.main_process_first():
         train_split, eval_split, source, eval_name = load_segmentation_splits(args)
     names = label_names_for(args, train_split)
