@@ -291,7 +291,12 @@ def report(options):
         results = experiment.report(records, command, campaign_environment(records))
         common.write(options.output_dir, name, results, experiment.figure(results), experiment.markdown(results))
         print(f"{name}: page rebuilt from {len(records)} runs", file=sys.stderr)
-    return summary.main(["--output_dir", options.output_dir])
+    status = summary.main(["--output_dir", options.output_dir])
+    if status == 0 and Path(options.output_dir).resolve() == Path(common.DOCS).resolve():
+        from hubvit.scripts import render_docs
+
+        status = render_docs.main([])  # the pages other docs quote (docs/analysis.md) follow the new figures
+    return status
 
 
 def main(argv=None):
