@@ -262,6 +262,17 @@ def test_an_arm_with_one_seed_states_no_interval_rather_than_an_infinite_one():
     )
 
 
+def test_the_estimate_of_what_is_left_times_each_unit_by_its_own_arms_latest_run():
+    def record(arm, seed, minutes):
+        return {"arm": arm, "seed": seed, "minutes": minutes, "environment": {"torch_threads": 1}}
+
+    records = [record("slow", 1, 40.0), record("slow", 0, 60.0), record("fast", 0, 5.0), record("fast", 1, 7.0)]
+    left = [("x", "slow", 2), ("x", "fast", 2), ("x", "untimed", 0)]
+    # slow as its seed 1 (40), fast as its seed 1 (7), the arm with no run at the experiment's median (of 5, 7, 40,
+    # 60: 23.5)
+    assert campaign.minutes_left(records, left) == pytest.approx(40.0 + 7.0 + 23.5)
+
+
 @pytest.mark.heavy
 def test_campaign_runs_skips_finished_units_and_reports_from_the_records(tmp_path, capsys):
     argv = campaign_argv(tmp_path, "--only", "position_embeddings")

@@ -213,6 +213,17 @@ def progress(options, unit):
     return ", ".join(parts) or "no epoch finished yet"
 
 
+def minutes_left(records, left):
+    """Minutes the units `left` should take: each as long as its own arm's latest finished run (arms differ
+    several-fold, e.g. relative_2d's attention runs, and the latest run was timed under the machine's load and the
+    code as they are now); an arm with no finished run at the experiment's median."""
+    overall = common.minutes_per_run(records)["median"]
+    latest = {}
+    for record in sorted(records, key=lambda r: r["seed"]):
+        latest[record["arm"]] = record["minutes"]
+    return sum(latest.get(arm, overall) for _, arm, _ in left)
+
+
 def status(options):
     """Done / remaining per experiment, measured minutes per finished unit, and the estimate of what is left."""
     units = queue(options.seeds)
@@ -225,11 +236,12 @@ def status(options):
         busy = [u for u in left if (Path(options.checkpoints_dir) / name / f"{u[1]}-seed{u[2]}").is_dir()]
         timing = common.minutes_per_run(records)
         if timing:
-            estimate = len(left) * timing["median"]
+            estimate = minutes_left(records, left)
             total_left += estimate
             timing_text = (
                 f"{timing['median']:.1f} min per run (median of {timing['runs']}, {timing['min']:.1f}-"
                 f"{timing['max']:.1f}, torch threads {timing['torch_threads']}); about {estimate / 60:.1f} h left"
+                " (each unit as its arm's latest run)"
             )
         else:
             timing_text = "no finished run yet: no estimate"
