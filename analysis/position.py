@@ -22,8 +22,9 @@ def position_table(model, grid=None):
 
 
 def cosine_similarity_grid(table, grid):
-    """(gh, gw, gh, gw): entry [i, j] is the map of patch (i, j)'s cosine similarity with every patch."""
-    unit = F.normalize(table.float(), dim=-1)
+    """(gh, gw, gh, gw): entry [i, j] is the map of patch (i, j)'s cosine similarity with every patch; in float32,
+    or float64 for a float64 table (the distance-only reference: its zero is then exact to 1e-17, not 1e-9)."""
+    unit = F.normalize(table if table.dtype == torch.float64 else table.float(), dim=-1)
     return (unit @ unit.t()).reshape(grid[0], grid[1], grid[0], grid[1])
 
 
