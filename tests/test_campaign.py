@@ -332,3 +332,18 @@ def test_summary_marks_short_schedule_rows_only_for_results_not_built_from_the_c
     rows = {line.split("]")[0]: line for line in (tmp_path / "README.md").read_text().splitlines() if "| [" in line}
     assert "short schedule" in rows["| [One checkpoint at any patch size (FlexiViT; section 5)"]
     assert "short schedule" not in rows["| [Resolution change (section 5)"]
+
+
+def test_summary_speaks_of_the_short_schedule_only_while_a_row_comes_from_it(tmp_path):
+    from hubvit.scripts.experiments import summary
+
+    verdict = [{"claim": "c", "measured": "m", "verdict": "v"}]
+    campaign_built = {"runs": {"model": {"seeds": [0]}}, "environment": {"units": 1}, "verdicts": verdict}
+    (tmp_path / "resolution.json").write_text(json.dumps(dict(campaign_built, quick=False, command="c")))
+    assert summary.main(["--output_dir", str(tmp_path)]) == 0
+    assert "short schedule" not in (tmp_path / "README.md").read_text()
+    older = {"runs": {"native": {"4": [0.5]}}, "environment": {"wall_time_s": 1.0}, "verdicts": verdict}
+    (tmp_path / "patch_size.json").write_text(json.dumps(dict(older, quick=False, command="c")))
+    assert summary.main(["--output_dir", str(tmp_path)]) == 0
+    introduction = (tmp_path / "README.md").read_text().split("| experiment |")[0]
+    assert "rows marked *short schedule*" in introduction and common.SCHEDULE_NOTE in introduction

