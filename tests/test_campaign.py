@@ -347,3 +347,24 @@ def test_summary_speaks_of_the_short_schedule_only_while_a_row_comes_from_it(tmp
     assert summary.main(["--output_dir", str(tmp_path)]) == 0
     introduction = (tmp_path / "README.md").read_text().split("| experiment |")[0]
     assert "rows marked *short schedule*" in introduction and common.SCHEDULE_NOTE in introduction
+
+
+def test_precision_probe_times_both_precisions_on_copies_of_one_model():
+    from hubvit import HubViTConfig, HubViTForImageClassification
+    from hubvit.scripts.experiments import schedule_probe
+
+    config = HubViTConfig(
+        image_size=8,
+        patch_size=4,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_labels=3,
+    )
+    model = HubViTForImageClassification(config).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    measured = schedule_probe.compare_precisions(model, 8, steps=1, rounds=2)
+    assert len(measured["float32"]) == len(measured["bfloat16"]) == 2
+    assert all(t > 0 for t in measured["float32"] + measured["bfloat16"]) and measured["isa"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the steps trained copies
