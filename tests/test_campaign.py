@@ -204,6 +204,36 @@ def test_report_builds_every_page_from_the_runs_committed_so_far(tmp_path):
         assert f"campaign runs** (`docs/experiments/runs/{name}/`" in page and " of 5 seeds" in page, name
 
 
+def validation_accuracies(value):
+    """Every per-run number stored under a `validation_accuracy` key, at any depth of a results dict (not the
+    {mean, std} summaries)."""
+    if isinstance(value, dict):
+        found = []
+        for key, inner in value.items():
+            if key == "validation_accuracy" and not isinstance(inner, dict):
+                found += inner if isinstance(inner, list) else [inner]
+            else:
+                found += validation_accuracies(inner)
+        return found
+    if isinstance(value, list):
+        return [v for item in value for v in validation_accuracies(item)]
+    return []
+
+
+def test_every_results_file_keeps_each_runs_validation_accuracy(tmp_path):
+    """Each unit's fit chose its checkpoint on validation; the results file the page is built from keeps that
+    accuracy for every unit (at least one per record), so the pooled files say what each seed was stopped on."""
+    runs = Path(__file__).resolve().parents[1] / "docs" / "experiments" / "runs"
+    assert campaign.main(["report", "--runs_dir", str(runs), "--output_dir", str(tmp_path)]) == 0
+    for name in campaign.EXPERIMENTS:
+        if campaign.missing_arms(runs, name):
+            continue
+        results = json.loads((tmp_path / f"{name}.json").read_text())
+        found = validation_accuracies(results)
+        assert len(found) >= len(campaign.load_records(runs, name)), name
+        assert all(0.0 <= v <= 1.0 for v in found), name
+
+
 def patch_results(random_minus_native, random_seeds=(0, 1, 2)):
     """Patch-size results at one size (P=7, also the base): native accuracies of seeds 0-3, the random-P model's
     for `random_seeds`, each `random_minus_native[seed]` away from native's at the same seed."""
@@ -212,6 +242,29 @@ def patch_results(random_minus_native, random_seeds=(0, 1, 2)):
     runs = {"native": {"7": list(native.values())}, "random": {"7": random}, "pi": {}, "interpolate": {}}
     seeds = {"native": {"7": list(native)}, "random": {"7": list(random_seeds)}, "pi": {}, "interpolate": {}}
     return {"runs": runs, "run_seeds": seeds, "patch_sizes": [7], "base_patch": 7}
+
+
+def test_the_random_patch_size_model_is_capped_at_the_native_cap_times_the_number_of_sizes(tmp_path, monkeypatch):
+    """It trains on each of the 3 sizes for about a third of its updates: with the native cap it stopped at the cap
+    in every seed, still improving (docs/experiments/patch_size.md), so its cap is 3 times the native one."""
+    from hubvit.scripts.experiments import patch_size
+
+    caps = {}
+
+    class Stop(Exception):
+        pass
+
+    def fit_to_plateau(accelerator, args, train, validation, model, preprocessing, plateau, *rest, **kwargs):
+        caps[model.config.patch_size] = plateau.max_epochs
+        raise Stop
+
+    monkeypatch.setattr(common, "fit_to_plateau", fit_to_plateau)
+    options = patch_size.parse_args(["--output_dir", str(tmp_path), "--max_epochs", "30"])
+    context = patch_size.Context(options)
+    for arm in ("native-7", "random"):
+        with pytest.raises(Stop):
+            patch_size.run_unit(options, arm, 0, context)
+    assert caps == {7: 30, 14: 90}  # the random-P model stores its kernel at the largest size
 
 
 def test_flexivit_verdict_pairs_the_random_model_with_native_by_seed():

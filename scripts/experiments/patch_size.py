@@ -4,7 +4,8 @@ Accuracy and images/s at each patch size P of 28 x 28 digits for (a) a model tra
 PI-resized to the others, (b) the same model with its kernel plainly interpolated, (c) a model trained natively at
 each P, (d) one model trained with a random P per update (`--patch_sizes`, its kernel stored at the largest P).
 Every model is the experiments' ViT trained by the main command's loop to its validation plateau (the
-random-P model scored by its mean validation accuracy over the sizes); accuracies are on the test digits.
+random-P model scored by its mean validation accuracy over the sizes, and capped at as many times the native cap as
+there are sizes, since it sees each size on about that fraction of its updates); accuracies are on the test digits.
 
     python scripts/experiments/patch_size.py --cpu_threads 1            # writes docs/experiments/patch_size.*
     python scripts/experiments/patch_size.py --quick --output_dir /tmp/ps
@@ -39,7 +40,12 @@ def parse_args(argv=None):
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--patch_sizes", default="4,7,14", help="patch sides that divide 28 (default 4,7,14)")
     p.add_argument("--base_patch", type=int, default=BASE, help="the P of arms (a) and (b) (default 7)")
-    p.add_argument("--max_epochs", type=int, default=PLATEAU.max_epochs, help="cap on the epochs of every model")
+    p.add_argument(
+        "--max_epochs",
+        type=int,
+        default=PLATEAU.max_epochs,
+        help="cap on the epochs of each native model; the random-P model gets it times the number of sizes",
+    )
     p.add_argument(
         "--interpolation",
         choices=["bilinear", "bicubic"],
@@ -136,6 +142,7 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
     accelerator = context.accelerator
     sizes = check_sizes(options)
     plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
+    random_cap = plateau.max_epochs * len(sizes)
     train, validation, test = context.splits
     labels = train.features["label"].names
     checkpoint = common.checkpoint_file(checkpoints, "digits")
@@ -145,16 +152,17 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
         model, preprocessing = common.build_vit(args, labels, dict(patch_size=max(sizes)))
         set_interpolation(model, options.interpolation)
         score = accuracy_at_every_size(sizes)
+        fit_plateau = dataclasses.replace(plateau, max_epochs=random_cap)
     else:
         patch = int(arm.split("-")[1])
         args = common.training_args(options.output_dir, seed, augment="none")
         model, preprocessing = common.build_vit(args, labels, dict(patch_size=patch))
-        score = None
+        score, fit_plateau = None, plateau
     if context.pixels is None:
         context.pixels = common.eval_tensors(test, preprocessing, (SIZE, SIZE))
     pixels, targets = context.pixels
     model, fitted = common.fit_to_plateau(
-        accelerator, args, train, validation, model, preprocessing, plateau, None, checkpoint, score=score
+        accelerator, args, train, validation, model, preprocessing, fit_plateau, None, checkpoint, score=score
     )
     if arm == "random":
         values["random"] = {
@@ -175,6 +183,7 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
         "base_patch": options.base_patch,
         "interpolation": options.interpolation,
         "plateau": dataclasses.asdict(plateau),
+        "random_max_epochs": random_cap,
         "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
     }
     extra = {
@@ -206,6 +215,9 @@ def main(argv=None):
     return 0
 
 
+FIT_KEYS = ("validation_accuracy", "updates", "stopped_by")
+
+
 def report(records, command, environment):
     """The results dict (setup, runs, summary, verdicts) from finished unit records, one per (model, seed)."""
     setups = {json.dumps(r["setup"], sort_keys=True) for r in records}
@@ -217,9 +229,13 @@ def report(records, command, environment):
     units = {arm: {"seeds": []} for arm in [f"native-{p}" for p in sizes] + ["random"]}
     runs = {arm: {str(p): [] for p in sizes} for arm in ARMS_TEXT}
     run_seeds = {arm: {str(p): [] for p in sizes} for arm in ARMS_TEXT}
+    fits = {arm: {key: [] for key in ("seeds", *FIT_KEYS)} for arm in units}
     speed, first = {}, {}
     for record in sorted(records, key=lambda r: r["seed"]):
         units[record["arm"]]["seeds"].append(record["seed"])
+        fits[record["arm"]]["seeds"].append(record["seed"])
+        for key in FIT_KEYS:
+            fits[record["arm"]][key].append(record["fits"]["digits"][key])
         for arm, per_size in record["values"].items():
             for p, value in per_size.items():
                 runs[arm][p].append(value)
@@ -239,7 +255,8 @@ def report(records, command, environment):
             f"config's default), {first['encoder_parameters']} encoder parameters",
             "training": "the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64) "
             f"without augmentation; {plateau.text()} (the random-P model is scored by its mean validation accuracy "
-            "over the patch sizes), to the validation plateau for every model",
+            f"over the patch sizes and capped at {setup['random_max_epochs']} epochs: it sees each size on about "
+            f"1/{len(sizes)} of its updates), to the validation plateau for every model",
             "patch sizes": f"{sizes} on {SIZE} x {SIZE} digits: grids "
             + ", ".join(f"{SIZE // p} x {SIZE // p}" for p in sizes),
             "(a), (b)": f"the native P = {base} model of (c), resized by `resize_patch_embeddings(P, "
@@ -256,6 +273,7 @@ def report(records, command, environment):
         "patch_sizes": sizes,
         "base_patch": base,
         "images_per_second": speed,
+        "fits": fits,
         "runs": runs,
         "run_seeds": run_seeds,
         "minutes_per_run": common.minutes_per_run(records),
@@ -400,6 +418,19 @@ def markdown(results):
     for arm, label in ARMS_TEXT.items():
         lines.append(
             f"- {label}: " + "; ".join(f"P={p}: " + ", ".join(common.pct(v) for v in runs[arm][p]) for p in sizes)
+        )
+    lines += [
+        "",
+        "Validation accuracy (%) at the chosen checkpoint, per seed (the random-P model's: its mean over the"
+        " patch sizes), and updates run, stopped by:",
+        "",
+    ]
+    for arm, fit in results.get("fits", {}).items():
+        lines.append(
+            f"- {arm}: "
+            + ", ".join(common.pct(v) for v in fit["validation_accuracy"])
+            + "; "
+            + ", ".join(f"{u} ({why})" for u, why in zip(fit["updates"], fit["stopped_by"]))
         )
     lines += ["", "## Verdicts", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
