@@ -202,6 +202,11 @@ def test_report_builds_every_page_from_the_runs_committed_so_far(tmp_path):
     for name in ready:
         page = (tmp_path / f"{name}.md").read_text()
         assert f"campaign runs** (`docs/experiments/runs/{name}/`" in page and " of 5 seeds" in page, name
+    if "attention_distance" in ready:  # a run ended by the cap is not at a plateau: the page counts them
+        records = campaign.load_records(runs, "attention_distance")
+        capped = sum(r["values"]["stopped_by"] == "cap" for r in records)
+        page = (tmp_path / "attention_distance.md").read_text()
+        assert f"{capped} of {len(records)} runs stopped at the cap of 20 epochs" in page
 
 
 def validation_accuracies(value):

@@ -314,10 +314,10 @@ def markdown(results):
             f"Training time per run: {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f} min."
         ),
         "",
-        "| position_embedding_type | test accuracy (%) | "
+        "| position_embedding_type | test accuracy (%) | validation (%) | stopped by | "
         + " | ".join(f"layer {i + 1}" for i in range(layers))
         + " | layer-1 local / global heads | layer 1 mixes local and global |",
-        "|---|---|" + "---|" * (layers + 2),
+        "|---|---|---|---|" + "---|" * (layers + 2),
     ]
     for kind, v in s.items():
         cells = [
@@ -328,21 +328,30 @@ def markdown(results):
         mixes = "yes" if v["layer1_mixed_seeds"] == n else "no" if v["layer1_mixed_seeds"] == 0 else "in some seeds"
         lines.append(
             f"| {kind} | {common.pct(v['accuracy']['mean'])} ± {common.pct(v['accuracy']['std'])} | "
+            + ", ".join(common.pct(a) for a in runs[kind]["validation_accuracy"])
+            + f" | {', '.join(runs[kind]['stopped_by'])} | "
             + " | ".join(cells)
             + f" | {v['layer1_local_heads']} / {v['layer1_global_heads']} of "
             f"{v['layer1_heads']} | {mixes} ({v['layer1_mixed_seeds']} of {n} seeds) |"
         )
+    capped = {kind: r["stopped_by"].count("cap") for kind, r in runs.items()}
     lines += ["", "## Verdict", ""]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
     lines += [
         "",
         "## What this small setting can and cannot show",
         "",
+        f"{sum(capped.values())} of {len(seconds)} runs stopped at the cap of {setup['plateau']['max_epochs']} "
+        "epochs, where the cosine schedule has brought the learning rate to zero, rather than at a validation "
+        "plateau (by type: "
+        + ", ".join(f"{kind} {n} of {len(runs[kind]['seeds'])}" for kind, n in capped.items())
+        + "): their distances are those of models at the end of that schedule, not of models trained longer.",
+        "",
         f"A {setup['grid'][0]} x {setup['grid'][1]} grid, where uniform attention is "
         f"{setup['uniform_reference_px']:.1f} px away; 4 heads per layer and 4 layers are a small sample of "
         "heads, and enlarged digits are smooth images whose neighbouring patches look alike, so content alone "
         "can make a head local (the `none` control shows how much). The paper's picture comes from ViT-L/16 on "
-        "ImageNet; this shows what a 0.14M-parameter ViT trained to its plateau on digits does, no more.",
+        "ImageNet; this shows what a 0.14M-parameter ViT trained to its plateau or its cap on digits does, no more.",
     ]
     return "\n".join(lines)
 
