@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hubvit.scripts.experiments import campaign, common, position_embeddings
+from tests.utils import tiny_config
 
 TIMING = set(common.TIMING_KEYS)
 
@@ -408,18 +409,10 @@ def test_summary_speaks_of_the_short_schedule_only_while_a_row_comes_from_it(tmp
 
 
 def test_precision_probe_times_both_precisions_on_copies_of_one_model():
-    from hubvit import HubViTConfig, HubViTForImageClassification
+    from hubvit import HubViTForImageClassification
     from hubvit.scripts.experiments import schedule_probe
 
-    config = HubViTConfig(
-        image_size=8,
-        patch_size=4,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_labels=3,
-    )
+    config = tiny_config(image_size=8, patch_size=4, hidden_size=8, intermediate_size=16, num_hidden_layers=1)
     model = HubViTForImageClassification(config).train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     measured = schedule_probe.compare_precisions(model, 8, steps=1, rounds=2)
