@@ -215,20 +215,23 @@ def experiments(root: Path) -> str:
 
 @table("experiment-times")
 def experiment_times(root: Path) -> str:
-    """Wall time of each recorded experiment run, from the `environment` its script writes into the JSON."""
+    """Time of each recorded experiment, from the `environment` its script (or the campaign, one unit per arm and
+    seed, summing the units' training minutes) writes into the JSON."""
     rows, sources = [], []
     for name, title in EXPERIMENTS.items():
         relative = f"docs/experiments/{name}.json"
         env = read_json(root, relative)["environment"]
         seconds = env["wall_time_s"]
         wall = f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
-        if env.get("parallel_parts"):
+        if env.get("units"):
+            wall += f" of training in {env['units']} units (median {env['minutes_per_run']['median']:.1f} min each)"
+        elif env.get("parallel_parts"):
             wall += (
                 f" ({env['parallel_parts']} processes side by side, load average {env['load_average_at_end'][0]:.0f})"
             )
         rows.append((f"[{title}](experiments/{name}.md)", wall, env["torch_threads"], env["cpu_count"]))
         sources.append(relative)
-    return markdown_table(["recorded run", "wall time", "torch threads", "CPUs"], rows) + "\n\n" + source_line(*sources)
+    return markdown_table(["recorded runs", "time", "torch threads", "CPUs"], rows) + "\n\n" + source_line(*sources)
 
 
 @table("attention-distance-mnist")

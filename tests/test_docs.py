@@ -69,3 +69,10 @@ def test_an_unclosed_region_is_refused_by_name():
 def test_a_missing_result_file_is_named(tmp_path):
     with pytest.raises(render_docs.RenderError, match="docs/analysis/mnist_all_results.json: no such file"):
         render_docs.render("<!-- begin: main-command -->\n<!-- end: main-command -->\n", tmp_path)
+
+
+def test_experiment_times_add_up_the_campaign_units_training_minutes():
+    records = [json.loads(p.read_text()) for p in (ROOT / "docs/experiments/runs/attention_distance").glob("*.json")]
+    row = next(line for line in render_docs.experiment_times(ROOT).splitlines() if "attention_distance.md" in line)
+    total = sum(r["minutes"] for r in records)
+    assert f"{total:.1f} min of training in {len(records)} units" in row
