@@ -16,7 +16,14 @@ import torch
 from scipy.spatial.distance import cdist
 
 from hubvit import HubViTConfig, HubViTForImageClassification
-from hubvit.scripts.experiments import attention_distance, common, position_controls, position_embeddings, resolution
+from hubvit.scripts.experiments import (
+    attention_distance,
+    common,
+    inductive_bias,
+    position_controls,
+    position_embeddings,
+    resolution,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {
@@ -318,3 +325,14 @@ def test_quick_patch_size_run_has_every_arm_at_every_size(quick_results):
     assert all(len(results["runs"][arm][p]) == 1 for arm in results["runs"] for p in sizes)
     base = str(results["base_patch"])  # resized to its own patch size, the base model is itself
     assert results["runs"]["pi"][base] == results["runs"]["interpolate"][base] == results["runs"]["native"][base]
+
+
+def test_a_subset_run_waits_the_full_data_patience_counted_in_scores():
+    """At 5% the ViT is scored once per 20 epochs (a full-data epoch's worth of updates): the cap scales to 20 times
+    the epochs, while patience and minimum stay what they are at 100%, counted in those scores."""
+    base = inductive_bias.PLATEAU
+    plateau = inductive_bias.plateau_for(0.05)
+    assert plateau.max_epochs == 20 * base.max_epochs
+    scores = [0.08 * i for i in range(base.min_epochs - 1)] + [0.9] * (base.max_epochs - base.min_epochs + 1)
+    stopped_after = next(n for n in range(1, len(scores) + 1) if plateau.reached(scores[:n]))
+    assert stopped_after == base.min_epochs + base.patience
