@@ -345,7 +345,9 @@ def markdown(results):
         "epochs, where the cosine schedule has brought the learning rate to zero, rather than at a validation "
         "plateau (by type: "
         + ", ".join(f"{kind} {n} of {len(runs[kind]['seeds'])}" for kind, n in capped.items())
-        + "): their distances are those of models at the end of that schedule, not of models trained longer.",
+        + "): their distances are those of models at the end of that schedule, not of models trained longer. "
+        "[campaign.md](campaign.md) reports a check: seed 0 of `none` and `relative_2d` trained again with a "
+        "40-epoch cap.",
         "",
         f"A {setup['grid'][0]} x {setup['grid'][1]} grid, where uniform attention is "
         f"{setup['uniform_reference_px']:.1f} px away; 4 heads per layer and 4 layers are a small sample of "
