@@ -18,6 +18,7 @@ from scipy.spatial.distance import cdist
 from hubvit import HubViTConfig, HubViTForImageClassification
 from hubvit.scripts.experiments import (
     attention_distance,
+    campaign,
     common,
     inductive_bias,
     position_controls,
@@ -336,3 +337,13 @@ def test_a_subset_run_waits_the_full_data_patience_counted_in_scores():
     scores = [0.08 * i for i in range(base.min_epochs - 1)] + [0.9] * (base.max_epochs - base.min_epochs + 1)
     stopped_after = next(n for n in range(1, len(scores) + 1) if plateau.reached(scores[:n]))
     assert stopped_after == base.min_epochs + base.patience
+
+
+def test_inductive_bias_page_counts_the_vit_runs_the_cap_stopped():
+    records = campaign.load_records(ROOT / "docs" / "experiments" / "runs", "inductive_bias")
+    capped = next(r for r in records if r["arm"] == "0.05")
+    capped["fits"]["vit"]["stopped_by"] = "cap"
+    results = inductive_bias.report(records, "command", campaign.campaign_environment(records))
+    assert "stopped by the cap rather than at a validation plateau, by fraction: 5% 1 of 5, 10% 0 of 5" in (
+        inductive_bias.markdown(results)
+    )

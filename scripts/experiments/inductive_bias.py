@@ -208,13 +208,6 @@ def main(argv=None):
     return 0
 
 
-def last_scores_moved(fit, patience):
-    """How far (max - min) validation accuracy moved over a fit's last `patience` scores: near 0 where a run that
-    stopped at the cap had flattened anyway (its cosine schedule had brought the learning rate to zero)."""
-    last = fit["validation_history"][-patience:]
-    return max(last) - min(last)
-
-
 def report(records, command, environment):
     """The results dict (setup, runs, summary, verdicts) from finished unit records, one per (fraction, seed)."""
     arms = sorted({r["arm"] for r in records}, key=float)
@@ -227,7 +220,6 @@ def report(records, command, environment):
     for arm in arms:
         fits = [r["fits"]["vit"] for r in sorted(records, key=lambda r: r["seed"]) if r["arm"] == arm]
         runs["vit"][arm]["stopped_by"] = [f["stopped_by"] for f in fits]
-        runs["vit"][arm]["last_scores_moved"] = [last_scores_moved(f, setup["plateau"]["patience"]) for f in fits]
     base, cost, parameters, splits = (
         common.Plateau(**setup["plateau"]),
         setup["macs_per_image"],
@@ -255,7 +247,6 @@ def report(records, command, environment):
             f"{splits['validation']} validation and {splits['test']} test digits (fixed stratified splits, seed 0)",
             "macs_per_image": cost,
             "splits": splits,
-            "plateau": setup["plateau"],
         },
         "runs": runs,
         "minutes_per_run": common.minutes_per_run(records),
@@ -381,18 +372,13 @@ def markdown(results, fractions=None):
         "training FLOPs, so the gap compares the two at the ViT's budget, not their learning speed. Neither model "
         "was tuned; both use the main command's recipe, which was chosen for the ViT.",
     ]
-    vit = runs["vit"]
-    capped = {f: [i for i, s in enumerate(vit[str(f)].get("stopped_by", [])) if s == "cap"] for f in fractions}
+    capped = {f: runs["vit"][str(f)].get("stopped_by", []).count("cap") for f in fractions}
     if any(capped.values()):
-        moved = [vit[str(f)]["last_scores_moved"][i] for f in fractions for i in capped[f]]
         lines += [
             "",
-            f"{sum(map(len, capped.values()))} of {sum(len(vit[str(f)]['seeds']) for f in fractions)} ViT runs "
-            "stopped at the cap rather than at a validation plateau (by fraction: "
-            + ", ".join(f"{f:.0%} {len(capped[f])} of {len(vit[str(f)]['seeds'])}" for f in fractions)
-            + f"); over their last {results['setup']['plateau']['patience']} validation scores their accuracy moved by "
-            f"{100 * min(moved):.2f}-{100 * max(moved):.2f} points, as the cosine schedule spanning the cap had "
-            "brought the learning rate to zero: a longer cap is a longer schedule, not more of this one.",
+            "ViT runs stopped by the cap rather than at a validation plateau, by fraction: "
+            + ", ".join(f"{f:.0%} {n} of {len(runs['vit'][str(f)]['seeds'])}" for f, n in capped.items())
+            + ".",
         ]
     return "\n".join(lines)
 
