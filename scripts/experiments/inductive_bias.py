@@ -217,9 +217,9 @@ def report(records, command, environment):
     for kind in MODELS:
         per_model = [dict(r, values=r["values"][kind]) for r in records]
         runs[kind] = common.gather(per_model, arms, KEYS)[1]
+    stops = common.gather([dict(r, values=r["fits"]["vit"]) for r in records], arms, ["seeds", "stopped_by"])[1]
     for arm in arms:
-        fits = [r["fits"]["vit"] for r in sorted(records, key=lambda r: r["seed"]) if r["arm"] == arm]
-        runs["vit"][arm]["stopped_by"] = [f["stopped_by"] for f in fits]
+        runs["vit"][arm]["stopped_by"] = stops[arm]["stopped_by"]
     base, cost, parameters, splits = (
         common.Plateau(**setup["plateau"]),
         setup["macs_per_image"],
