@@ -11,7 +11,6 @@ import numpy as np
 
 from ..errors import HubViTError
 from ..limits import check_config_sizes
-from ..modeling.configuration_hubvit import POSITION_KINDS
 from ..options import argument, choice, nonempty_path, option, path_text, settle, text
 from . import attention, info as counts, plots, position, source
 
@@ -204,7 +203,7 @@ def similarity_figures(model, folder, image_size=None, layer=0, title=""):
     grid = counts.grid_of(config, image_size) if image_size else config.grid_size
     kind = config.position_embedding_type
     values = {"position_embedding_type": kind, "stripe_score": None}
-    described = POSITION_KINDS[kind]
+    described = config.position_kind
     if not (described.adds_table or described.attention_bias):
         return values, []
     if described.attention_bias:

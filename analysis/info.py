@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from .. import presets
 from ..errors import HubViTError
 from ..folder import ACCURACY_FILE
-from ..modeling.configuration_hubvit import POSITION_KINDS
+from ..modeling.heads_hubvit import HubViTMAPHead
+from ..modeling.layers_hubvit import MLP_KINDS, HubViTLayer, linear_parameters, norm_parameters
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
 
@@ -101,31 +102,17 @@ def attention_memory(config, image_size=None, batch_size=1, dtype="float32"):
 
 
 def position_parameters(config):
-    """Position-table parameters outside the blocks (the relative 2D bias lives in each block)."""
-    kind, dim = config.position_embedding_type, config.hidden_size
-    gh, gw = config.grid_size
-    if kind == "learned":
-        return (gh * gw + (config.num_prefix_tokens if config.position_embedding_includes_prefix else 0)) * dim
-    if kind == "learned_2d":
-        return (gh + gw) * (dim // 2)
-    return 0
+    """Position parameters outside the blocks (a kind that biases the attention counts in each block)."""
+    return config.position_kind.table_parameters(config)
 
 
 def linear(n_in, n_out, bias=True):
-    return n_in * n_out + (n_out if bias else 0)
+    return linear_parameters(n_in, n_out, bias)
 
 
 def block_parameters(config):
-    """(sub-layer, parameters) of one encoder block, in forward order."""
-    d, m = config.hidden_size, config.intermediate_size
-    gh, gw = config.grid_size
-    parts = [("norm1", 2 * d), ("attention.qkv", linear(d, 3 * d, config.qkv_bias)), ("attention.proj", linear(d, d))]
-    if POSITION_KINDS[config.position_embedding_type].attention_bias:
-        parts.append(("attention.relative_position_bias", config.num_attention_heads * (2 * gh - 1) * (2 * gw - 1)))
-    parts += [("norm2", 2 * d), ("mlp.fc1", linear(d, m)), ("mlp.fc2", linear(m, d))]
-    if config.layer_scale_init_value is not None:
-        parts.append(("layer_scale", 2 * d))
-    return parts
+    """(sub-layer, parameters) of one encoder block, in forward order, as the block's parts count themselves."""
+    return HubViTLayer.parameter_parts(config)
 
 
 def head_features(config):
@@ -143,18 +130,12 @@ def parameter_parts(config, head=True):
         ("position_embedding", position_parameters(config)),
     ]
     if config.pre_norm:
-        parts.append(("pre_norm", 2 * d))
+        parts.append(("pre_norm", norm_parameters(config)))
     depth = config.num_hidden_layers
     parts += [(f"blocks.{name} (x{depth})", depth * count) for name, count in block_parameters(config)]
-    parts.append(("final_norm", 2 * d))
+    parts.append(("final_norm", norm_parameters(config)))
     if config.pooling == "map":
-        m = config.intermediate_size
-        parts.append(
-            (
-                "pooler.map_head",
-                d + linear(d, d) + linear(d, 2 * d) + linear(d, d) + 2 * d + linear(d, m) + linear(m, d),
-            )
-        )
+        parts.append(("pooler.map_head", HubViTMAPHead.parameters_of(config)))
     if head and config.representation_size is not None:
         parts.append(("pre_logits", linear(config.pooled_size, config.representation_size)))
     heads = 2 if config.distillation_token and config.distillation_head else 1
@@ -176,18 +157,18 @@ def mac_parts(config, image_size=None, head=True):
     """(part, multiply-accumulates) of one image's forward pass, in forward order (batch 1)."""
     t = tokens(config, image_size)
     n, seq = t.num_patches, t.sequence_length
-    d, m, depth = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    d, depth = config.hidden_size, config.num_hidden_layers
     ph, pw = config.patch_size_2d
     parts = [
         ("patch_embedding", n * ph * pw * config.num_channels * d),
-        ("qkv", depth * seq * d * 3 * d),
+        ("qkv", depth * seq * d * 3 * d),  # fused or separate: the same products
         ("attention_scores (QK^T)", depth * seq * seq * d),
         ("attention_weighted_sum (AV)", depth * seq * seq * d),
         ("attention_output_projection", depth * seq * d * d),
-        ("mlp", depth * 2 * seq * d * m),
+        ("mlp", depth * MLP_KINDS[config.mlp_type].macs(config, seq)),
     ]
     if config.pooling == "map":
-        parts.append(("map_head", d * d + seq * 2 * d * d + 2 * seq * d + d * d + 2 * d * m))
+        parts.append(("map_head", HubViTMAPHead.macs(config, seq)))
     if head and config.representation_size is not None:
         parts.append(("pre_logits", config.pooled_size * config.representation_size))
     heads = 2 if config.distillation_token and config.distillation_head else 1

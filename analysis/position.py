@@ -1,8 +1,8 @@
 """Position embeddings as the paper draws them (Figure 7, centre): the cosine similarity of each patch's position
 vector with every other patch's, and, for the relative 2D bias, each head's bias over (dy, dx) offsets.
 
-Tables are read through the model's own methods (`learned_table`, `learned_2d_table`, `sincos_2d_position_table`,
-`relative_bias_table`), so a resized table is exactly what the model adds at that size.
+Tables are read through the position kind's own methods (`patch_table`, `bias_table`), so a resized table is
+exactly what the model adds at that size.
 """
 
 import torch
@@ -73,7 +73,11 @@ def relative_bias_tables(model, layer=0, grid=None):
     if not -len(layers) <= layer < len(layers):
         raise HubViTError(f"layer {layer} does not exist; the model has layers 0..{len(layers) - 1}")
     attention = layers[layer].attention
-    if attention.relative_position_bias is None:
-        raise HubViTError("the model has no relative position bias (position_embedding_type is not 'relative_2d')")
     with torch.no_grad():
-        return attention.relative_bias_table(tuple(grid or model.config.grid_size)).float()
+        table = attention.position.bias_table(attention, tuple(grid or model.config.grid_size))
+    if table is None:
+        raise HubViTError(
+            f"the model has no relative position bias (position_embedding_type={model.config.position_embedding_type!r}"
+            f" is {attention.position.description!r})"
+        )
+    return table.float()

@@ -230,3 +230,21 @@ def load_hubvit(src):
 
     read_hubvit_config(src)
     return load(src, classifier=True, dtype="float32")
+
+
+BLOCK_COMPONENTS = ("key_bias", "qkv_fused", "qk_norm", "proj_bias", "mlp_bias", "norm_type", "mlp_type")
+
+
+def block_component_problems(config, target):
+    """The block's component settings that differ from the paper's block (fused qkv with all three biases,
+    LayerNorm, fc1-activation-fc2), each named with its value, for an export to `target`, whose plain ViT class has
+    only the paper's block."""
+    from ..modeling import HubViTConfig
+
+    paper = HubViTConfig()
+    problems = []
+    for name in BLOCK_COMPONENTS:
+        value = getattr(config, name)
+        if value != getattr(paper, name) and not (name == "key_bias" and not config.qkv_bias):
+            problems.append(f"{name}={value!r} ({target} builds {name}={getattr(paper, name)!r} only)")
+    return problems

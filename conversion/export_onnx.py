@@ -147,17 +147,17 @@ def metadata(model, processor):
 
 @contextlib.contextmanager
 def resize_by_matrices():
-    """While exporting, the position tables are resized by the model file's `resize_position_grid_by_matrices`: the
+    """While exporting, the position tables are resized by the model's `resize_position_grid_by_matrices`: the
     interpolation weights computed in the graph from the input size, applied as two 2D matrix products, where
     `F.interpolate` would become an ONNX `Resize` whose cubic + antialias variant OpenVINO computes differently."""
-    from ..modeling import modeling_hubvit
+    from ..modeling import resize_hubvit
 
-    original = modeling_hubvit.resize_position_grid
-    modeling_hubvit.resize_position_grid = modeling_hubvit.resize_position_grid_by_matrices
+    original = resize_hubvit.resize_position_grid
+    resize_hubvit.resize_position_grid = resize_hubvit.resize_position_grid_by_matrices
     try:
         yield
     finally:
-        modeling_hubvit.resize_position_grid = original
+        resize_hubvit.resize_position_grid = original
 
 
 def export_graph(model, path, opset=OPSET):

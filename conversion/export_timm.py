@@ -14,6 +14,7 @@ from pathlib import Path
 from ..options import argument
 from ..preprocessing import RESAMPLE_NAMES
 from .common import (
+    block_component_problems,
     ConversionError,
     ExportOptions,
     ExportResult,
@@ -61,7 +62,7 @@ def export_problems(config):
     eps = config.layer_norm_eps
     checks = [
         (
-            config.position_embedding_type not in ("learned", "none"),
+            config.position_kind.timm_pos_embed is None,
             f"position_embedding_type={config.position_embedding_type!r} (timm's ViT has a learned 1D table or none)",
         ),
         (config.pooling not in POOLS, f"pooling={config.pooling!r} (timm pools with 'token', 'avg' or 'map')"),
@@ -100,7 +101,7 @@ def export_problems(config):
             f"intermediate_size={config.intermediate_size} is not int(hidden_size * mlp_ratio) for any float ratio",
         )
     )
-    return [text for bad, text in checks if bad]
+    return [text for bad, text in checks if bad] + block_component_problems(config, "timm's VisionTransformer")
 
 
 def timm_interpolation(config):
@@ -124,7 +125,7 @@ def timm_arguments(config):
         qkv_bias=config.qkv_bias,
         init_values=config.layer_scale_init_value,
         class_token=config.class_token,
-        pos_embed="learn" if config.position_embedding_type == "learned" else "none",
+        pos_embed=config.position_kind.timm_pos_embed,
         no_embed_class=not config.position_embedding_includes_prefix,
         reg_tokens=config.num_register_tokens,
         pre_norm=config.pre_norm,

@@ -13,6 +13,7 @@ import torch
 
 from ..options import argument
 from .common import (
+    block_component_problems,
     ConversionError,
     ExportOptions,
     ExportResult,
@@ -45,7 +46,7 @@ def export_problems(config):
         (config.distillation_token, "distillation_token=True (DeiT, not ViT)"),
         (config.num_register_tokens, f"num_register_tokens={config.num_register_tokens} (ViT has no registers)"),
         (
-            config.position_embedding_type != "learned",
+            not config.position_kind.transformers_vit,
             f"position_embedding_type={config.position_embedding_type!r} (ViT has a learned 1D table)",
         ),
         (config.pooling != "cls", f"pooling={config.pooling!r} (ViT classifies the [CLS] token)"),
@@ -56,7 +57,7 @@ def export_problems(config):
         (config.dynamic_img_pad, "dynamic_img_pad=True (ViT does not pad inputs)"),
         (config.hidden_act not in ACT2FN, f"hidden_act={config.hidden_act!r} (not in transformers' ACT2FN)"),
     ]
-    return [text for bad, text in checks if bad]
+    return [text for bad, text in checks if bad] + block_component_problems(config, "transformers' ViTModel")
 
 
 def export_notes(config):

@@ -8,7 +8,9 @@ each: `com.microsoft.MultiHeadAttention` takes the qkv projection's output split
 MLP projection's output. The fused graph runs in onnxruntime only (OpenVINO does not read the `com.microsoft`
 domain), which is why the plain export stays the default. Each block is located from the exporter's node metadata
 (the module scope of the projections), the region between the projections is bypassed, and the operators nothing
-reads any more are removed. Blocks with a relative position bias keep their attention as exported.
+reads any more are removed. Blocks whose attention is not the plain product (`HubViTAttention.plain_product`: a bias
+on the logits, q/k norm, q and v biases only, separate projections) keep their attention as exported, and a gated
+MLP keeps its activation.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..modeling.configuration_hubvit import POSITION_KINDS
+from ..modeling.layers_hubvit import MLP_KINDS, HubViTAttention
 from .common import ConversionError
 
 DOMAIN = "com.microsoft"
@@ -65,8 +67,8 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
     properties = {entry.key: entry.value for entry in model.metadata_props}
     last_queries = int(properties[LAST_BLOCK_QUERIES]) if LAST_BLOCK_QUERIES in properties else None
     last = max(blocks)
-    fuse_attention = not POSITION_KINDS[config.position_embedding_type].attention_bias
-    activation = ACTIVATIONS.get(config.hidden_act)
+    fuse_attention = HubViTAttention.plain_product(config)
+    activation = ACTIVATIONS.get(config.hidden_act) if MLP_KINDS[config.mlp_type].activation_reads_fc1 else None
     counts = {"MultiHeadAttention": 0, activation or "activation": 0}
     for index, block in sorted(blocks.items()):
         if fuse_attention:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..modeling import HubViTConfig
-from ..modeling.configuration_hubvit import POSITION_KINDS
+from ..modeling.positions_hubvit import POSITION_KINDS
 from . import sources
 from ..options import argument, choice, flag, option, settle, text, whole
 from ..preprocessing import Preprocessing
@@ -176,7 +176,7 @@ def map_weights(source, layout, config, args, path):
     mapping.map("embeddings.patch_embedding.bias", f"{p}embedding/bias")
     if config.class_token:
         mapping.map("embeddings.class_token", f"{p}cls")
-    if config.position_embedding_type == "learned":
+    if config.position_kind.big_vision_posemb == "learn":
         table = "Transformer/posembed_input/pos_embedding" if layout.name == "vision_transformer" else "pos_embedding"
         mapping.map("embeddings.position_embedding", f"{p}{table}")
     ln1, attention, ln2, mlp = BLOCK_NAMES[layout.name]
@@ -234,8 +234,10 @@ def flax_reference(source, layout, config, args):
     converted resolution (the table resized as the original fine-tuning code does); unavailable without jax/flax."""
     if not args.verify:
         return Reference.unavailable("skipped (--no-verify)")
-    if config.position_embedding_type == "none":
-        return Reference.unavailable("big_vision has no ViT without position embeddings to run it with")
+    if config.position_kind.big_vision_posemb is None:
+        return Reference.unavailable(
+            f"big_vision has no ViT with {config.position_kind.description!r} position embeddings to run it with"
+        )
     try:
         from flax import traverse_util
 
@@ -277,11 +279,12 @@ def flax_reference(source, layout, config, args):
             table["pos_embedding"] = flax_vit.resize_posemb_orig(table["pos_embedding"], grid, config.class_token)
     else:
         pool_type = {value: key for key, value in POOL_TYPES.items()}[config.pooling]
-        learned = config.position_embedding_type == "learned"
+        posemb = config.position_kind.big_vision_posemb
+        learned = posemb == "learn"
         model = flax_vit.VisionTransformerBV(
             width=config.hidden_size,
             depth=config.num_hidden_layers,
-            posemb="learn" if learned else "sincos2d",
+            posemb=posemb,
             rep_size=representation or False,
             pool_type=pool_type,
             scan=layout.scanned,
@@ -323,7 +326,7 @@ def convert(args):
     config = HubViTConfig(**fields, num_labels=num_labels)
     mapping = map_weights(source, layout, config, args, path)
     state_dict, report = mapping.finish(expected_shapes(config)), mapping.report()
-    if args.image_size and config.position_embedding_type == "learned":
+    if args.image_size and config.position_kind.learned:
         model = build_model(config, state_dict).resize_position_embeddings(args.image_size)
         state_dict, fields["image_size"] = model.state_dict(), model.config.image_size
         config = model.config

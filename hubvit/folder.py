@@ -21,12 +21,16 @@ from pathlib import Path
 from .card import CardInfo, render_card
 from .errors import ConversionError, HubViTError, OutputExistsError, listing
 from .limits import check_folder_weights, require_safetensors
+from . import modeling
 from .modeling import HubViTConfig, HubViTForImageClassification, HubViTModel
 from .preprocessing import Preprocessing, processor_for
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "configuration_hubvit.py", "modeling_hubvit.py")
+"""What every hubvit folder holds, this version's and the earlier single-file ones alike."""
+MODELING_FILES = tuple(sorted(path.name for path in Path(modeling.__file__).parent.glob("*_hubvit.py")))
+"""The modeling files this version writes into a folder: every flat `*_hubvit.py` of `modeling/`."""
 ACCURACY_FILE = "patch_size_accuracy.json"
 """Measured accuracy per patch side, written beside a model trained with `--patch_sizes` (`hubvit info` reads it)."""
 
@@ -288,7 +292,7 @@ def write_folder(model, out_dir, image_processor=None, card: CardInfo | None = N
         image_processor.save_pretrained(staging)
         if card is not None:
             render_card(model, card, image_processor).save(staging / "README.md")
-        missing = [name for name in REQUIRED_FILES if not (staging / name).is_file()]
+        missing = [name for name in REQUIRED_FILES + MODELING_FILES if not (staging / name).is_file()]
         if missing:
             raise RuntimeError(f"save_pretrained did not write {missing}")
     return Path(out_dir)

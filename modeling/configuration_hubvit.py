@@ -45,7 +45,6 @@ import dataclasses
 import inspect
 import types
 import typing
-from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 from transformers.utils import logging
@@ -55,30 +54,17 @@ try:
 except ImportError:  # 4.46 to 5.24
     from transformers.utils.backbone_utils import BackboneConfigMixin
 
+# transformers before 5.10 copies into its module cache only the files a loaded module imports itself, then imports
+# them with everything they import: so this file imports every modeling file it reaches, directly.
+from .compat_hubvit import check_kwargs  # noqa: F401
+from .layers_hubvit import MLP_KINDS, NORM_KINDS
+from .patch_resize_hubvit import patch_pair  # noqa: F401
+from .positions_hubvit import POSITION_KINDS
+from .resize_hubvit import resize_as_configured  # noqa: F401
+
 logger = logging.get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class PositionKind:
-    """One kind of position embedding, as every reader (analysis, exports, converters) needs to know it: whether it
-    adds a vector to each patch (`adds_table`), whether its table or bias is learned, and whether it is a bias on
-    the attention logits instead (`attention_bias`)."""
-
-    adds_table: bool
-    learned: bool
-    attention_bias: bool
-    description: str
-
-
-# The registry of position-embedding kinds: a new kind is one entry here and its code in modeling_hubvit.py.
-POSITION_KINDS = {
-    "learned": PositionKind(True, True, False, "learned 1D table, one row per token (the paper's default)"),
-    "learned_2d": PositionKind(True, True, False, "learned row and column tables, each half the width"),
-    "relative_2d": PositionKind(False, True, True, "learned bias per head and 2D offset on the attention logits"),
-    "sincos_2d": PositionKind(True, False, False, "fixed 2D sine-cosine table (MoCo v3, big_vision)"),
-    "none": PositionKind(False, False, False, "no position information: the patches form a set"),
-}
-POSITION_EMBEDDING_TYPES = tuple(POSITION_KINDS)
 POOLING_TYPES = ("cls", "mean", "map", "first", "cls_mean", "none")
 HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")
@@ -150,6 +136,15 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             same). The reference ViT of "ViT from First Principles" on `nn.TransformerEncoder` uses 1e-5 in its blocks (PyTorch's
             default) and 1e-6 in its final norm.
         qkv_bias: biases on the query/key/value projections (all but a few research variants).
+        key_bias: with `qkv_bias`, the key projection has one too; False: queries and values only (EVA, BEiT,
+            DINOv3 `_qkvb`), stored as `q_bias` / `v_bias` beside a fused `qkv`.
+        qkv_fused: one `qkv` projection (the paper, timm); False: separate `q`, `k`, `v` (transformers, EVA-02).
+        qk_norm: a norm over each head's queries and keys before the product (timm `qk_norm`).
+        proj_bias, mlp_bias: biases on the attention output projection and the MLP's layers (AIMv2 has none).
+        norm_type: every norm's kind (`modeling/layers_hubvit.py` `NORM_KINDS`): `layer_norm` (the paper),
+            `rms_norm` (AIMv2).
+        mlp_type: the MLP's kind (`MLP_KINDS`): `mlp` (fc1, activation, fc2) or `gated` (activation(gate) * value;
+            SwiGLU with `hidden_act="silu"`: EVA-02, DINOv2 giant, AIMv2, DINOv3).
         patch_bias: bias on the patch embedding (False for CLIP).
         hidden_dropout_prob, attention_probs_dropout_prob, drop_path_rate: regularisation for training (DeiT uses
             stochastic depth, `drop_path_rate`, growing linearly with depth).
@@ -161,9 +156,10 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         distillation_head: with a distillation token, classify with two heads averaged (DeiT, timm, transformers'
             `DeiTForImageClassificationWithTeacher`); False classifies from [CLS] alone (transformers'
             `DeiTForImageClassification`), and `pooler_output` is then the [CLS] token.
-        position_embedding_type: `learned` (paper, 1D table), `learned_2d` (row and column tables concatenated),
-            `relative_2d` (learned per-head bias over (dy, dx) offsets in every block, as BEiT), `sincos_2d` (fixed,
-            big_vision `posemb="sincos2d"`), `none`.
+        position_embedding_type: the position kind (`modeling/positions_hubvit.py` `POSITION_KINDS`): `learned`
+            (paper, 1D table), `learned_2d` (row and column tables concatenated), `relative_2d` (learned per-head
+            bias over (dy, dx) offsets in every block, as BEiT), `sincos_2d` (fixed, big_vision
+            `posemb="sincos2d"`), `none`.
         position_embedding_includes_prefix: the learned table also has rows for the prefix tokens ([CLS],
             registers, distillation); False is timm's `no_embed_class` (big_vision, DeiT-III, DINOv2 registers).
         interpolation_mode, interpolation_antialias, interpolation_align_corners: how position tables are resized
@@ -198,6 +194,13 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     layer_norm_eps: float = 1e-6
     final_layer_norm_eps: float | None = None
     qkv_bias: bool = True
+    key_bias: bool = True
+    qkv_fused: bool = True
+    qk_norm: bool = False
+    proj_bias: bool = True
+    mlp_bias: bool = True
+    norm_type: str = "layer_norm"
+    mlp_type: str = "mlp"
     patch_bias: bool = True
     hidden_dropout_prob: float = 0.0
     attention_probs_dropout_prob: float = 0.0
@@ -386,6 +389,12 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         return self.layer_norm_eps if self.final_layer_norm_eps is None else self.final_layer_norm_eps
 
     @property
+    def position_kind(self):
+        """The class of the configured position kind (`POSITION_KINDS`): what readers of a config ask instead of
+        comparing `position_embedding_type` with a name."""
+        return POSITION_KINDS[self.position_embedding_type]
+
+    @property
     def num_prefix_tokens(self):
         return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
 
@@ -399,7 +408,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not supported; expected one of {list(allowed)}")
 
-        choice("position_embedding_type", POSITION_EMBEDDING_TYPES)
+        choice("position_embedding_type", POSITION_KINDS)
+        choice("norm_type", NORM_KINDS)
+        choice("mlp_type", MLP_KINDS)
         choice("pooling", POOLING_TYPES)
         choice("hidden_act", HIDDEN_ACTS)
         choice("interpolation_mode", INTERPOLATION_MODES)
@@ -428,12 +439,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             )
         if self.fc_norm and self.pooling != "mean":
             raise ValueError(f"fc_norm=True applies to pooling='mean' only, got pooling={self.pooling!r}")
-        if self.position_embedding_type == "learned_2d" and self.hidden_size % 2:
-            raise ValueError(f"position_embedding_type='learned_2d' needs an even hidden_size, got {self.hidden_size}")
-        if self.position_embedding_type == "sincos_2d" and self.hidden_size % 4:
-            raise ValueError(
-                f"position_embedding_type='sincos_2d' needs hidden_size divisible by 4, got {self.hidden_size}"
-            )
+        self.position_kind.check(self)
         if self.layer_scale_init_value is not None and not self.layer_scale_init_value > 0:
             raise ValueError(f"layer_scale_init_value must be > 0 or None, got {self.layer_scale_init_value!r}")
         if self.representation_size is not None and (

@@ -32,6 +32,11 @@ VARIANTS = {
         pooling="cls_mean", pre_norm=True, image_size=[32, 48], representation_size=24
     ),
     "mean_fc_norm_no_head": dict(pooling="mean", class_token=False, fc_norm=True, num_labels=0),
+    "gated_rms_qk_norm": dict(mlp_type="gated", hidden_act="silu", norm_type="rms_norm", qk_norm=True, pre_norm=True),
+    "q_and_v_biases_no_mlp_bias": dict(
+        key_bias=False, mlp_bias=False, proj_bias=False, pooling="map", class_token=False
+    ),
+    "separate_qkv_without_key_bias": dict(qkv_fused=False, key_bias=False, mlp_type="gated"),
 }
 
 

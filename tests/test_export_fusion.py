@@ -76,3 +76,22 @@ def test_a_relative_position_bias_keeps_its_attention_as_exported(tmp_path):
     assert "MultiHeadAttention" not in found and found.count("Softmax") == 2
     assert found.count("Gelu") == 2
     assert worst_relative_difference(model, path) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [dict(key_bias=False), dict(qk_norm=True), dict(qkv_fused=False)],
+    ids=["q-and-v-biases", "qk-norm", "separate-projections"],
+)
+def test_an_attention_that_is_not_the_plain_product_keeps_its_operators(tmp_path, fields):
+    model, path = export(tmp_path, "--onnxruntime_fusion", **fields)
+    found = operators(path)
+    assert "MultiHeadAttention" not in found and found.count("Softmax") == 2 and found.count("Gelu") == 2
+    assert worst_relative_difference(model, path) <= 1e-5
+
+
+def test_a_gated_mlp_keeps_its_activation_and_its_attention_still_fuses(tmp_path):
+    model, path = export(tmp_path, "--onnxruntime_fusion", mlp_type="gated", hidden_act="gelu", norm_type="rms_norm")
+    report = json.loads(path.with_suffix(".verification.json").read_text())
+    assert report["onnxruntime_fusion"] == {"MultiHeadAttention": 2, "activation": 0}
+    assert worst_relative_difference(model, path) <= 1e-5

@@ -178,7 +178,7 @@ def test_refusals_upload_nothing(hub_server, folder, tmp_path, monkeypatch, caps
 
     broken = shutil.copytree(folder, tmp_path / "broken")
     code = (broken / "modeling_hubvit.py").read_text()
-    (broken / "modeling_hubvit.py").write_text(code.replace("class HubViTEmbeddings(", "class HubViTEmbeddings[("))
+    (broken / "modeling_hubvit.py").write_text(code.replace("class HubViTModel(", "class HubViTModel[("))
     assert cli(["push", str(broken), f"{server.user}/b"]) == 2
     err = capsys.readouterr().err
     assert "does not load" in err and "SyntaxError" in err

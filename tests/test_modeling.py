@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from transformers import AutoModel, AutoModelForImageClassification
 
 from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
-from hubvit.modeling.modeling_hubvit import resize_position_grid, sincos_2d_position_table
+from hubvit.modeling.positions_hubvit import sincos_2d_position_table
+from hubvit.modeling.resize_hubvit import resize_position_grid
 from utils import assert_close, randomize_, tiny_config
 
 
@@ -107,7 +108,7 @@ def test_position_table_resize_equals_interpolate(mode, antialias, align_corners
     )
     embeddings = make(config).hubvit.embeddings
     table = embeddings.position_embedding
-    resized = embeddings.learned_table(new_grid)
+    resized = embeddings.position.table(embeddings, new_grid)
     grid = table[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
     expected = F.interpolate(grid, size=new_grid, mode=mode, antialias=antialias, align_corners=align_corners)
     expected = expected.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1)
@@ -228,7 +229,7 @@ def test_output_attentions_returns_real_weights_under_sdpa():
     layer = model.hubvit.encoder.layers[0]
     hidden = layer.norm1(out.hidden_states[0])
     q, k, _ = layer.attention.qkv(hidden).reshape(2, 17, 3, 4, 8).permute(2, 0, 3, 1, 4)
-    logits = q @ k.transpose(-1, -2) * 8**-0.5 + layer.attention.relative_bias((4, 4), 17)
+    logits = q @ k.transpose(-1, -2) * 8**-0.5 + layer.attention.position.logits_bias(layer.attention, (4, 4), 17)
     assert_close(weights, logits.softmax(-1))
 
 
@@ -287,7 +288,7 @@ def gradients_with_and_without_checkpointing(monkeypatch, **options):
     Counted where the MLP's forward starts: in this block (no layer scale, no drop path) torch stops recomputing inside
     fc2, once it has every tensor the backward needs, so a hook on the MLP's return would miss the recomputation.
     """
-    from hubvit.modeling.modeling_hubvit import HubViTMLP
+    from hubvit.modeling.layers_hubvit import HubViTMLP
 
     config = tiny_config(num_labels=5, drop_path_rate=0.0)
     plain, checkpointed = make(config), make(config)

@@ -108,15 +108,15 @@ def build_model(args, names):
     return model, checkpoint_preprocessing(path)
 
 
-def class_weights(counts, kind):
+def class_weights(counts, weighting):
     """Loss weights from the training masks' pixel counts, scaled so that the mean weight per pixel is 1."""
     counts = np.asarray(counts, np.float64)
-    if kind == "none":
+    if weighting == "none":
         return None
     frequency = counts / max(counts.sum(), 1)
     present = frequency > 0
     weights = np.zeros_like(frequency)
-    weights[present] = frequency[present] ** (-0.5 if kind == "inverse_sqrt" else -1.0)
+    weights[present] = frequency[present] ** (-0.5 if weighting == "inverse_sqrt" else -1.0)
     weights /= max((weights * frequency).sum(), 1e-12)
     return torch.tensor(weights, dtype=torch.float32)
 

@@ -25,6 +25,7 @@ import torch
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hubvit.modeling.positions_hubvit import POSITION_KINDS  # noqa: E402
 from hubvit.scripts.experiments import common  # noqa: E402
 from hubvit.scripts.experiments.position_embeddings import TYPES  # noqa: E402
 
@@ -226,7 +227,7 @@ def report(records, command, environment, arms=ARMS):
 
 def verdicts(results):
     s = results["summary"]
-    positional = [k for k in s if k != "none"]
+    positional = [k for k in s if POSITION_KINDS[k].positional]
     mixed = [k for k in positional if s[k]["layer1_mixed_seeds"] == len(results["runs"][k]["seeds"])]
     measured = "; ".join(
         f"{k}: layer-1 heads {v['layer_min_head'][0]:.1f}-{v['layer_max_head'][0]:.1f} px "

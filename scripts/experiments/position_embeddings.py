@@ -22,6 +22,7 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hubvit.modeling.positions_hubvit import POSITION_KINDS  # noqa: E402
 from hubvit.scripts.experiments import common  # noqa: E402
 from hubvit.scripts.experiments.position_controls import (  # noqa: E402
     accuracy_figure,
@@ -84,7 +85,7 @@ PAPER_NONE_GAP = 0.03  # paper D.4: no position embedding about 3 points below t
 # Fixed in advance (not chosen by any result): the three pairs of the paper's arms for "the same accuracy", and
 # `none` against the paper's default 1D table for "about 3 points".
 EQUALITY_PAIRS = list(itertools.combinations(CLAIMED_EQUAL, 2))
-NONE_REFERENCE = "learned"
+NONE_REFERENCE = REFERENCE = "learned"  # the arm every other is compared with: the paper's default
 STRIPE_TYPES = ["learned", "learned_2d", "sincos_2d"]
 
 
@@ -92,11 +93,8 @@ def bias_magnitude(model):
     """Largest |bias| over the relative_2d tables of every block (None without them)."""
     from hubvit.analysis.attention import body
 
-    values = [
-        layer.attention.relative_position_bias.detach().abs().max().item()
-        for layer in body(model).encoder.layers
-        if layer.attention.relative_position_bias is not None
-    ]
+    tables = [getattr(layer.attention, RELATIVE_BIAS, None) for layer in body(model).encoder.layers]
+    values = [table.detach().abs().max().item() for table in tables if table is not None]
     return max(values) if values else None
 
 
@@ -307,7 +305,7 @@ def summarise(runs):
         for kind in TYPES
     }
     for kind in TYPES:
-        summary[kind]["vs_learned"] = common.paired(runs, kind, "learned")
+        summary[kind]["vs_learned"] = common.paired(runs, kind, REFERENCE)
 
     pairs = {f"{a} vs {b}": common.paired(runs, a, b) for a, b in EQUALITY_PAIRS}
     outcomes = {name: common.equivalence(diff, EQUALITY_MARGIN) for name, diff in pairs.items()}
@@ -352,7 +350,7 @@ def summarise(runs):
     shuffle = (
         f"`none`: {sum(changed)} predictions changed under the fixed patch shuffle (exactly invariant, max logit "
         f"change {max(runs['none']['max_logit_change']):.1e}); the others lose "
-        + ", ".join(f"{k} {100 * drops[k]:.1f}" for k in TYPES if k != "none")
+        + ", ".join(f"{k} {100 * drops[k]:.1f}" for k in TYPES if POSITION_KINDS[k].positional)
         + " points"
     )
     quadrant = ", ".join(f"{k} {100 * summary[k]['quadrant_accuracy']['mean']:.1f}%" for k in TYPES)
@@ -460,7 +458,7 @@ def markdown(results):
             f"{common.pct(s['validation_accuracy']['mean'])} ± {common.pct(s['validation_accuracy']['std'])} | "
             f"{', '.join(f'{u} ({b})' for u, b in zip(r['updates'], r['best_updates']))} | "
             f"{', '.join(r['stopped_by'])} | "
-            + ("—" if k == "learned" else common.interval_cell(vs))
+            + ("—" if k == REFERENCE else common.interval_cell(vs))
             + f" | {common.pct(s['shuffled_accuracy']['mean'])} ± {common.pct(s['shuffled_accuracy']['std'])} | "
             f"{', '.join(map(str, r['changed_predictions']))} of {results['setup']['test_images']} | "
             f"{common.pct(s['quadrant_accuracy']['mean'])} ± {common.pct(s['quadrant_accuracy']['std'])} |"
@@ -476,7 +474,7 @@ def markdown(results):
         "",
     ]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
-    spreads = [100 * summary[k]["accuracy"]["std"] for k in TYPES if k != "none"]
+    spreads = [100 * summary[k]["accuracy"]["std"] for k in TYPES if POSITION_KINDS[k].positional]
     lines += [
         "",
         "## What this small setting can and cannot show",

@@ -66,7 +66,7 @@ def cls_in_grid_2d(model, image_size):
     the last patch's row), that grid is resized by the configured mode by the factor from the old patch grid to the
     new one, and the first 1 + new rows are read back in the same order. The 2D counterpart of `cls_stretched_with_grid`, and the
     same resize as the [CLS]-apart table: each control differs from its reference in one thing."""
-    from hubvit.modeling.modeling_hubvit import resize_as_configured
+    from hubvit.modeling.resize_hubvit import resize_as_configured
 
     moved = copy.deepcopy(model)
     embeddings = moved.hubvit.embeddings
@@ -87,7 +87,7 @@ def cls_in_grid_2d(model, image_size):
 def grid_table(model, grid):
     """The (gh*gw, D) patch rows of the position table the model adds at `grid`."""
     with torch.no_grad():
-        return model.hubvit.embeddings.learned_table(grid)[0, -grid[0] * grid[1] :]
+        return model.hubvit.embeddings.patch_position_table(grid)[0]
 
 
 PLATEAU = common.Plateau(max_epochs=30, patience=5, min_delta=0.003, min_epochs=10)

@@ -1,0 +1,86 @@
+"""What turns the encoder's tokens into one vector: the poolers ([CLS], mean, MAP, first token, [CLS] + mean) and
+multihead attention pooling as big_vision and SigLIP build it.
+
+This file travels to the Hub next to every checkpoint: flat, no I/O, imported relatively.
+"""
+
+import torch
+from torch import nn
+
+from .layers_hubvit import HubViTMLP, attention_function, linear_parameters, make_norm, norm_parameters
+
+
+class HubViTMAPHead(nn.Module):
+    """Multihead attention pooling (Lee et al., 2019) as in big_vision/SigLIP: a learned probe attends to all tokens,
+    then a residual MLP; the probe's output is the pooled vector."""
+
+    def __init__(self, config):
+        super().__init__()
+        dim = config.hidden_size
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = dim // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
+        self.probe = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = make_norm(config)
+        self.mlp = HubViTMLP(config)
+
+    @classmethod
+    def parameters_of(cls, config):
+        d = config.hidden_size
+        attention = d + linear_parameters(d, d) + linear_parameters(d, 2 * d) + linear_parameters(d, d)
+        return attention + norm_parameters(config) + sum(count for _, count in HubViTMLP.parameter_parts(config))
+
+    @classmethod
+    def macs(cls, config, tokens):
+        d = config.hidden_size
+        return d * d + tokens * 2 * d * d + 2 * tokens * d + d * d + HubViTMLP.macs(config, 1)
+
+    def forward(self, hidden_states):
+        batch_size, num_tokens, dim = hidden_states.shape[0], hidden_states.shape[1], hidden_states.shape[2]
+        query = self.q(self.probe).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        query = query.expand(batch_size, -1, -1, -1)
+        kv = self.kv(hidden_states).reshape(batch_size, num_tokens, 2, self.num_heads, self.head_dim)
+        key, value = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        attend = attention_function(self.config, False)
+        output, _ = attend(self, query, key, value, None, scaling=self.scaling, dropout=0.0)
+        output = self.proj(output.reshape(batch_size, 1, dim))
+        output = output + self.mlp(self.norm(output))
+        return output[:, 0]
+
+
+class HubViTPooler(nn.Module):
+    """Turns the token sequence into the one vector the classifier reads (no extra dense layer)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.pooling = config.pooling
+        self.distillation_token = config.distillation_token and config.distillation_head
+        self.num_prefix_tokens = config.num_prefix_tokens
+        self.fc_norm = make_norm(config, eps=config.final_norm_eps) if config.fc_norm else None
+        self.map_head = HubViTMAPHead(config) if config.pooling == "map" else None
+
+    @property
+    def num_tokens_read(self):
+        """How many leading tokens the pooled vector depends on; None when it depends on all of them."""
+        if self.pooling in ("cls", "first"):
+            return 2 if self.distillation_token else 1
+        return None
+
+    def forward(self, hidden_states):
+        if self.pooling == "none":
+            return None
+        if self.pooling == "map":
+            return self.map_head(hidden_states)
+        if self.pooling == "mean":
+            pooled = hidden_states[:, self.num_prefix_tokens :].mean(dim=1)
+            return self.fc_norm(pooled) if self.fc_norm is not None else pooled
+        if self.pooling == "cls_mean":
+            return torch.cat([hidden_states[:, 0], hidden_states[:, self.num_prefix_tokens :].mean(dim=1)], dim=-1)
+        if self.distillation_token:
+            return (hidden_states[:, 0] + hidden_states[:, 1]) / 2
+        return hidden_states[:, 0]

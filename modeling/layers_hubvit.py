@@ -1,0 +1,431 @@
+"""The encoder's parts, each chosen by a config field: norm kinds (`norm_type`), MLP kinds (`mlp_type`), the
+attention layer (fused or separate q/k/v projections, per-projection biases, q/k norm), the pre-norm encoder block
+and the encoder's one loop over the blocks.
+
+Each part also says what it costs (`parameter_parts`, `macs`), so `hubvit info` counts a model from its config with
+the same facts the model is built from.
+
+This file travels to the Hub next to every checkpoint: flat, no I/O, imported relatively.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+from .compat_hubvit import ALL_ATTENTION_FUNCTIONS, GradientCheckpointingLayer
+from .patch_resize_hubvit import patch_pair, resize_patch_kernel
+
+# --- norms ---------------------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang and Sennrich, 2019): x / rms(x) * weight, no centring and no bias (AIMv2), in
+    float32 whatever the input's precision."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, hidden_states):
+        dtype = hidden_states.dtype
+        hidden_states = hidden_states.float()
+        hidden_states = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * hidden_states).to(dtype)
+
+
+@dataclass(frozen=True)
+class NormKind:
+    make: type  # (dim, eps) -> module
+    parameters_per_channel: int
+    description: str
+
+
+NORM_KINDS = {
+    "layer_norm": NormKind(nn.LayerNorm, 2, "LayerNorm with weight and bias (the paper, timm, transformers)"),
+    "rms_norm": NormKind(RMSNorm, 1, "RMSNorm with a weight only (AIMv2)"),
+}
+
+
+def make_norm(config, dim=None, eps=None):
+    """The configured norm over `dim` channels (default the width) with `eps` (default `layer_norm_eps`)."""
+    kind = NORM_KINDS[config.norm_type]
+    return kind.make(config.hidden_size if dim is None else dim, eps=config.layer_norm_eps if eps is None else eps)
+
+
+def norm_parameters(config, dim=None):
+    return NORM_KINDS[config.norm_type].parameters_per_channel * (config.hidden_size if dim is None else dim)
+
+
+def linear_parameters(n_in, n_out, bias=True):
+    return n_in * n_out + (n_out if bias else 0)
+
+
+# --- MLPs ----------------------------------------------------------------------------------------------------------
+
+MLP_KINDS = {}
+
+
+class FeedForward(nn.Module):
+    """The base of every MLP kind: a subclass with a `name` enters `MLP_KINDS` by being defined."""
+
+    name = None
+    description = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name is not None:
+            MLP_KINDS[cls.name] = cls
+
+
+class HubViTMLP(FeedForward):
+    """fc1, the activation (`hidden_act`: GELU, tanh GELU, quick GELU, ...), fc2: the paper's MLP."""
+
+    name = "mlp"
+    description = "fc1, activation, fc2 (the paper; GELU, tanh GELU or quick GELU by hidden_act)"
+    activation_reads_fc1 = True  # the activation's input is fc1's output as it is (what ONNX fusion rewrites)
+
+    def __init__(self, config):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.activation = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    @classmethod
+    def parameter_parts(cls, config):
+        d, m = config.hidden_size, config.intermediate_size
+        return [
+            ("mlp.fc1", linear_parameters(d, m, config.mlp_bias)),
+            ("mlp.fc2", linear_parameters(m, d, config.mlp_bias)),
+        ]
+
+    @classmethod
+    def macs(cls, config, tokens):
+        return 2 * tokens * config.hidden_size * config.intermediate_size
+
+    def forward(self, hidden_states):
+        return self.dropout(self.fc2(self.activation(self.fc1(hidden_states))))
+
+
+class HubViTGatedMLP(FeedForward):
+    """A gated linear unit (Shazeer, 2020): fc1 gives a gate and a value (packed, gate first, as timm's
+    `SwiGLUPacked`), activation(gate) * value, then fc2. With `hidden_act="silu"` it is SwiGLU (EVA-02, DINOv2
+    giant, AIMv2, DINOv3); `intermediate_size` is the width of the value."""
+
+    name = "gated"
+    description = "activation(gate) * value, then fc2 (SwiGLU with hidden_act='silu')"
+    activation_reads_fc1 = False
+
+    def __init__(self, config):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.activation = ACT2FN[config.hidden_act]
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    @classmethod
+    def parameter_parts(cls, config):
+        d, m = config.hidden_size, config.intermediate_size
+        return [
+            ("mlp.fc1 (gate and value)", linear_parameters(d, 2 * m, config.mlp_bias)),
+            ("mlp.fc2", linear_parameters(m, d, config.mlp_bias)),
+        ]
+
+    @classmethod
+    def macs(cls, config, tokens):
+        return 3 * tokens * config.hidden_size * config.intermediate_size
+
+    def forward(self, hidden_states):
+        gate, value = self.fc1(hidden_states).chunk(2, dim=-1)
+        return self.dropout(self.fc2(self.activation(gate) * value))
+
+
+# --- attention -----------------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Attention written out, so its weights can be returned; inputs (B, H, N, d), output (B, N, H, d)."""
+    weights = torch.matmul(query, key.transpose(-2, -1)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return output, weights
+
+
+def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """PyTorch's fused attention, for releases without the attention-function registry (as transformers calls it)."""
+    output = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+def attention_function(config, output_attentions):
+    """The configured attention backend; eager whenever weights are asked for, as no fused kernel returns them."""
+    implementation = "eager" if output_attentions else (config._attn_implementation or "sdpa")
+    if implementation == "eager":
+        return eager_attention_forward
+    if ALL_ATTENTION_FUNCTIONS is None:
+        return sdpa_attention_forward
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):  # 5.0
+        return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    return ALL_ATTENTION_FUNCTIONS.get(implementation, eager_attention_forward)
+
+
+class HubViTAttention(nn.Module):
+    """Multi-head self-attention. Projections fused (`qkv`, rows [q; k; v], each head-major: the paper, timm) or
+    separate (`q`, `k`, `v`: transformers, EVA-02); biases on all three (`qkv_bias`), or on q and v only
+    (`key_bias=False`: EVA, BEiT, DINOv3, stored as `q_bias` / `v_bias` beside a fused `qkv`); an optional norm of
+    each head's queries and keys (`qk_norm`); the position kind's bias on the logits."""
+
+    def __init__(self, config, position):
+        super().__init__()
+        dim = config.hidden_size
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = dim // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
+        key_bias = config.qkv_bias and config.key_bias
+        if config.qkv_fused:
+            self.qkv = nn.Linear(dim, 3 * dim, bias=key_bias)
+            only_q_and_v = config.qkv_bias and not config.key_bias
+            self.q_bias = nn.Parameter(torch.zeros(dim)) if only_q_and_v else None
+            self.v_bias = nn.Parameter(torch.zeros(dim)) if only_q_and_v else None
+        else:
+            self.q = nn.Linear(dim, dim, bias=config.qkv_bias)
+            self.k = nn.Linear(dim, dim, bias=key_bias)
+            self.v = nn.Linear(dim, dim, bias=config.qkv_bias)
+        self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.proj = nn.Linear(dim, dim, bias=config.proj_bias)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.position = position
+        position.build_attention(self)
+
+    @classmethod
+    def plain_product(cls, config):
+        """Whether the attention is softmax(q k^T / sqrt(d)) v read straight off the fused `qkv` output: nothing
+        added to it, no norm, no bias on the logits (what onnxruntime's fused attention computes)."""
+        q_and_v_only = config.qkv_bias and not config.key_bias
+        return config.qkv_fused and not q_and_v_only and not config.qk_norm and not config.position_kind.attention_bias
+
+    @classmethod
+    def parameter_parts(cls, config):
+        d = config.hidden_size
+        key_bias = config.qkv_bias and config.key_bias
+        if config.qkv_fused:
+            parts = [("attention.qkv", linear_parameters(d, 3 * d, key_bias))]
+            if config.qkv_bias and not config.key_bias:
+                parts.append(("attention.q_bias, v_bias", 2 * d))
+        else:
+            parts = [("attention.q, k, v", 3 * d * d + d * (2 * config.qkv_bias + key_bias))]
+        if config.qk_norm:
+            parts.append(("attention.q_norm, k_norm", 2 * norm_parameters(config, d // config.num_attention_heads)))
+        return parts + [("attention.proj", linear_parameters(d, d, config.proj_bias))]
+
+    def project(self, hidden_states):
+        """Queries, keys and values, each (B, H, N, d)."""
+        batch_size, num_tokens = hidden_states.shape[0], hidden_states.shape[1]
+        if self.config.qkv_fused:
+            qkv = self.qkv(hidden_states)
+            if self.q_bias is not None:
+                qkv = qkv + torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
+            qkv = qkv.reshape(batch_size, num_tokens, 3, self.num_heads, self.head_dim)
+            query, key, value = (part.transpose(1, 2) for part in qkv.unbind(2))
+        else:
+            query, key, value = (
+                projection(hidden_states).reshape(batch_size, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+                for projection in (self.q, self.k, self.v)
+            )
+        if self.q_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        return query, key, value
+
+    def forward(self, hidden_states, grid, num_queries=None, **kwargs):
+        """Returns the attended tokens and the attention weights (None from fused kernels).
+
+        `num_queries`: attend from the first tokens only (all tokens still give keys and values).
+        """
+        batch_size, num_tokens = hidden_states.shape[0], hidden_states.shape[1]
+        query, key, value = self.project(hidden_states)
+        query = query[:, :, :num_queries]
+        mask = self.position.logits_bias(self, grid, num_tokens)
+        if mask is not None:
+            mask = mask[:, :, :num_queries].to(query.dtype)
+        attend = attention_function(self.config, kwargs.get("output_attentions", False))
+        output, weights = attend(
+            self,
+            query,
+            key,
+            value,
+            mask,
+            scaling=self.scaling,
+            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+        )
+        output = self.dropout(self.proj(output.reshape(batch_size, query.shape[2], -1)))
+        return output, weights
+
+
+# --- the patch embedding ---
+
+
+def check_pixel_values(pixel_values, config, patch_size=None):
+    """Clear errors for inputs no ViT can take; returns them padded when `dynamic_img_pad` is set.
+
+    Every test here reads shapes and dtypes only, which tracing and `torch.export` resolve statically.
+    """
+    if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 4:
+        shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+        raise ValueError(f"pixel_values must be a (batch, channels, height, width) tensor, got {shape}")
+    if not pixel_values.dtype.is_floating_point:
+        raise ValueError(
+            f"pixel_values must be floating point, got {pixel_values.dtype}: run the image processor "
+            "(it scales and normalises the pixels) instead of passing raw image values"
+        )
+    batch_size, channels, height, width = pixel_values.shape
+    shape = tuple(pixel_values.shape)
+    if batch_size == 0:
+        raise ValueError(f"pixel_values holds no image: shape {shape} has batch size 0")
+    if channels != config.num_channels:
+        raise ValueError(f"pixel_values has {channels} channels, the model expects num_channels={config.num_channels}")
+    ph, pw = config.patch_size_2d if patch_size is None else patch_pair(patch_size)
+    if height < ph or width < pw:
+        raise ValueError(f"pixel_values of shape {shape} is smaller than one patch of {ph}x{pw} pixels")
+    if height % ph or width % pw:
+        if config.dynamic_img_pad:
+            return F.pad(pixel_values, (0, (pw - width % pw) % pw, 0, (ph - height % ph) % ph))
+        raise ValueError(
+            f"Input height={height} and width={width} must be divisible by patch_size=({ph}, {pw}); "
+            "resize the image or set dynamic_img_pad=True"
+        )
+    return pixel_values
+
+
+class HubViTEmbeddings(nn.Module):
+    """Patch embedding, prefix tokens and the position kind's embedding, for any grid of patches."""
+
+    def __init__(self, config, position):
+        super().__init__()
+        self.config = config
+        dim = config.hidden_size
+        self.patch_size = config.patch_size_2d
+        self.grid_size = config.grid_size
+        self.patch_embedding = nn.Conv2d(
+            config.num_channels, dim, kernel_size=self.patch_size, stride=self.patch_size, bias=config.patch_bias
+        )
+        self.class_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        self.distillation_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distillation_token else None
+        self.register_tokens = (
+            nn.Parameter(torch.zeros(1, config.num_register_tokens, dim)) if config.num_register_tokens else None
+        )
+        self.num_prefix_tokens = config.num_prefix_tokens
+        self.position = position
+        position.build(self)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        resize = getattr(config, "patch_resize", None) or {}
+        self.patch_resize_options = {
+            "method": "pi",
+            "interpolation": resize.get("interpolation", "bicubic"),
+            "antialias": resize.get("antialias", True),
+        }
+
+    def patch_kernel(self, patch_size):
+        """The patch-embedding kernel for `patch_size` patches, resized from the stored one (`patch_resize_options`)
+        and differentiable in it: FlexiViT serves and trains every patch size from one stored kernel."""
+        return resize_patch_kernel(self.patch_embedding.weight, patch_size, **self.patch_resize_options)
+
+    def embed_patches(self, pixel_values, patch_size=None):
+        if patch_size is None or patch_pair(patch_size) == tuple(self.patch_size):
+            return self.patch_embedding(pixel_values)
+        patch_size = patch_pair(patch_size)
+        return F.conv2d(pixel_values, self.patch_kernel(patch_size), self.patch_embedding.bias, stride=patch_size)
+
+    def prefix_tokens(self, batch_size):
+        tokens = [t for t in (self.class_token, self.distillation_token, self.register_tokens) if t is not None]
+        return [t.expand(batch_size, -1, -1) for t in tokens]
+
+    def patch_position_table(self, grid):
+        """(1, gh * gw, D) vectors the patches at `grid` get, or None for the kinds that add none to them."""
+        return self.position.patch_table(self, grid)
+
+    def forward(self, pixel_values, patch_size=None):
+        patches = self.embed_patches(pixel_values, patch_size)
+        grid = (patches.shape[-2], patches.shape[-1])
+        patches = patches.flatten(2).transpose(1, 2)
+        embeddings = self.position.embed(self, self.prefix_tokens(patches.shape[0]), patches, grid)
+        return self.dropout(embeddings), grid
+
+
+# --- the encoder ---------------------------------------------------------------------------------------------------
+
+
+def drop_path(x, rate, training):
+    """Stochastic depth (Huang et al., 2016): drop whole residual branches per sample."""
+    if rate == 0.0 or not training:
+        return x
+    keep = 1.0 - rate
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask / keep
+
+
+class HubViTLayer(GradientCheckpointingLayer):
+    """Encoder block: x + attention(norm(x)), then x + mlp(norm(x)), with optional layer scale and stochastic depth."""
+
+    def __init__(self, config, position, drop_path_rate=0.0):
+        super().__init__()
+        dim = config.hidden_size
+        self.norm1 = make_norm(config)
+        self.attention = HubViTAttention(config, position)
+        self.norm2 = make_norm(config)
+        self.mlp = MLP_KINDS[config.mlp_type](config)
+        scale = config.layer_scale_init_value
+        self.layer_scale1 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
+        self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
+        self.drop_path_rate = drop_path_rate
+
+    @classmethod
+    def parameter_parts(cls, config):
+        """(sub-layer, parameters) of one block, in forward order."""
+        norm = norm_parameters(config)
+        parts = [("norm1", norm), *HubViTAttention.parameter_parts(config)]
+        parts += config.position_kind.block_parameters(config)
+        parts += [("norm2", norm), *MLP_KINDS[config.mlp_type].parameter_parts(config)]
+        if config.layer_scale_init_value is not None:
+            parts.append(("layer_scale", 2 * config.hidden_size))
+        return parts
+
+    def forward(self, hidden_states, grid, num_queries=None, **kwargs):
+        """`num_queries`: update (and return) the first tokens only."""
+        attended, _ = self.attention(self.norm1(hidden_states), grid, num_queries, **kwargs)
+        if self.layer_scale1 is not None:
+            attended = attended * self.layer_scale1
+        hidden_states = hidden_states[:, :num_queries] + drop_path(attended, self.drop_path_rate, self.training)
+        transformed = self.mlp(self.norm2(hidden_states))
+        if self.layer_scale2 is not None:
+            transformed = transformed * self.layer_scale2
+        return hidden_states + drop_path(transformed, self.drop_path_rate, self.training)
+
+
+class HubViTEncoder(nn.Module):
+    def __init__(self, config, position):
+        super().__init__()
+        depth = config.num_hidden_layers
+        rates = [config.drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.layers = nn.ModuleList([HubViTLayer(config, position, rate) for rate in rates])
+
+    def forward(self, hidden_states, grid, num_output_tokens=None, last_block=None, states=None, **kwargs):
+        """The one loop over the blocks. `num_output_tokens`: the last block updates (and returns) only the first
+        tokens. `last_block`: run no block after it. `states`: a list each block's output is appended to."""
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers[: None if last_block is None else last_block + 1]):
+            hidden_states = layer(hidden_states, grid, num_output_tokens if index == last else None, **kwargs)
+            if states is not None:
+                states.append(hidden_states)
+        return hidden_states

@@ -1,0 +1,277 @@
+"""Position embeddings, one class per kind: what the encoder is told about where each patch sits.
+
+A kind owns everything about itself: the parameters it adds to the patch embedding (`build`) or to every
+attention layer (`build_attention`), their initialisation, what it does in the forward pass (add a table to the
+patch tokens in `embed`, or a bias to the attention logits in `logits_bias`), how its tables follow a new native
+grid (`resize`), its parameter count, and the facts converters, exporters and analyses ask for (the class
+attributes). `config.position_embedding_type` names the kind; `POSITION_KINDS` maps names to classes, and a
+subclass with a `name` enters it by being defined, so a new kind is one class here.
+
+The kind's parameters are registered on the module that uses them (`embeddings.position_embedding`,
+`attention.relative_position_bias`): those names are the checkpoints' on-disk contract, unchanged since the first
+folder was written.
+
+This file travels to the Hub next to every checkpoint: flat, no I/O, imported relatively.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .resize_hubvit import resize_as_configured
+
+POSITION_KINDS = {}
+
+
+class PositionKind:
+    """The base of every kind: no parameters, no table, no bias; each method is the identity or does nothing."""
+
+    name = None
+    description = ""
+    positional = False  # tells the encoder anything about where patches sit (False: the patches form a set)
+    adds_table = False  # adds one vector to every patch token (what the similarity figures read)
+    learned = False  # has parameters trained with the model
+    attention_bias = False  # adds a bias over patch offsets to the attention logits of every block
+    timm_pos_embed = None  # timm `VisionTransformer(pos_embed=...)` building the same kind, None where none does
+    big_vision_posemb = None  # big_vision `posemb=` naming the same kind, None where it has none
+    transformers_vit = False  # transformers' `ViTModel` has this kind (a learned 1D table)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name is not None:
+            POSITION_KINDS[cls.name] = cls
+
+    def __init__(self, config):
+        self.config = config
+
+    @classmethod
+    def check(cls, config):
+        """Refuse a config this kind cannot run, naming the fields (a `ValueError`)."""
+
+    @classmethod
+    def table_parameters(cls, config):
+        """Parameters the kind adds outside the blocks."""
+        return 0
+
+    @classmethod
+    def block_parameters(cls, config):
+        """(name, parameters) the kind adds to each block."""
+        return []
+
+    # --- on the embeddings -------------------------------------------------------------------------------------
+
+    def build(self, embeddings):
+        """Register the kind's parameters on `embeddings` (which knows its native `grid_size`)."""
+
+    def init_weights(self, embeddings, init):
+        """Initialise what `build` registered (`init`: transformers' initialisers, or torch's)."""
+
+    def patch_table(self, embeddings, grid):
+        """(1, gh * gw, D) vectors the patches at `grid` get, or None for the kinds that add none to them."""
+        return None
+
+    def embed(self, embeddings, prefix, patches, grid):
+        """The encoder's input: `prefix` tokens (a list of (B, n, D)) before the patch tokens (B, gh * gw, D), with
+        the kind's table added."""
+        table = self.patch_table(embeddings, grid)
+        if table is not None:
+            patches = patches + table
+        return torch.cat(prefix + [patches], dim=1) if prefix else patches
+
+    def resize(self, embeddings, new_grid):
+        """Replace the stored tables by their resize to `new_grid` (a new native resolution)."""
+
+    # --- on each attention layer -------------------------------------------------------------------------------
+
+    def build_attention(self, attention):
+        """Register the kind's parameters on one attention layer."""
+
+    def init_attention(self, attention, init):
+        """Initialise what `build_attention` registered."""
+
+    def logits_bias(self, attention, grid, num_tokens):
+        """(1, H, T, T) bias added to the attention logits for a `grid` of patches after prefix tokens, or None."""
+        return None
+
+    def bias_table(self, attention, grid):
+        """(H, ...) the attention layer's biases over patch offsets at `grid` (what the figures draw), or None."""
+        return None
+
+    def resize_attention(self, attention, new_grid):
+        """Replace the attention layer's stored tables by their resize to `new_grid`."""
+
+
+class LearnedTable(PositionKind):
+    """The paper's learned 1D table, one row per token; prefix tokens get rows of their own unless
+    `position_embedding_includes_prefix=False` (timm's `no_embed_class`), when they get none."""
+
+    name = "learned"
+    description = "learned 1D table, one row per token (the paper's default)"
+    positional = adds_table = learned = transformers_vit = True
+    timm_pos_embed = big_vision_posemb = "learn"
+
+    @classmethod
+    def table_parameters(cls, config):
+        (gh, gw), prefix = config.grid_size, config.num_prefix_tokens
+        return (gh * gw + (prefix if config.position_embedding_includes_prefix else 0)) * config.hidden_size
+
+    def build(self, embeddings):
+        rows = self.table_parameters(self.config) // self.config.hidden_size
+        embeddings.position_embedding = nn.Parameter(torch.zeros(1, rows, self.config.hidden_size))
+
+    def init_weights(self, embeddings, init):
+        init.normal_(embeddings.position_embedding, std=self.config.initializer_range)
+
+    def table(self, embeddings, grid):
+        """The whole table at `grid`: prefix rows (if any) untouched, the patch grid resized."""
+        table = embeddings.position_embedding
+        native = embeddings.grid_size
+        prefix = table.shape[1] - native[0] * native[1]
+        patches = resize_as_configured(self.config, table[:, prefix:], native, grid)
+        return torch.cat([table[:, :prefix], patches], dim=1)
+
+    def patch_table(self, embeddings, grid):
+        table = self.table(embeddings, grid)
+        return table[:, table.shape[1] - grid[0] * grid[1] :]
+
+    def embed(self, embeddings, prefix, patches, grid):
+        if self.config.position_embedding_includes_prefix:
+            return torch.cat(prefix + [patches], dim=1) + self.table(embeddings, grid)
+        return super().embed(embeddings, prefix, patches, grid)
+
+    def resize(self, embeddings, new_grid):
+        embeddings.position_embedding = nn.Parameter(self.table(embeddings, new_grid).detach().clone())
+
+
+class LearnedRowColumnTables(PositionKind):
+    """A learned table per axis, each half the width, concatenated per patch: (row vector, column vector)."""
+
+    name = "learned_2d"
+    description = "learned row and column tables, each half the width"
+    positional = adds_table = learned = True
+
+    @classmethod
+    def check(cls, config):
+        if config.hidden_size % 2:
+            raise ValueError(
+                f"position_embedding_type='learned_2d' needs an even hidden_size, got {config.hidden_size}"
+            )
+
+    @classmethod
+    def table_parameters(cls, config):
+        return sum(config.grid_size) * (config.hidden_size // 2)
+
+    def build(self, embeddings):
+        (gh, gw), half = embeddings.grid_size, self.config.hidden_size // 2
+        embeddings.position_embedding_rows = nn.Parameter(torch.zeros(gh, half))
+        embeddings.position_embedding_columns = nn.Parameter(torch.zeros(gw, half))
+
+    def init_weights(self, embeddings, init):
+        init.normal_(embeddings.position_embedding_rows, std=self.config.initializer_range)
+        init.normal_(embeddings.position_embedding_columns, std=self.config.initializer_range)
+
+    def patch_table(self, embeddings, grid):
+        """Row and column tables resized along their own axis, then concatenated per patch: (1, gh*gw, D)."""
+        native = embeddings.grid_size
+        rows = resize_as_configured(
+            self.config, embeddings.position_embedding_rows[None], (native[0], 1), (grid[0], 1)
+        )[0]
+        cols = resize_as_configured(
+            self.config, embeddings.position_embedding_columns[None], (1, native[1]), (1, grid[1])
+        )[0]
+        table = torch.cat([rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1)
+        return table.reshape(1, grid[0] * grid[1], -1)
+
+    def resize(self, embeddings, new_grid):
+        table = self.patch_table(embeddings, new_grid).reshape(new_grid[0], new_grid[1], -1)
+        half = table.shape[-1] // 2
+        embeddings.position_embedding_rows = nn.Parameter(table[:, 0, :half].detach().clone())
+        embeddings.position_embedding_columns = nn.Parameter(table[0, :, half:].detach().clone())
+
+
+class RelativeBias2D(PositionKind):
+    """A learned bias per head and 2D patch offset (dy, dx), added to the attention logits of every block (as BEiT
+    without its class rows); prefix tokens get no bias."""
+
+    name = "relative_2d"
+    description = "learned bias per head and 2D offset on the attention logits"
+    positional = learned = attention_bias = True
+
+    @classmethod
+    def block_parameters(cls, config):
+        gh, gw = config.grid_size
+        return [("attention.relative_position_bias", config.num_attention_heads * (2 * gh - 1) * (2 * gw - 1))]
+
+    def build_attention(self, attention):
+        gh, gw = self.config.grid_size
+        attention.relative_position_bias = nn.Parameter(torch.zeros(attention.num_heads, 2 * gh - 1, 2 * gw - 1))
+
+    def init_attention(self, attention, init):
+        init.zeros_(attention.relative_position_bias)
+
+    def bias_table(self, attention, grid):
+        """The (H, 2gh-1, 2gw-1) table of biases over (dy, dx) offsets, resized to a `grid` of patches."""
+        table = attention.relative_position_bias
+        heads, old = table.shape[0], tuple(table.shape[1:])
+        new = (2 * grid[0] - 1, 2 * grid[1] - 1)
+        flat = resize_as_configured(self.config, table.reshape(heads, -1).t()[None], old, new)
+        return flat[0].t().reshape(heads, *new)
+
+    def logits_bias(self, attention, grid, num_tokens):
+        table = self.bias_table(attention, grid)
+        ys, xs = torch.meshgrid(
+            torch.arange(grid[0], device=table.device), torch.arange(grid[1], device=table.device), indexing="ij"
+        )
+        ys, xs = ys.reshape(-1), xs.reshape(-1)
+        bias = table[:, ys[:, None] - ys[None, :] + grid[0] - 1, xs[:, None] - xs[None, :] + grid[1] - 1]
+        prefix = num_tokens - grid[0] * grid[1]
+        return F.pad(bias, (prefix, 0, prefix, 0))[None]
+
+    def resize_attention(self, attention, new_grid):
+        attention.relative_position_bias = nn.Parameter(self.bias_table(attention, new_grid).detach().clone())
+
+
+def sincos_2d_position_table(grid, dim, temperature=10000.0, device=None, dtype=torch.float32):
+    """big_vision's fixed table: [sin x, cos x, sin y, cos y] over the patch grid, shape (1, gh*gw, dim)."""
+    quarter = dim // 4
+    omega = torch.arange(quarter, device=device, dtype=torch.float32) / (quarter - 1)
+    omega = 1.0 / temperature**omega
+    y, x = torch.meshgrid(
+        torch.arange(grid[0], device=device, dtype=torch.float32),
+        torch.arange(grid[1], device=device, dtype=torch.float32),
+        indexing="ij",
+    )
+    y = y.reshape(-1, 1) * omega
+    x = x.reshape(-1, 1) * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None].to(dtype)
+
+
+class SinCos2D(PositionKind):
+    """big_vision's fixed 2D sine-cosine table (`posemb="sincos2d"`, MoCo v3): no parameters, any grid."""
+
+    name = "sincos_2d"
+    description = "fixed 2D sine-cosine table (MoCo v3, big_vision)"
+    positional = adds_table = True
+    big_vision_posemb = "sincos2d"
+
+    @classmethod
+    def check(cls, config):
+        if config.hidden_size % 4:
+            raise ValueError(
+                f"position_embedding_type='sincos_2d' needs hidden_size divisible by 4, got {config.hidden_size}"
+            )
+
+    def patch_table(self, embeddings, grid):
+        return sincos_2d_position_table(grid, self.config.hidden_size, device=embeddings.patch_embedding.weight.device)
+
+    def embed(self, embeddings, prefix, patches, grid):
+        patches = patches + self.patch_table(embeddings, grid).to(patches.dtype)
+        return torch.cat(prefix + [patches], dim=1) if prefix else patches
+
+
+class NoPosition(PositionKind):
+    """No position information: the patches form a set (the paper's ablation)."""
+
+    name = "none"
+    description = "no position information: the patches form a set"
+    timm_pos_embed = "none"

@@ -1,0 +1,352 @@
+"""The model as components: position, attention, MLP and norm kinds chosen by config fields, each one class.
+
+Each component is held to the peer that defines it (timm's layers, on the same weights and input, float32: 1e-5 of
+the output scale); kind names are compared nowhere outside their class (an AST walk); and a new position kind is
+one class: added to a copy of the modeling files, it trains, saves, loads as remote code and exports to ONNX.
+"""
+
+import ast
+import json
+import shutil
+import textwrap
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hubvit import HubViTForImageClassification
+from hubvit.folder import MODELING_FILES
+from hubvit.modeling.layers_hubvit import MLP_KINDS, NORM_KINDS, HubViTAttention, RMSNorm
+from hubvit.modeling.positions_hubvit import POSITION_KINDS, LearnedTable
+from utils import TINY, assert_close, randomize_, run_without_hubvit, tiny_config
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = ["modeling", "conversion", "analysis", "hubvit", "cli", "training", "scripts", "benchmarks"]
+KIND_NAMES = {"learned", "learned_2d", "relative_2d", "sincos_2d", "none"}
+DISTINCT_NAMES = KIND_NAMES - {"none"}  # "none" also names a pooling, a tracker and a class weighting
+
+
+# --- no kind compared by name ---------------------------------------------------------------------------------------
+
+
+def kind_comparisons(source, filename="<source>"):
+    """(line, text) of every comparison of a position kind's name: `==`, `!=`, `in`, `not in` with a kind's name as
+    a constant (alone or in a literal tuple, list or set). "none" counts where the other side reads a position kind
+    (its text names `position`, `posemb` or `kind`)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Compare) or not all(
+            isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops
+        ):
+            continue
+        operands = [node.left, *node.comparators]
+
+        def names(operand):
+            items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            return {item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)}
+
+        constants = set().union(*map(names, operands))
+        others = " ".join(ast.get_source_segment(source, o) or "" for o in operands if not names(o))
+        if constants & DISTINCT_NAMES or (
+            "none" in constants and any(w in others for w in ("position", "posemb", "kind"))
+        ):
+            found.append((node.lineno, ast.get_source_segment(source, node)))
+    return found
+
+
+def test_the_kind_name_check_finds_the_comparisons_it_forbids():
+    source = textwrap.dedent(
+        """
+        if config.position_embedding_type == "learned": pass
+        if kind in ("sincos_2d", "none"): pass
+        if config.position_embedding_type != "none": pass
+        if config.pooling == "none": pass
+        if args.report_to != "none": pass
+        """
+    )
+    assert [line for line, _ in kind_comparisons(source)] == [2, 3, 4]
+
+
+def test_no_position_kind_is_compared_by_name_outside_its_class():
+    """The positions file is where the names live; every other file asks the kind (`config.position_kind`)."""
+    found = []
+    for folder in LIBRARY:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name == "positions_hubvit.py":
+                continue
+            found += [(str(path.relative_to(ROOT)), *hit) for hit in kind_comparisons(path.read_text(), str(path))]
+    assert found == []
+
+
+def test_every_registry_is_filled_by_its_classes():
+    assert set(POSITION_KINDS) == KIND_NAMES
+    assert set(MLP_KINDS) == {"mlp", "gated"} and set(NORM_KINDS) == {"layer_norm", "rms_norm"}
+    assert tiny_config().position_kind is LearnedTable
+    with pytest.raises(ValueError, match=r"mlp_type='swish' is not supported; expected one of \['mlp', 'gated'\]"):
+        tiny_config(mlp_type="swish")
+    with pytest.raises(ValueError, match=r"position_embedding_type='rope' is not supported; expected one of"):
+        tiny_config(position_embedding_type="rope")
+
+
+# --- each component against its peer (timm) -------------------------------------------------------------------------
+
+
+def test_gated_mlp_equals_timms_packed_swiglu():
+    from timm.layers import GluMlp
+
+    config = tiny_config(mlp_type="gated", hidden_act="silu")
+    ours = MLP_KINDS["gated"](config)
+    theirs = GluMlp(32, 2 * 64, act_layer=nn.SiLU, gate_last=False)
+    randomize_(theirs, seed=1)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(ours(x), theirs(x), "gated MLP")
+
+
+def test_gated_mlp_equals_timms_split_swiglu_with_its_projections_packed():
+    from timm.layers import SwiGLU
+
+    config = tiny_config(mlp_type="gated", hidden_act="silu")
+    theirs = randomize_(SwiGLU(32, 64), seed=2)
+    ours = MLP_KINDS["gated"](config)
+    weights = theirs.state_dict()
+    ours.load_state_dict(
+        {
+            "fc1.weight": torch.cat([weights["fc1_g.weight"], weights["fc1_x.weight"]]),
+            "fc1.bias": torch.cat([weights["fc1_g.bias"], weights["fc1_x.bias"]]),
+            "fc2.weight": weights["fc2.weight"],
+            "fc2.bias": weights["fc2.bias"],
+        }
+    )
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(ours(x), theirs(x), "gated MLP")
+
+
+def test_rms_norm_equals_timms():
+    from timm.layers import RmsNorm
+
+    theirs = randomize_(RmsNorm(32, eps=1e-6), seed=3)
+    ours = RMSNorm(32, eps=1e-6)
+    ours.load_state_dict(theirs.state_dict())
+    x = 3 * torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(ours(x), theirs(x), "RMSNorm")
+
+
+def attention_of(config):
+    """One attention layer of `config`, eager (the peers' own written-out attention)."""
+    config._attn_implementation = "eager"
+    return HubViTAttention(config, config.position_kind(config)).eval()
+
+
+def test_fused_attention_with_qk_norm_and_no_projection_bias_equals_timms():
+    from timm.layers import Attention
+
+    config = tiny_config(qk_norm=True, proj_bias=False, layer_norm_eps=1e-6)
+    theirs = Attention(32, 4, qkv_bias=True, qk_norm=True, proj_bias=False, norm_layer=partial(nn.LayerNorm, eps=1e-6))
+    randomize_(theirs.eval(), seed=4)
+    ours = attention_of(config)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(ours(x, (4, 4))[0], theirs(x), "attention")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_with_query_and_value_biases_only_equals_evas(fused):
+    """EVA, BEiT and DINOv3 `_qkvb` have no key bias: fused (`qkv` + `q_bias` / `v_bias`) or separate projections."""
+    from timm.models.eva import EvaAttention
+
+    config = tiny_config(key_bias=False, qkv_fused=fused)
+    theirs = randomize_(EvaAttention(32, 4, qkv_bias=True, qkv_fused=fused, scale_norm=False).eval(), seed=5)
+    weights = {k: v for k, v in theirs.state_dict().items() if k != "k_bias"}
+    renames = {"q_proj.": "q.", "k_proj.": "k.", "v_proj.": "v."}
+    for old, new in renames.items():
+        weights = {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in weights.items()}
+    ours = attention_of(config)
+    ours.load_state_dict(weights)
+    assert ours.k.bias is None if not fused else ours.qkv.bias is None
+    x = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(ours(x, (4, 4))[0], theirs(x), "attention")
+
+
+def test_separate_projections_compute_what_the_fused_one_does_on_the_same_weights():
+    fused = randomize_(attention_of(tiny_config()), seed=6)
+    separate = attention_of(tiny_config(qkv_fused=False))
+    q, k, v = fused.qkv.weight.chunk(3)
+    qb, kb, vb = fused.qkv.bias.chunk(3)
+    separate.load_state_dict(
+        {
+            "q.weight": q,
+            "q.bias": qb,
+            "k.weight": k,
+            "k.bias": kb,
+            "v.weight": v,
+            "v.bias": vb,
+            **{f"proj.{name}": value for name, value in fused.proj.state_dict().items()},
+        }
+    )
+    x = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(separate(x, (4, 4))[0], fused(x, (4, 4))[0], "attention")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(mlp_type="gated", hidden_act="silu", norm_type="rms_norm", qk_norm=True),
+        dict(key_bias=False, qkv_fused=False, proj_bias=False, mlp_bias=False, pooling="map", class_token=False),
+    ],
+    ids=["gated-rms-qk-norm", "separate-no-key-bias-map"],
+)
+def test_a_model_of_new_components_saves_and_loads_as_remote_code_with_the_same_outputs(tmp_path, fields):
+    model = randomize_(HubViTForImageClassification(tiny_config(num_labels=3, **fields)), seed=7).eval()
+    model.save_pretrained(tmp_path / "folder")
+    x = torch.randn(2, 3, 40, 24, generator=torch.Generator().manual_seed(0))
+    torch.save(x, tmp_path / "x.pt")
+    with torch.no_grad():
+        expected = model(x).logits
+    seen = run_without_hubvit(
+        f"""
+        import json, torch
+        from transformers import AutoModelForImageClassification
+        model, info = AutoModelForImageClassification.from_pretrained(
+            {str(tmp_path / "folder")!r}, trust_remote_code=True, output_loading_info=True)
+        with torch.no_grad():
+            logits = model.eval()(torch.load({str(tmp_path / "x.pt")!r}, weights_only=True)).logits
+        print(json.dumps(dict(logits=logits.tolist(), info={{k: sorted(map(str, v)) for k, v in info.items()}})))
+        """,
+        tmp_path,
+    )
+    assert not any(seen["info"].get(key) for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert_close(torch.tensor(seen["logits"]), expected, "logits loaded as remote code")
+
+
+# --- a new position kind is one class -------------------------------------------------------------------------------
+
+TOY_KIND = '''
+
+class LearnedRows(PositionKind):
+    """A toy kind for the test: one learned vector per patch row, added to every patch of that row."""
+
+    name = "learned_rows"
+    description = "learned vector per patch row"
+    positional = adds_table = learned = True
+
+    @classmethod
+    def table_parameters(cls, config):
+        return config.grid_size[0] * config.hidden_size
+
+    def build(self, embeddings):
+        embeddings.position_rows = nn.Parameter(torch.zeros(embeddings.grid_size[0], self.config.hidden_size))
+
+    def init_weights(self, embeddings, init):
+        init.normal_(embeddings.position_rows, std=self.config.initializer_range)
+
+    def patch_table(self, embeddings, grid):
+        native = (embeddings.grid_size[0], 1)
+        rows = resize_as_configured(self.config, embeddings.position_rows[None], native, (grid[0], 1))[0]
+        return rows[:, None, :].expand(-1, grid[1], -1).reshape(1, grid[0] * grid[1], -1)
+
+    def resize(self, embeddings, new_grid):
+        rows = self.patch_table(embeddings, new_grid).reshape(new_grid[0], new_grid[1], -1)[:, 0]
+        embeddings.position_rows = nn.Parameter(rows.detach().clone())
+'''
+
+
+@pytest.mark.heavy
+def test_a_new_position_kind_is_one_class_that_trains_saves_loads_and_exports(tmp_path):
+    package = tmp_path / "toykind"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in MODELING_FILES:
+        shutil.copy(ROOT / "modeling" / name, package / name)
+    with open(package / "positions_hubvit.py", "a") as handle:
+        handle.write(TOY_KIND)
+    folder, x = tmp_path / "folder", tmp_path / "x.pt"
+    torch.save(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)), x)
+    fields = dict(position_embedding_type="learned_rows", interpolation_mode="bilinear", num_labels=3)
+    trained = run_without_hubvit(
+        f"""
+        import json, sys, torch
+        sys.path.insert(0, {str(tmp_path)!r})
+        from toykind.configuration_hubvit import HubViTConfig
+        from toykind.modeling_hubvit import HubViTForImageClassification
+        config = HubViTConfig(**{json.dumps({**TINY, **fields})})
+        torch.manual_seed(0)
+        model = HubViTForImageClassification(config)
+        before = model.hubvit.embeddings.position_rows.detach().clone()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        x = torch.load({str(x)!r}, weights_only=True)
+        for step in range(2):  # the head starts at zero: the second step reaches the position table
+            optimizer.zero_grad()
+            model(x, labels=torch.tensor([0, 2])).loss.backward()
+            optimizer.step()
+        model.save_pretrained({str(folder)!r})
+        print(json.dumps(dict(
+            moved=(model.hubvit.embeddings.position_rows - before).abs().max().item(),
+            rows=list(model.hubvit.embeddings.position_rows.shape),
+        )))
+        """,
+        tmp_path,
+    )
+    assert trained["rows"] == [4, 32] and trained["moved"] > 0
+    loaded = run_without_hubvit(
+        f"""
+        import json, torch, onnxruntime
+        from transformers import AutoModelForImageClassification
+        model, info = AutoModelForImageClassification.from_pretrained(
+            {str(folder)!r}, trust_remote_code=True, output_loading_info=True)
+        model.eval()
+        dim = torch.export.Dim
+        dynamic = {{"pixel_values": {{0: dim("batch", min=1), 2: 8 * dim("rows", min=1), 3: 8 * dim("columns", min=1)}}}}
+        class Logits(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+            def forward(self, pixel_values):
+                return self.model(pixel_values).logits
+        with torch.no_grad():
+            program = torch.onnx.export(Logits(model), (torch.randn(2, 3, 32, 32),), dynamo=True,
+                                        dynamic_shapes=dynamic, input_names=["pixel_values"], verbose=False)
+        program.save({str(tmp_path / "model.onnx")!r})
+        session = onnxruntime.InferenceSession({str(tmp_path / "model.onnx")!r}, providers=["CPUExecutionProvider"])
+        worst = 0.0
+        for height, width in ((32, 32), (48, 40)):
+            pixels = torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(height))
+            with torch.no_grad():
+                expected = model(pixels).logits
+            actual = torch.from_numpy(session.run(None, {{"pixel_values": pixels.numpy()}})[0])
+            worst = max(worst, ((actual - expected).abs().max() / expected.abs().max()).item())
+        print(json.dumps(dict(
+            kind=type(model.hubvit.embeddings.position).__name__,
+            module=type(model).__module__,
+            info={{k: sorted(map(str, v)) for k, v in info.items()}},
+            worst=worst,
+        )))
+        """,
+        tmp_path,
+    )
+    assert loaded["kind"] == "LearnedRows" and loaded["module"].startswith("transformers_modules.")
+    assert not any(loaded["info"].get(key) for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert loaded["worst"] <= 1e-5
+
+
+def relative_imports(path):
+    return {
+        node.module
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+    }
+
+
+@pytest.mark.parametrize("entry", ["configuration_hubvit", "modeling_hubvit"])
+def test_the_files_transformers_loads_import_every_modeling_file_they_reach_directly(entry):
+    """transformers before 5.10 copies only a loaded module's direct relative imports into its cache (then imports
+    them and all they import): a file reached only through another would be missing there."""
+    reached, frontier = set(), {entry}
+    while frontier:
+        name = frontier.pop()
+        reached.add(name)
+        frontier |= relative_imports(ROOT / "modeling" / f"{name}.py") - reached
+    assert reached - {entry} <= relative_imports(ROOT / "modeling" / f"{entry}.py")
+    assert {f"{name}.py" for name in reached} <= set(MODELING_FILES)
