@@ -87,31 +87,30 @@ class HubViTMLP(FeedForward):
     name = "mlp"
     description = "fc1, activation, fc2 (the paper; GELU, tanh GELU or quick GELU by hidden_act)"
     activation_reads_fc1 = True  # the activation's input is fc1's output as it is (what ONNX fusion rewrites)
+    fc1_widths = 1  # fc1 gives this many vectors of intermediate_size per token
 
     def __init__(self, config):
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        width = self.fc1_widths * config.intermediate_size
+        self.fc1 = nn.Linear(config.hidden_size, width, bias=config.mlp_bias)
         self.activation = ACT2FN[config.hidden_act]
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     @classmethod
     def parameter_parts(cls, config):
-        d, m = config.hidden_size, config.intermediate_size
-        return [
-            ("mlp.fc1", linear_parameters(d, m, config.mlp_bias)),
-            ("mlp.fc2", linear_parameters(m, d, config.mlp_bias)),
-        ]
+        d, m, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        return [("mlp.fc1", linear_parameters(d, cls.fc1_widths * m, bias)), ("mlp.fc2", linear_parameters(m, d, bias))]
 
     @classmethod
     def macs(cls, config, tokens):
-        return 2 * tokens * config.hidden_size * config.intermediate_size
+        return (cls.fc1_widths + 1) * tokens * config.hidden_size * config.intermediate_size
 
     def forward(self, hidden_states):
         return self.dropout(self.fc2(self.activation(self.fc1(hidden_states))))
 
 
-class HubViTGatedMLP(FeedForward):
+class HubViTGatedMLP(HubViTMLP):
     """A gated linear unit (Shazeer, 2020): fc1 gives a gate and a value (packed, gate first, as timm's
     `SwiGLUPacked`), activation(gate) * value, then fc2. With `hidden_act="silu"` it is SwiGLU (EVA-02, DINOv2
     giant, AIMv2, DINOv3); `intermediate_size` is the width of the value."""
@@ -119,25 +118,7 @@ class HubViTGatedMLP(FeedForward):
     name = "gated"
     description = "activation(gate) * value, then fc2 (SwiGLU with hidden_act='silu')"
     activation_reads_fc1 = False
-
-    def __init__(self, config):
-        super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.activation = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    @classmethod
-    def parameter_parts(cls, config):
-        d, m = config.hidden_size, config.intermediate_size
-        return [
-            ("mlp.fc1 (gate and value)", linear_parameters(d, 2 * m, config.mlp_bias)),
-            ("mlp.fc2", linear_parameters(m, d, config.mlp_bias)),
-        ]
-
-    @classmethod
-    def macs(cls, config, tokens):
-        return 3 * tokens * config.hidden_size * config.intermediate_size
+    fc1_widths = 2
 
     def forward(self, hidden_states):
         gate, value = self.fc1(hidden_states).chunk(2, dim=-1)
