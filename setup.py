@@ -1,4 +1,5 @@
-"""Installs the `hubvit` namespace onto the repository's top-level folders (modeling/, conversion/, training/, cli/, ...).
+"""Installs the `hubvit` package: hubvit/ (the command line, training, analysis, the folder layer) with the user's
+top-level modeling/, conversion/ and model_cards/ mapped into it.
 
 `pip install hubvit` is enough to load and convert checkpoints; fine-tuning, publishing and plotting are extras
 (`.[train]`, `.[publish]`, `.[plot]`), and `.[test]` pulls everything the test suite and the linter run.
@@ -38,23 +39,18 @@ setup(
     packages=[
         "hubvit",
         "hubvit.cli",
-        "hubvit.modeling",
-        "hubvit.conversion",
-        "hubvit.scripts",
-        "hubvit.scripts.experiments",
-        "hubvit.model_cards",
         "hubvit.analysis",
         "hubvit.training",
+        "hubvit.modeling",
+        "hubvit.conversion",
+        "hubvit.model_cards",
     ],
+    # The user's top-level folders that ship inside the package; everything else it ships lives under hubvit/.
+    # scripts/ (the experiments, doc renderers, thin entry scripts) and benchmarks/ run from a checkout only.
     package_dir={
-        "hubvit": "hubvit",
-        "hubvit.cli": "cli",
-        "hubvit.model_cards": "model_cards",
         "hubvit.modeling": "modeling",
         "hubvit.conversion": "conversion",
-        "hubvit.scripts": "scripts",
-        "hubvit.analysis": "analysis",
-        "hubvit.training": "training",
+        "hubvit.model_cards": "model_cards",
     },
     package_data={"hubvit.model_cards": ["*.md"], "hubvit.training": ["metrics/*/*.py"]},
     install_requires=[

@@ -36,7 +36,7 @@ from test_convert_timm import FAMILIES, randomize_timm_  # noqa: E402
 from test_transformers_interop import CASES  # noqa: E402
 from utils import randomize_  # noqa: E402
 
-from hubvit.scripts.cli import main as cli  # noqa: E402
+from hubvit.cli import main as cli  # noqa: E402
 
 VIT_B = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16)
 

@@ -216,7 +216,7 @@ def card_text(args, architecture, config, lines, notes):
     import timm
     from huggingface_hub import ModelCard, ModelCardData
 
-    from hubvit import __version__
+    from .. import __version__
 
     tags = ["image-classification" if config.num_labels else "image-feature-extraction", "timm", "hubvit"]
     data = ModelCardData(library_name="timm", tags=tags).to_yaml()

@@ -1,7 +1,16 @@
 """Shared pytest fixtures for the hubvit tests."""
 
+import sys
+from pathlib import Path
+
+# The checkout's own scripts (scripts.experiments, scripts.render_docs) are not part of the installed package: the
+# tests import them from the repository root, whichever way pytest was started.
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
 # `hub_server`: a local fake of the Hugging Face Hub HTTP API with the client pointed at it (tests/hub_server.py).
-try:
+try:  # noqa: E402
     from hub_server import hub_server  # noqa: F401
 except ImportError:  # tests/ imported as a package
     from tests.hub_server import hub_server  # noqa: F401

@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hubvit import HubViTForImageClassification, HubViTModel
 from hubvit.analysis import attention, info, position
-from hubvit.scripts import cli
+from hubvit import cli
 from utils import randomize_, tiny_config
 
 # Variants that change the parameter and MAC counts: every term of the arithmetic is exercised by one of them.

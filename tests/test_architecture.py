@@ -11,16 +11,17 @@ import pytest
 import hubvit
 
 ROOT = Path(__file__).resolve().parents[1]
-# hubvit's subpackages are the repository's folders (setup.py's package_dir)
+# hubvit's subpackages: its own folders, and the user's top-level folders setup.py's package_dir maps into it
 PACKAGES = {
     "hubvit": "hubvit",
-    "hubvit.cli": "cli",
+    "hubvit.cli": "hubvit/cli",
     "hubvit.modeling": "modeling",
     "hubvit.conversion": "conversion",
-    "hubvit.analysis": "analysis",
-    "hubvit.training": "training",
+    "hubvit.analysis": "hubvit/analysis",
+    "hubvit.training": "hubvit/training",
 }
-LIBRARY = ("conversion", "analysis", "training", "hubvit")
+LIBRARY = ("conversion", "hubvit/analysis", "hubvit/training", "hubvit")
+COMMAND_LINE = ROOT / "hubvit" / "cli"
 
 
 def modules():
@@ -98,6 +99,7 @@ def test_flags_are_declared_only_in_options_dataclasses(folder):
     calls = [
         f"{path.relative_to(ROOT)}:{number}"
         for path in sorted((ROOT / folder).rglob("*.py"))
+        if COMMAND_LINE not in path.parents
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\badd_argument\(", line)
     ]
@@ -123,3 +125,15 @@ def test_training_reads_folders_through_the_folder_layer_not_conversion_or_analy
 
 def test_hubvit_is_the_package_these_folders_install():
     assert Path(hubvit.__file__).resolve().parent == ROOT / "hubvit"
+
+
+def test_the_library_imports_its_own_modules_relatively():
+    """One import style inside the package: `from ..errors import ...`; `hubvit.` by name only in scripts and tests."""
+    absolute = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in modules().values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "hubvit")
+        or (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "hubvit" for alias in node.names))
+    ]
+    assert absolute == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hubvit.scripts.experiments import campaign, common, position_embeddings
+from scripts.experiments import campaign, common, position_embeddings
 from tests.utils import tiny_config
 
 TIMING = set(common.TIMING_KEYS)
@@ -253,7 +253,7 @@ def patch_results(random_minus_native, random_seeds=(0, 1, 2)):
 def test_the_random_patch_size_model_is_capped_at_the_native_cap_times_the_number_of_sizes(tmp_path, monkeypatch):
     """It trains on each of the 3 sizes for about a third of its updates: with the native cap it stopped at the cap
     in every seed, still improving (docs/experiments/patch_size.md), so its cap is 3 times the native one."""
-    from hubvit.scripts.experiments import patch_size
+    from scripts.experiments import patch_size
 
     caps = {}
 
@@ -276,7 +276,7 @@ def test_the_random_patch_size_model_is_capped_at_the_native_cap_times_the_numbe
 def test_flexivit_verdict_pairs_the_random_model_with_native_by_seed():
     """Seed 3 ran natively only (at 50%): pairing by seed leaves it out, so a random-P model 0.1-0.3 points
     below native at every shared seed lies within a point; 5 points below is not within it."""
-    from hubvit.scripts.experiments import patch_size
+    from scripts.experiments import patch_size
 
     close = patch_size.verdicts(patch_results({0: -0.001, 1: -0.003, 2: -0.002}))[0]
     assert close["verdict"].startswith("holds") and "3 paired seeds" in close["measured"], close
@@ -379,7 +379,7 @@ def test_a_failing_unit_is_reported_and_the_runner_goes_on(tmp_path, monkeypatch
 
 
 def test_summary_marks_short_schedule_rows_only_for_results_not_built_from_the_campaign(tmp_path):
-    from hubvit.scripts.experiments import summary
+    from scripts.experiments import summary
 
     verdict = [{"claim": "c", "measured": "m", "verdict": "v"}]
     old = {"runs": {"native": {"4": [0.5]}}, "environment": {"wall_time_s": 1.0}}
@@ -394,7 +394,7 @@ def test_summary_marks_short_schedule_rows_only_for_results_not_built_from_the_c
 
 
 def test_summary_speaks_of_the_short_schedule_only_while_a_row_comes_from_it(tmp_path):
-    from hubvit.scripts.experiments import summary
+    from scripts.experiments import summary
 
     verdict = [{"claim": "c", "measured": "m", "verdict": "v"}]
     campaign_built = {"runs": {"model": {"seeds": [0]}}, "environment": {"units": 1}, "verdicts": verdict}
@@ -410,7 +410,7 @@ def test_summary_speaks_of_the_short_schedule_only_while_a_row_comes_from_it(tmp
 
 def test_precision_probe_times_both_precisions_on_copies_of_one_model():
     from hubvit import HubViTForImageClassification
-    from hubvit.scripts.experiments import schedule_probe
+    from scripts.experiments import schedule_probe
 
     config = tiny_config(image_size=8, patch_size=4, hidden_size=8, intermediate_size=16, num_hidden_layers=1)
     model = HubViTForImageClassification(config).train()

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 from transformers import AutoModelForImageClassification  # noqa: E402
 
-from hubvit.scripts import cli  # noqa: E402
+from hubvit import cli  # noqa: E402
 from utils import relative_error  # noqa: E402
 
 try:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, AutoModelForImageClassification
 
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from utils import TINY_PYTORCH, relative_error
 
 TINY = TINY_PYTORCH

@@ -16,7 +16,7 @@ from timm.data import ImageNetInfo  # noqa: E402
 from timm.models import save_for_hf  # noqa: E402
 from transformers import AutoModel, AutoModelForImageClassification  # noqa: E402
 
-from hubvit.scripts.cli import main as cli  # noqa: E402
+from hubvit.cli import main as cli  # noqa: E402
 from utils import TINY_TIMM, randomize_, relative_error  # noqa: E402
 
 TINY = TINY_TIMM

@@ -13,7 +13,7 @@ timm = pytest.importorskip("timm")
 from timm.models import save_for_hf  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
 
-from hubvit.scripts.cli import main as cli  # noqa: E402
+from hubvit.cli import main as cli  # noqa: E402
 
 TINY = dict(depth=1, embed_dim=24, num_heads=2, img_size=16, patch_size=8)
 

@@ -16,7 +16,7 @@ from torchvision.models import ViT_B_16_Weights  # noqa: E402
 from torchvision.models.vision_transformer import VisionTransformer, interpolate_embeddings  # noqa: E402
 from transformers import AutoModelForImageClassification  # noqa: E402
 
-from hubvit.scripts.cli import main as cli  # noqa: E402
+from hubvit.cli import main as cli  # noqa: E402
 from utils import TINY_TORCHVISION, randomize_, relative_error  # noqa: E402
 
 TINY = TINY_TORCHVISION

@@ -471,7 +471,7 @@ def test_export_onnx_int8_quantizes_the_encoder_and_agrees_on_99_percent_of_held
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from hubvit.folder import write_folder
-    from hubvit.scripts.cli import main as cli
+    from hubvit.cli import main as cli
 
     model, images, _ = digits_model
     write_folder(model, tmp_path / "src")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hubvit.scripts import render_docs
+from scripts import render_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 

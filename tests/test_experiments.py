@@ -16,7 +16,7 @@ import torch
 from scipy.spatial.distance import cdist
 
 from hubvit import HubViTConfig, HubViTForImageClassification
-from hubvit.scripts.experiments import (
+from scripts.experiments import (
     attention_distance,
     campaign,
     common,
@@ -237,7 +237,7 @@ def run_in_one_process(calls, timeout=900):
     code = (
         "import importlib, sys\n"
         f"for name, argv in {calls!r}:\n"
-        "    if importlib.import_module(f'hubvit.scripts.experiments.{name}').main(argv):\n"
+        "    if importlib.import_module(f'scripts.experiments.{name}').main(argv):\n"
         "        sys.exit(f'{name} failed')\n"
     )
     result = subprocess.run(

@@ -13,7 +13,7 @@ from transformers import ViTImageProcessor
 
 from hubvit import HubViTForImageClassification, HubViTModel
 from hubvit.folder import make_image_processor, write_folder
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from utils import mlp_tokens_per_block, randomize_, tiny_config
 
 onnx = pytest.importorskip("onnx")

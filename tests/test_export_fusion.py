@@ -12,7 +12,7 @@ import torch
 
 from hubvit import HubViTForImageClassification
 from hubvit.folder import write_folder
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from utils import mlp_tokens_per_block, randomize_, tiny_config
 
 onnx = pytest.importorskip("onnx")

@@ -16,7 +16,7 @@ import torch
 from hubvit import HubViTForImageClassification
 from hubvit.folder import write_folder
 from hubvit.modeling.resize_hubvit import resize_position_grid, resize_position_grid_by_matrices
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from utils import randomize_, tiny_config
 
 MODES = [

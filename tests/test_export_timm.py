@@ -15,7 +15,7 @@ timm = pytest.importorskip("timm")
 
 from hubvit import HubViTForImageClassification  # noqa: E402
 from hubvit.folder import make_image_processor, write_folder  # noqa: E402
-from hubvit.scripts.cli import main as cli  # noqa: E402
+from hubvit.cli import main as cli  # noqa: E402
 from utils import randomize_, relative_error, run_without_hubvit, tiny_config  # noqa: E402
 
 # name: (hubvit config fields, timm model_args the export must choose)

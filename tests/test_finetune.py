@@ -79,7 +79,7 @@ def run_in_process(argv):
     """Run the script's main() here (no launcher start-up cost), with Accelerate's singletons reset around it."""
     from accelerate.state import AcceleratorState, GradientState
 
-    from hubvit.scripts import finetune
+    from hubvit.cli import finetune
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
@@ -611,7 +611,7 @@ def test_importing_hubvit_does_not_import_the_training_stack():
 
 def test_hubvit_train_parses_the_options_of_finetune(tmp_path, capsys):
     """`hubvit train` and scripts/finetune.py share one parser: the same refusal, under its own name."""
-    from hubvit.scripts.cli import main as cli
+    from hubvit.cli import main as cli
 
     with pytest.raises(SystemExit) as exit_info:
         cli(["train", "--output_dir", str(tmp_path), "--warmup_ratio", "1.5"])

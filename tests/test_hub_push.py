@@ -24,7 +24,7 @@ from hubvit import HubViTForImageClassification
 from hubvit.card import CardInfo
 from hubvit.folder import make_image_processor, write_folder
 from hubvit.hub import PushError, push_folder
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from utils import randomize_, tiny_config
 
 pytestmark = pytest.mark.heavy

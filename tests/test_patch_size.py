@@ -306,7 +306,7 @@ def test_info_shows_flops_and_the_measured_accuracy_per_patch_size(tmp_path, cap
     import json
 
     from hubvit.analysis import info
-    from hubvit.scripts.cli import main as cli
+    from hubvit.cli import main as cli
 
     tiny_classifier().save_pretrained(tmp_path)
     (tmp_path / info.PATCH_ACCURACY_FILE).write_text(json.dumps({"accuracy": {"4": 0.875}, "split": "validation"}))
@@ -321,7 +321,7 @@ def test_info_shows_flops_and_the_measured_accuracy_per_patch_size(tmp_path, cap
 
 
 def test_info_refuses_an_accuracy_file_that_is_not_one(tmp_path, capsys):
-    from hubvit.scripts.cli import main as cli
+    from hubvit.cli import main as cli
 
     (tmp_path / "acc.json").write_text("[1, 2]")
     assert cli(["info", "b/16", "--patch-sizes", "16", "--accuracy", str(tmp_path / "acc.json")]) == 2

@@ -148,7 +148,7 @@ def test_a_transformers_source_keeps_its_own_processor(tmp_path):
     """A DINOv2 folder crops (shorter side 36, crop 32): the converted folder gives the very same pixel_values."""
     from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
 
-    from hubvit.scripts.cli import main as cli
+    from hubvit.cli import main as cli
 
     config = Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
     Dinov2Model(config).save_pretrained(tmp_path / "src")

@@ -14,7 +14,7 @@ import torch
 from huggingface_hub import ModelCard
 
 from hubvit.conversion.publish import Entry, read_manifest
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 import utils
 
 timm = pytest.importorskip("timm")

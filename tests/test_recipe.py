@@ -109,7 +109,7 @@ def test_torch_compile_flag_compiles_the_prepared_model_and_keeps_its_outputs(fr
     torch.testing.assert_close(prepared(pixel_values=pixels).logits, eager, rtol=1e-5, atol=1e-6)
 
 
-# The published values each preset must carry (sources in training/recipes.py).
+# The published values each preset must carry (sources in hubvit/training/recipes.py).
 PUBLISHED = {
     "deit": {
         "optimizer": "adamw",
@@ -206,7 +206,7 @@ def test_a_run_with_ema_evaluates_and_saves_the_average_beside_the_model(tmp_pat
     ],
 )
 def test_bad_recipe_values_fail_before_training_with_the_value(tmp_path, capsys, flag, value, expected):
-    from hubvit.scripts.finetune import main
+    from hubvit.cli.finetune import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--output_dir", str(tmp_path / "out"), flag, value])
@@ -216,7 +216,7 @@ def test_bad_recipe_values_fail_before_training_with_the_value(tmp_path, capsys,
 
 
 def test_streaming_without_a_source_is_refused(tmp_path, capsys):
-    from hubvit.scripts.finetune import main
+    from hubvit.cli.finetune import main
 
     with pytest.raises(SystemExit):
         main(["--streaming", "--output_dir", str(tmp_path / "out")])

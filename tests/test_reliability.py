@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from hubvit import HubViTForImageClassification
 from hubvit.conversion.common import ConversionError, read_weights
 from hubvit.folder import write_folder
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from utils import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,7 +300,7 @@ def test_push_to_a_closed_port_gives_one_line_naming_the_endpoint(push_folder_pa
 def test_hubvit_push_with_a_silent_endpoint_exits_2_with_one_line(push_folder_path):
     with SilentServer() as server:
         run = subprocess.run(
-            [sys.executable, "-m", "hubvit.scripts.cli", "push", str(push_folder_path), "me/tiny", "--timeout", "1"],
+            [sys.executable, "-m", "hubvit.cli", "push", str(push_folder_path), "me/tiny", "--timeout", "1"],
             cwd=ROOT,
             env={**ENV, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": server.endpoint, "HF_TOKEN": "hf_test"},
             capture_output=True,
@@ -312,7 +312,7 @@ def test_hubvit_push_with_a_silent_endpoint_exits_2_with_one_line(push_folder_pa
 
 
 def test_push_help_states_the_timeout_default():
-    from hubvit.scripts.cli import build_parser
+    from hubvit.cli import build_parser
 
     push = build_parser()._subparsers._group_actions[0].choices["push"]
     text = " ".join(push.format_help().split())
@@ -629,7 +629,7 @@ def test_a_full_disk_while_writing_is_one_line_with_exit_status_2(npz, tmp_path)
     """RLIMIT_FSIZE makes every write past 1 kB fail with EFBIG, as a full disk fails with ENOSPC."""
     code = (
         "import resource, sys\n"
-        "from hubvit.scripts.cli import main\n"
+        "from hubvit.cli import main\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n"
         f"sys.exit(main(['convert', 'jax', {str(npz)!r}, {str(tmp_path / 'out')!r}]))\n"
     )
@@ -751,7 +751,7 @@ def test_the_load_check_runs_once_per_folder_content_and_again_when_a_file_chang
 
 
 def test_push_help_says_the_load_check_runs_the_folders_code():
-    from hubvit.scripts.cli import build_parser
+    from hubvit.cli import build_parser
 
     push = build_parser()._subparsers._group_actions[0].choices["push"]
     text = " ".join(push.format_help().split())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from hubvit.conversion.publish import read_manifest
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from test_reliability import jax_arrays, tiny_folder
 
 from hubvit.errors import HubViTError

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from hub_server import configure_hf_client
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from test_reliability import ENV, ROOT, SilentServer, tiny_folder
 
 

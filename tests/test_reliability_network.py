@@ -12,7 +12,7 @@ import time
 import pytest
 from hub_server import configure_hf_client
 from hubvit.hub import PushError, push_folder
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from test_reliability import tiny_folder
 from test_reliability_limits import within
 

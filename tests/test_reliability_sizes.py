@@ -11,7 +11,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from test_reliability import tiny_folder
 
 
@@ -169,7 +169,7 @@ def test_the_budget_refuses_a_billion_wide_layer_by_name():
 SPARSE_CHILD = """
 import json, resource, sys
 from pathlib import Path
-from hubvit.scripts.cli import main
+from hubvit.cli import main
 import timm  # imported before the limit, as the converters would
 argv_list = json.loads(sys.argv[1])
 for argv in argv_list:

@@ -95,7 +95,7 @@ def bad_image_run(tmp_path, code):
 
 
 def test_a_bad_image_in_a_dataloader_worker_is_one_line(tmp_path):
-    result = bad_image_run(tmp_path, "import sys\nfrom hubvit.scripts.finetune import main\nsys.exit(main(argv))")
+    result = bad_image_run(tmp_path, "import sys\nfrom hubvit.cli.finetune import main\nsys.exit(main(argv))")
     line = one_error(result.stderr)
     assert result.returncode == 2 and "3.png" in line and "cannot be read" in line and "DataLoader worker" not in line
 
@@ -310,7 +310,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_check
     ]
     code = (
         "import resource, sys\n"
-        "from hubvit.scripts.finetune import main\n"
+        "from hubvit.cli.finetune import main\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
         f"sys.exit(main({argv!r}))\n"
     )
@@ -405,7 +405,7 @@ def test_a_checkpoint_interrupted_midway_is_never_resumed_and_is_replaced(
 
 def test_the_segmentation_script_refuses_an_image_size_whose_model_cannot_fit(tmp_path, capsys):
     """It built the model first: a 156-million-row position table, "DefaultCPUAllocator: can't allocate memory"."""
-    from scripts.finetune_segmentation import main
+    from hubvit.cli.finetune_segmentation import main
 
     for flags, expected in (
         (["--image_size", "100000"], "--image_size 100000x100000 gives 156250000 patches of 8"),

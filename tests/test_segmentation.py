@@ -24,7 +24,7 @@ from hubvit.training.segmentation_data import (
     load_segmentation_splits,
     place_digits,
 )
-from scripts.finetune_segmentation import main
+from hubvit.cli.finetune_segmentation import main
 from utils import run_without_hubvit
 
 TINY = dict(
@@ -243,7 +243,7 @@ def test_the_predictions_picture_shows_images_truth_and_the_pipelines_masks(trai
     """The script's OUT/predictions.png (the one docs/dense.md shows): three rows of `count` panels."""
     from PIL import Image
 
-    from scripts.finetune_segmentation import draw_predictions
+    from hubvit.cli.finetune_segmentation import draw_predictions
 
     path = tmp_path / "predictions.png"
     draw_predictions(trained.model_dir, trained.eval_dataset, "image", "mask", path, count=4)

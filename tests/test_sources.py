@@ -21,7 +21,7 @@ import torch
 from huggingface_hub import ModelCard
 
 from hubvit.conversion import sources
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 import utils
 
 timm = pytest.importorskip("timm")

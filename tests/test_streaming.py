@@ -1,4 +1,4 @@
-"""training/streaming.py: each example read once per epoch by exactly one process, buffer shuffling, exact resume.
+"""hubvit/training/streaming.py: each example read once per epoch by exactly one process, buffer shuffling, exact resume.
 
 The images carry their id as their pixel value, so what a process read is visible in the batches themselves.
 """

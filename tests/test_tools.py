@@ -87,7 +87,7 @@ def timm_pair(tmp_path_factory):
     timm = pytest.importorskip("timm")
     from timm.models import save_for_hf
 
-    from hubvit.scripts.cli import main as cli
+    from hubvit.cli import main as cli
 
     source = timm.create_model(
         "vit_base_patch16_224",

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from hubvit.folder import make_image_processor, write_folder
 from hubvit.modeling import HubViTForImageClassification
-from hubvit.scripts.cli import main as cli
+from hubvit.cli import main as cli
 from utils import assert_close, randomize_, run_without_hubvit, tiny_config
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)

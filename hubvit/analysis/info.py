@@ -21,7 +21,7 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "
 def preset_config(name, image_size=224, num_labels=1000):
     """`b/16`-style names (size letter / patch side, `hubvit.presets`) as a `HubViTConfig` with the paper's
     1000-class head; a size the model cannot take is a `HubViTError` naming it."""
-    from hubvit import HubViTConfig
+    from .. import HubViTConfig
 
     fields = presets.config_fields(name, image_size)
     try:

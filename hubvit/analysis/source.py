@@ -24,8 +24,6 @@ def load_config(src, image_size=None):
         return config
     from transformers import AutoConfig
 
-    import hubvit  # noqa: F401  registers model_type "hubvit"
-
     try:
         config = AutoConfig.from_pretrained(src)
     except (OSError, ValueError) as error:
@@ -50,7 +48,7 @@ def load_model(src, image_size=None):
     what its numbers then describe."""
     from transformers import AutoImageProcessor, ViTImageProcessor
 
-    from hubvit import HubViTForImageClassification, folder
+    from .. import HubViTForImageClassification, folder
 
     config = load_config(src, image_size)
     if is_preset(src):

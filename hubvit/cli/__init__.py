@@ -237,7 +237,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     for trainer in TRAINERS:  # each its own HfArgumentParser: the options of its script
         if argv[:1] == list(trainer.words):
-            script = importlib.import_module(f"..scripts.{trainer.script}", __package__)
+            script = importlib.import_module(f".{trainer.script}", __package__)
             return script.main(argv[1:], prog=f"hubvit {trainer.name}")
     args = parse(build_parser(), argv)
     from safetensors import SafetensorError

@@ -29,7 +29,7 @@ def is_main_process():
 def draw_figures(result, image_column):
     if not is_main_process():
         return
-    from hubvit.analysis.commands import training_figures
+    from ..analysis.commands import training_figures
 
     images = result.eval_dataset[:128][image_column]
     training_figures(result.model_dir, images, result.output_dir / "analysis")
@@ -49,9 +49,9 @@ def show_logs():
 
 def main(argv=None, prog="finetune.py"):
     """Console entry: returns 0, or exits with status 2 and a one-line message on bad arguments."""
-    from hubvit.errors import HubViTError
-    from hubvit.training import parse_args, train
-    from hubvit.training.checks import worker_error_line
+    from ..errors import HubViTError
+    from ..training import parse_args, train
+    from ..training.checks import worker_error_line
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv, prog)

@@ -65,10 +65,10 @@ def main(argv=None, prog="finetune_segmentation.py"):
     """Console entry: returns 0, or exits with status 2 and a one-line message on bad arguments or data."""
     from accelerate import PartialState
 
-    from hubvit.errors import HubViTError
-    from hubvit.training.checks import worker_error_line
-    from hubvit.training.segmentation import train_segmentation
-    from hubvit.training.segmentation_arguments import parse_segmentation_args
+    from ..errors import HubViTError
+    from ..training.checks import worker_error_line
+    from ..training.segmentation import train_segmentation
+    from ..training.segmentation_arguments import parse_segmentation_args
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_segmentation_args(argv, prog)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from hubvit.presets import BY_NAME
+from ..presets import BY_NAME
 
 from .option_checks import UsageError, check_args  # noqa: F401 (check_args: re-exported, run.py and tests use it)
 
@@ -193,7 +193,7 @@ class TrainingArguments:
         metavar="BACKEND",
     )
     recipe: Optional[Literal["augreg", "deit", "mae"]] = option(
-        help="defaults from a published fine-tuning recipe (training/recipes.py); options you set win"
+        help="defaults from a published fine-tuning recipe (hubvit/training/recipes.py); options you set win"
     )
     patch_sizes: Optional[str] = option(
         help="a random patch size per update (FlexiViT), e.g. 4,7,14: the stored kernel (at the config's patch size; "

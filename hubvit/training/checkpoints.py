@@ -19,7 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
-from hubvit.errors import UsageError
+from ..errors import UsageError
 from .checks import writing_checkpoint
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")

@@ -14,8 +14,8 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from hubvit.errors import HubViTError
-from hubvit.limits import (
+from ..errors import HubViTError
+from ..limits import (
     SizeError,
     check_config_sizes,
     check_image_size,

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 
-from hubvit.preprocessing import Preprocessing, resample_name
+from ..preprocessing import Preprocessing, resample_name
 
 from . import checks
 from .arguments import UsageError, is_embedded

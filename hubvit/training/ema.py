@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from hubvit.errors import HubViTError
+from ..errors import HubViTError
 
 
 class EMAError(HubViTError):

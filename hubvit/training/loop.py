@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checks
-from hubvit.errors import UsageError
+from ..errors import UsageError
 from .checkpoints import (
     discard_checkpoints,
     load_checkpoint,

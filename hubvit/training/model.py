@@ -4,7 +4,7 @@ import re
 
 import torch
 
-from hubvit.preprocessing import Preprocessing, resample_name
+from ..preprocessing import Preprocessing, resample_name
 
 from . import checks
 from .arguments import PRESETS, UsageError
@@ -31,7 +31,7 @@ def build_start_model(args, label_names, config_fields=None):
     label2id = {name: i for i, name in id2label.items()}
     if args.model_name_or_path:
         return load_checkpoint_model(args, id2label, label2id)
-    from hubvit import HubViTConfig, HubViTForImageClassification
+    from .. import HubViTConfig, HubViTForImageClassification
 
     try:
         config = HubViTConfig(
@@ -95,7 +95,7 @@ def load_pretrained(path, config, id2label, label2id):
     Only the classifier head may be replaced, and only when the label count differs: a config that does not match
     its weights would otherwise re-initialise those layers and train them from scratch, silently.
     """
-    from hubvit import HubViTForImageClassification
+    from .. import HubViTForImageClassification
 
     new_head = config.num_labels != len(id2label)
     try:

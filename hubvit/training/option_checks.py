@@ -10,7 +10,7 @@ import typing
 from pathlib import Path
 from typing import Literal
 
-from hubvit.errors import UsageError
+from ..errors import UsageError
 
 from . import checks
 from .checkpoints import check_earlier_checkpoints

@@ -11,8 +11,8 @@ import json
 import random
 from pathlib import Path
 
-from hubvit.errors import UsageError
-from hubvit.folder import ACCURACY_FILE
+from ..errors import UsageError
+from ..folder import ACCURACY_FILE
 
 
 class PatchSizeError(UsageError):

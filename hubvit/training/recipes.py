@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hubvit.errors import HubViTError
+from ..errors import HubViTError
 
 
 class RecipeError(HubViTError):

@@ -66,7 +66,7 @@ def train(*groups, command=None, **options):
 
 
 def model_card(args, results, data, command):
-    from hubvit.card import CardInfo
+    from ..card import CardInfo
 
     base = args.model_name_or_path
     source, eval_name = data
@@ -102,7 +102,7 @@ def ema_results(results):
 def export(accelerator, args, run, results, data, preprocessing, command):
     """Write OUTPUT_DIR/model (the one hubvit folder writer), OUTPUT_DIR/model_ema with `--ema_decay`,
     all_results.json, and push the model when asked."""
-    from hubvit.folder import build_model, make_image_processor, write_folder
+    from ..folder import build_model, make_image_processor, write_folder
 
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(run.model)
@@ -122,7 +122,7 @@ def export(accelerator, args, run, results, data, preprocessing, command):
     write_accuracy(folder, results, data[1], command)
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:
-        from hubvit.hub import push_folder
+        from ..hub import push_folder
 
         push_folder(folder, args.push_to_hub)
         logger.info(f"pushed {folder} to {args.push_to_hub}")

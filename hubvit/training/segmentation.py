@@ -3,7 +3,7 @@
 
 The same conventions as the classification run (`train`): typed options parsed by `HfArgumentParser`, one
 Accelerator (DDP and mixed precision through it), Accelerate's checkpoints with exact resumption (a seeded sampler,
-no other randomness in the data), `evaluate` metrics loaded from the scripts shipped in `training/metrics`
+no other randomness in the data), `evaluate` metrics loaded from the scripts shipped in `hubvit/training/metrics`
 (`mean_iou`), and the one hubvit folder writer for OUTPUT_DIR/model: a `HubViTForSemanticSegmentation` with a
 `SegformerImageProcessor`, whose `post_process_semantic_segmentation` serves `pipeline("image-segmentation")`.
 
@@ -49,8 +49,8 @@ def label_names_for(args, train_split):
 
 def build_model(args, names):
     """(HubViTForSemanticSegmentation, Preprocessing): a hubvit folder's body with a new head, or from scratch."""
-    from hubvit import HubViTConfig, HubViTForSemanticSegmentation
-    from hubvit.preprocessing import Preprocessing
+    from .. import HubViTConfig, HubViTForSemanticSegmentation
+    from ..preprocessing import Preprocessing
 
     from .model import checkpoint_preprocessing, check_image_size
 
@@ -149,7 +149,7 @@ class SegmentationRun:
 
 @torch.no_grad()
 def evaluate_segmentation(run):
-    """`mean_iou` (the `evaluate` metric shipped in training/metrics) and the mean loss on the held-out split."""
+    """`mean_iou` (the `evaluate` metric shipped in hubvit/training/metrics) and the mean loss on the held-out split."""
     from .evaluation import load_metric
 
     metric = load_metric("mean_iou")
@@ -380,7 +380,7 @@ def segmentation_processor(config, preprocessing):
     from PIL import Image
     from transformers import SegformerImageProcessor
 
-    from hubvit.preprocessing import resample_name
+    from ..preprocessing import resample_name
 
     filters = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
     height, width = config.image_size_2d
@@ -395,9 +395,9 @@ def segmentation_processor(config, preprocessing):
 
 def export(run, results, data, preprocessing, command):
     """OUTPUT_DIR/model through hubvit's folder writer, and all_results.json."""
-    from hubvit import HubViTForSemanticSegmentation
-    from hubvit.card import CardInfo
-    from hubvit.folder import write_folder
+    from .. import HubViTForSemanticSegmentation
+    from ..card import CardInfo
+    from ..folder import write_folder
 
     accelerator, args = run.accelerator, run.args
     accelerator.wait_for_everyone()
@@ -427,7 +427,7 @@ def export(run, results, data, preprocessing, command):
     (out / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
     logger.info("results: " + json.dumps(results))
     if args.push_to_hub:
-        from hubvit.hub import push_folder
+        from ..hub import push_folder
 
         push_folder(out / "model", args.push_to_hub)
         logger.info(f"pushed {out / 'model'} to {args.push_to_hub}")

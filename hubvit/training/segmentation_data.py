@@ -272,7 +272,7 @@ class SegmentationPairs(torch.utils.data.Dataset):
         from torchvision.transforms import v2
 
         from .data import TORCHVISION_INTERPOLATION
-        from hubvit.preprocessing import resample_name
+        from ..preprocessing import resample_name
 
         self.dataset, self.image_column, self.mask_column, self.size = dataset, image_column, mask_column, size
         interpolation = TORCHVISION_INTERPOLATION[resample_name(preprocessing.resample)]

@@ -13,7 +13,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from hubvit.errors import HubViTError
+from ..errors import HubViTError
 
 
 class StreamingError(HubViTError):

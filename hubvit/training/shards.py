@@ -1,4 +1,4 @@
-"""Write an image dataset as N shard files, so streaming (training/streaming.py) can be shown on real files.
+"""Write an image dataset as N shard files, so streaming (hubvit/training/streaming.py) can be shown on real files.
 
 Parquet shards keep the `datasets` features (images as PNG bytes, the `ClassLabel` names) in the file's schema
 metadata, so `load_dataset("parquet", ..., streaming=True)` reads back the same columns. Webdataset shards are plain
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import datasets
 
-from hubvit.errors import HubViTError
+from ..errors import HubViTError
 
 FORMATS = ("parquet", "webdataset")
 

@@ -26,8 +26,8 @@ import torch
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hubvit.modeling.positions_hubvit import POSITION_KINDS  # noqa: E402
-from hubvit.scripts.experiments import common  # noqa: E402
-from hubvit.scripts.experiments.position_embeddings import TYPES  # noqa: E402
+from scripts.experiments import common  # noqa: E402
+from scripts.experiments.position_embeddings import TYPES  # noqa: E402
 
 NAME = "attention_distance"
 LOCAL, GLOBAL = 0.5, 0.8  # a head is local below half the distance of uniform attention, global above 80% of it

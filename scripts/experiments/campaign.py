@@ -25,7 +25,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hubvit.scripts.experiments import common  # noqa: E402
+from scripts.experiments import common  # noqa: E402
 
 # The experiments that run as units, in the order their units are queued within a seed. position_embeddings comes
 # first: its learned and sin-cos arms decide the campaign's first "done when".
@@ -56,7 +56,7 @@ def parse_args(argv=None):
 
 
 def module(name):
-    return importlib.import_module(f"hubvit.scripts.experiments.{name}")
+    return importlib.import_module(f"scripts.experiments.{name}")
 
 
 def queue(seeds=SEEDS, experiments=EXPERIMENTS):
@@ -290,7 +290,7 @@ def missing_arms(runs_dir, name, quick=False):
 
 def report(options):
     """Each experiment's page from its finished units (once every arm has one), then the README's table."""
-    from hubvit.scripts.experiments import summary
+    from scripts.experiments import summary
 
     for name in EXPERIMENTS:
         experiment = module(name)
@@ -305,7 +305,7 @@ def report(options):
         print(f"{name}: page rebuilt from {len(records)} runs", file=sys.stderr)
     status = summary.main(["--output_dir", options.output_dir])
     if status == 0 and Path(options.output_dir).resolve() == Path(common.DOCS).resolve():
-        from hubvit.scripts import render_docs
+        from scripts import render_docs
 
         status = render_docs.main([])  # the pages other docs quote (docs/analysis.md) follow the new figures
     return status
@@ -328,7 +328,7 @@ def log_progress():
 
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("[campaign %(process)d] %(message)s"))
-    log = logging.getLogger("hubvit.scripts.experiments")
+    log = logging.getLogger("scripts.experiments")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
 

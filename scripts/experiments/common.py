@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hubvit.scripts.experiments.pages import (  # noqa: F401 (the experiments read them as common.*)
+from scripts.experiments.pages import (  # noqa: F401 (the experiments read them as common.*)
     command,
     environment,
     write,
@@ -26,7 +26,7 @@ from hubvit.scripts.experiments.pages import (  # noqa: F401 (the experiments re
     campaign_text,
     header,
 )
-from hubvit.scripts.experiments.statistics import (  # noqa: F401 (the experiments read them as common.*)
+from scripts.experiments.statistics import (  # noqa: F401 (the experiments read them as common.*)
     DEFAULT_SEEDS,
     REQUIRED_SEEDS,
     gather,

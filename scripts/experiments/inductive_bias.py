@@ -26,7 +26,7 @@ from transformers.modeling_outputs import ImageClassifierOutput
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hubvit.preprocessing import Preprocessing  # noqa: E402
-from hubvit.scripts.experiments import common  # noqa: E402
+from scripts.experiments import common  # noqa: E402
 
 NAME = "inductive_bias"
 FRACTIONS = [0.05, 0.10, 0.25, 0.50, 1.0]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hubvit.scripts.experiments.statistics import REQUIRED_SEEDS
+from scripts.experiments.statistics import REQUIRED_SEEDS
 
 
 def command(name, argv=None):

@@ -89,7 +89,7 @@ def quadrant_verdict(summary, types, margin=0.1):
 
 def accuracy_figure(results, types):
     """Test, shuffled-patch and quadrant-task accuracy per position type: bars of the mean, dots per seed."""
-    from hubvit.scripts.experiments import common
+    from scripts.experiments import common
 
     plt = common.pyplot()
     runs, summary = results["runs"], results["summary"]

@@ -23,8 +23,8 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hubvit.modeling.positions_hubvit import POSITION_KINDS  # noqa: E402
-from hubvit.scripts.experiments import common  # noqa: E402
-from hubvit.scripts.experiments.position_controls import (  # noqa: E402
+from scripts.experiments import common  # noqa: E402
+from scripts.experiments.position_controls import (  # noqa: E402
     accuracy_figure,
     distance_only_stripe,
     quadrant_verdict,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hubvit.scripts.experiments import common  # noqa: E402
+from scripts.experiments import common  # noqa: E402
 
 NAME = "resolution"
 FIELDS = dict(position_embedding_type="learned", class_token=True, pooling="cls", fc_norm=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hubvit.scripts.experiments import common  # noqa: E402
+from scripts.experiments import common  # noqa: E402
 
 
 def epoch_of_batches(run):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hubvit.scripts.experiments import common  # noqa: E402
+from scripts.experiments import common  # noqa: E402
 
 EXPERIMENTS = {
     "position_embeddings": "Position embeddings (section 3; paper D.4)",
