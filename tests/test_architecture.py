@@ -137,3 +137,11 @@ def test_the_library_imports_its_own_modules_relatively():
         or (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "hubvit" for alias in node.names))
     ]
     assert absolute == []
+
+
+def test_one_library_file_computes_the_gradients_of_every_trainer():
+    """Classification and segmentation train through the one loop: `accelerator.backward` is called in one place."""
+    calling = [
+        path.relative_to(ROOT).as_posix() for path in modules().values() if "accelerator.backward(" in path.read_text()
+    ]
+    assert calling == ["hubvit/training/loop.py"]

@@ -366,13 +366,13 @@ def test_the_step_trains_on_what_the_mixer_makes_of_the_batch(tmp_path, flag):
     """The step's loss is the cross entropy of the mixed images against the mixed (soft) labels; what MixUp and
     CutMix make of a batch is tested in test_recipe.py."""
     run = prepared_run(tmp_path, **{flag: 1.0})
-    mixer, made = run.mixer, []
+    mixer, made = run.task.mixer, []
 
     def recorded(pixels, labels):
         made.append(mixer(pixels, labels))
         return made[-1]
 
-    run.mixer = recorded
+    run.task.mixer = recorded
     pixels, labels = batch(8)
     before = copy.deepcopy(run.accelerator.unwrap_model(run.model))  # the weights the step's forward sees
     loss = loop.train_step(run, pixels, labels, 0).item()

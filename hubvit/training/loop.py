@@ -1,6 +1,8 @@
-"""The one training loop (the main command and the experiments both call `fit`), in the spirit of transformers'
-`run_image_classification_no_trainer.py`. Everything distributed (DDP, FSDP, DeepSpeed, mixed precision) goes
-through Accelerate.
+"""The one training loop, in the spirit of transformers' `run_image_classification_no_trainer.py`: classification
+(the main command and the experiments call `fit`) and segmentation (`segmentation.py`) run through it, each as a
+`Task` (its loss on a batch, its evaluation, its extra results); schedule, optimizer, resume, checkpoints, model EMA,
+logging and trackers are the loop's. Everything distributed (DDP, FSDP, DeepSpeed, mixed precision) goes through
+Accelerate.
 
 Exact resumption: the sampler is seeded by (seed, epoch), each training image by (seed, epoch, index) (see
 data.py), and MixUp/CutMix by (seed, step); the only stateful randomness left (dropout, stochastic depth) lives in
@@ -116,6 +118,24 @@ class Window:
     images: int = 0
 
 
+class Task:
+    """What a trainer adds to the loop: the loss of a batch, the evaluation after an epoch and the results it adds
+    at the end. `tracker` names the run for Accelerate's trackers."""
+
+    tracker = "hubvit-finetune"
+    num_labels = 0
+
+    def loss(self, run, pixels, targets, global_step):
+        raise NotImplementedError
+
+    def evaluate(self, run):
+        return {}
+
+    def finish(self, run):
+        """Results beyond the loop's own, once training is over."""
+        return {}
+
+
 @dataclass
 class Run:
     """What one `fit` call trains with, after `accelerator.prepare`."""
@@ -128,11 +148,41 @@ class Run:
     train_set: object
     train_loader: object
     eval_loader: object
-    mixer: object
     schedule: Schedule
     num_train: int
+    task: Task = None
     ema: object = None
-    draw: object = lambda update: {}  # the forward keywords of an update (`--patch_sizes`: its patch size)
+
+
+class Classification(Task):
+    """Image classification: cross entropy (label smoothing) on MixUp/CutMix batches, one patch size drawn per
+    update with `--patch_sizes`; accuracy (and the EMA's) after each epoch, and at each patch size at the end."""
+
+    def __init__(self, mixer, draw, num_labels):
+        self.mixer, self.draw, self.num_labels = mixer, draw, num_labels
+
+    def loss(self, run, pixels, targets, global_step):
+        args, accelerator = run.args, run.accelerator
+        if self.mixer is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(args.seed * 1_000_003 + global_step * 97 + accelerator.process_index)
+                pixels, targets = self.mixer(pixels, targets)
+        logits = run.model(pixel_values=pixels, **self.draw(global_step)).logits.float()
+        return F.cross_entropy(logits, targets, label_smoothing=args.label_smoothing)
+
+    def evaluate(self, run):
+        """The model's metrics, and the EMA's as `ema_*` (evaluated under the run's autocast, as the model is)."""
+        metrics = evaluate_model(run.accelerator, run.model, run.eval_loader)
+        if run.ema is not None:
+            with run.accelerator.autocast():
+                averaged = evaluate_model(run.accelerator, run.ema.module, run.eval_loader)
+            metrics.update({f"ema_{k}": v for k, v in averaged.items() if k != "eval_samples"})
+        return metrics
+
+    def finish(self, run):
+        sizes = parse_patch_sizes(run.args.patch_sizes)
+        by_patch_size = evaluate_each_patch_size(run.accelerator, run.model, run.eval_loader, sizes)
+        return {"patch_sizes": by_patch_size} if by_patch_size else {}
 
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr_scale=None):
@@ -148,28 +198,24 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
         train_loader = accelerator.prepare(train_loader)
     if eval_loader is not None:
         eval_loader = accelerator.prepare(eval_loader)
+    num_train = train_loader.num_examples if streamed else len(train_split)
+    run = assemble(args, accelerator, model, train_set, train_loader, eval_loader, num_train, lr_scale)
+    run.task = Classification(make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels), draw, num_labels)
+    run.ema = make_ema(args, accelerator, run.model)
+    return run
+
+
+def assemble(args, accelerator, model, train_set, train_loader, eval_loader, num_train, lr_scale=None):
+    """The `Run` of prepared loaders: its schedule, the optimizer and learning-rate schedule, `model` prepared by
+    Accelerate (with activation checkpointing where asked); the caller sets its task (and EMA)."""
     schedule = Schedule.plan(args, len(train_loader))
     optimizer = make_optimizer(args, model, lr_scale)
     scheduler = make_scheduler(args, optimizer, schedule, accelerator.num_processes)
     if getattr(args, "gradient_checkpointing", False):
         enable_checkpointing(accelerator, model)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    mixer = make_mixer(args.mixup_alpha, args.cutmix_alpha, num_labels)
-    num_train = train_loader.num_examples if streamed else len(train_split)
     return Run(
-        args,
-        accelerator,
-        model,
-        optimizer,
-        scheduler,
-        train_set,
-        train_loader,
-        eval_loader,
-        mixer,
-        schedule,
-        num_train,
-        make_ema(args, accelerator, model),
-        draw,
+        args, accelerator, model, optimizer, scheduler, train_set, train_loader, eval_loader, schedule, num_train
     )
 
 
@@ -206,7 +252,7 @@ def start_trackers(run):
         hparams = {
             k: v for k, v in vars(run.args).items() if isinstance(v, (int, float, str, bool)) and not k.startswith("_")
         }
-        run.accelerator.init_trackers("hubvit-finetune", config=hparams)
+        run.accelerator.init_trackers(run.task.tracker, config=hparams)
 
 
 def resume(run):
@@ -233,25 +279,19 @@ def streamed_loader(run):
 def describe(run, train_split, eval_split):
     args, accelerator, schedule = run.args, run.accelerator, run.schedule
     batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
-    classes = len(train_split.features[args.label_column_name].names)
     logger.info(
-        f"{run.num_train} training / {len(eval_split or ())} eval images, {classes} classes; "
+        f"{run.num_train} training / {len(eval_split or ())} eval images, {run.task.num_labels} classes; "
         f"{accelerator.num_processes} process(es), batch {batch_size}, {schedule.max_steps} updates over "
         f"{schedule.num_epochs} epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters"
     )
 
 
-def train_step(run, pixels, labels, global_step):
-    """One forward/backward (an optimizer update when the accumulation is complete); returns the loss."""
+def train_step(run, pixels, targets, global_step):
+    """One forward/backward of the task's loss (an optimizer update when the accumulation is complete): the one
+    place every trainer's gradients are computed. Returns the loss."""
     args, accelerator, model = run.args, run.accelerator, run.model
     with accelerator.accumulate(model):
-        targets = labels
-        if run.mixer is not None:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(args.seed * 1_000_003 + global_step * 97 + accelerator.process_index)
-                pixels, targets = run.mixer(pixels, labels)
-        logits = model(pixel_values=pixels, **run.draw(global_step)).logits.float()
-        loss = F.cross_entropy(logits, targets, label_smoothing=args.label_smoothing)
+        loss = run.task.loss(run, pixels, targets, global_step)
         accelerator.backward(loss)
         if accelerator.sync_gradients and args.max_grad_norm:
             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -282,18 +322,19 @@ def train_epoch(run, position, progress, window):
     """One epoch (or its rest, after a resume) of updates, logging and step checkpoints; moves `position`."""
     args, accelerator = run.args, run.accelerator
     every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
-    run.train_set.set_epoch(position.epoch)
+    if hasattr(run.train_set, "set_epoch"):  # the images' augmentation draws (segmentation: fresh canvases)
+        run.train_set.set_epoch(position.epoch)
     run.train_loader.set_epoch(position.epoch)
     loader, batches = run.train_loader, 0
     if position.skip_batches:
         if streamed_loader(run) is None:
             loader = accelerator.skip_first_batches(run.train_loader, position.skip_batches)
         batches, position.skip_batches = position.skip_batches, 0
-    for pixels, labels in loader:
-        pixels, labels = pixels.to(accelerator.device), labels.to(accelerator.device)
-        loss = train_step(run, pixels, labels, position.global_step)
+    for pixels, targets in loader:
+        pixels, targets = pixels.to(accelerator.device), targets.to(accelerator.device)
+        loss = train_step(run, pixels, targets, position.global_step)
         batches += 1
-        window.images += labels.numel() * accelerator.num_processes
+        window.images += pixels.shape[0] * accelerator.num_processes
         if not accelerator.sync_gradients:
             continue
         position.global_step += 1
@@ -318,25 +359,16 @@ def end_of_epoch(run, position, batches):
     """Evaluate (when there is an eval split) and checkpoint (with `--checkpointing_steps epoch`)."""
     metrics = {}
     if run.eval_loader is not None:
-        metrics = evaluate_run(run)
-        logger.info(f"epoch {position.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        run.accelerator.log({k: v for k, v in metrics.items() if k != "eval_samples"}, step=position.global_step)
+        metrics = run.task.evaluate(run)
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        logger.info(f"epoch {position.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in scalars.items()))
+        run.accelerator.log({k: v for k, v in scalars.items() if k != "eval_samples"}, step=position.global_step)
     if run.args.checkpointing_steps == "epoch":
         checkpoint(run, position, batches)
     return metrics
 
 
-def evaluate_run(run):
-    """The model's metrics, and the EMA's as `ema_*` (evaluated under the run's autocast, as the model is)."""
-    metrics = evaluate_model(run.accelerator, run.model, run.eval_loader)
-    if run.ema is not None:
-        with run.accelerator.autocast():
-            averaged = evaluate_model(run.accelerator, run.ema.module, run.eval_loader)
-        metrics.update({f"ema_{k}": v for k, v in averaged.items() if k != "eval_samples"})
-    return metrics
-
-
-def results(run, metrics, global_step, train_runtime, by_patch_size=None):
+def results(run, metrics, global_step, train_runtime, extra):
     schedule, accelerator = run.schedule, run.accelerator
     seen = run.num_train * (schedule.max_steps / schedule.updates_per_epoch)
     return {
@@ -348,7 +380,7 @@ def results(run, metrics, global_step, train_runtime, by_patch_size=None):
         "global_step": global_step,
         "epochs": schedule.num_epochs,
         "train_images_per_second": round(seen / max(train_runtime, 1e-9), 1),
-        **({"patch_sizes": by_patch_size} if by_patch_size else {}),
+        **extra,
     }
 
 
@@ -368,9 +400,16 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
 
 def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
     """`fit`, returning the whole `Run` (its model EMA included) rather than the model alone."""
+    run = prepare(args, accelerator, train_split, eval_split, model, preprocessing)
+    return train(run, train_split, eval_split)
+
+
+def train(run, train_split, eval_split):
+    """Train a prepared `run` to its schedule (resuming where asked), evaluating after every epoch; returns the run
+    and its results."""
     from tqdm.auto import tqdm
 
-    run = prepare(args, accelerator, train_split, eval_split, model, preprocessing)
+    accelerator = run.accelerator
     start_trackers(run)
     position = resume(run)
     describe(run, train_split, eval_split)
@@ -392,14 +431,12 @@ def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
         progress.close()
         train_runtime = time.time() - started
         if not metrics and run.eval_loader is not None:
-            metrics = evaluate_run(run)
-        by_patch_size = evaluate_each_patch_size(
-            accelerator, run.model, run.eval_loader, parse_patch_sizes(args.patch_sizes)
-        )
+            metrics = run.task.evaluate(run)
+        extra = run.task.finish(run)
     except Exception as error:
         checks.release_worker_error(error)
         raise
-    return run, results(run, metrics, position.global_step, train_runtime, by_patch_size)
+    return run, results(run, metrics, position.global_step, train_runtime, extra)
 
 
 def make_scheduler(args, optimizer, schedule, processes):

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import TrainingInputError
+from .loop import Task
 from .run import TrainingResult
 from .segmentation_arguments import IGNORE_INDEX, SCRATCH, SegmentationArguments, check_options
 
@@ -129,22 +129,26 @@ def pixel_loss(logits, masks, weights):
     return F.cross_entropy(logits.float(), masks, weight=weight, ignore_index=IGNORE_INDEX)
 
 
-# ------------------------------------------------------------------------------------------------------ the loop
+# ------------------------------------------------------------------------------------------------------ the task
 
 
-@dataclass
-class SegmentationRun:
-    args: object
-    accelerator: object
-    model: object
-    optimizer: object
-    scheduler: object
-    train_loader: object
-    eval_loader: object
-    schedule: object
-    weights: object
-    num_labels: int
-    num_train: int
+class Segmentation(Task):
+    """Semantic segmentation in the one loop: pixel-wise cross entropy (class weights where asked) against the
+    masks, mean IoU after each epoch."""
+
+    tracker = "hubvit-segmentation"
+
+    def __init__(self, weights, num_labels, eval_samples):
+        self.weights, self.num_labels, self.eval_samples = weights, num_labels, eval_samples
+
+    def loss(self, run, pixels, masks, global_step):
+        return pixel_loss(run.model(pixel_values=pixels).logits, masks, self.weights)
+
+    def evaluate(self, run):
+        return evaluate_segmentation(run)
+
+    def finish(self, run):
+        return {"eval_samples": self.eval_samples, "seed": run.args.seed}
 
 
 @torch.no_grad()
@@ -164,7 +168,7 @@ def evaluate_segmentation(run):
         predictions, references = accelerator.gather_for_metrics((logits.argmax(1), masks))
         metric.add_batch(predictions=predictions.cpu().numpy(), references=references.cpu().numpy())
     model.train()
-    scores = metric.compute(num_labels=run.num_labels, ignore_index=IGNORE_INDEX)
+    scores = metric.compute(num_labels=run.task.num_labels, ignore_index=IGNORE_INDEX)
     names = accelerator.unwrap_model(model).config.id2label
     return {
         "eval_mean_iou": float(scores["mean_iou"]),
@@ -178,8 +182,8 @@ def evaluate_segmentation(run):
 
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing, weights):
-    from .loop import Schedule, make_scheduler
-    from .model import make_optimizer
+    """The loop's `Run` over image-mask pairs (fresh canvases each epoch for the embedded digits)."""
+    from .loop import assemble
     from .segmentation_data import FreshCanvases, SegmentationPairs, collate
 
     size = tuple(model.config.image_size_2d)
@@ -204,124 +208,18 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, we
         num_workers=args.dataloader_num_workers,
     )
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
-    schedule = Schedule.plan(args, len(train_loader))
-    optimizer = make_optimizer(args, model)
-    scheduler = make_scheduler(args, optimizer, schedule, accelerator.num_processes)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    return SegmentationRun(
-        args,
-        accelerator,
-        model,
-        optimizer,
-        scheduler,
-        train_loader,
-        eval_loader,
-        schedule,
-        weights,
-        model.config.num_labels if hasattr(model, "config") else accelerator.unwrap_model(model).config.num_labels,
-        len(train_split),
-    )
-
-
-def resume_position(run):
-    from . import checks
-    from .checkpoints import discard_checkpoints, load_checkpoint, resolve_checkpoint
-    from .loop import Position
-
-    args = run.args
-    if not args.resume_from_checkpoint:
-        if args.overwrite_output_dir:
-            discard_checkpoints(run.accelerator, args.output_dir)
-        return Position()
-    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
-    global_step, epoch, skip = load_checkpoint(run.accelerator, path)
-    checks.check_resume(global_step, run.schedule.max_steps, path)
-    if skip >= len(run.train_loader):
-        epoch, skip = epoch + 1, 0
-    logger.info(f"resumed from {path} at update {global_step} (epoch {epoch}, batch {skip})")
-    return Position(global_step, epoch, skip)
-
-
-def save(run, position, batches):
-    from .checkpoints import save_checkpoint
-
-    state = {"global_step": position.global_step, "epoch": position.epoch, "batches_in_epoch": batches}
-    logger.info(f"saved checkpoint {save_checkpoint(run.accelerator, state)}")
-
-
-def train_epoch(run, position):
-    args, accelerator, model = run.args, run.accelerator, run.model
-    every = int(args.checkpointing_steps) if args.checkpointing_steps not in (None, "epoch") else None
-    run.train_loader.set_epoch(position.epoch)
-    if hasattr(run.train_loader.dataset, "set_epoch"):
-        run.train_loader.dataset.set_epoch(position.epoch)  # fresh canvases: this epoch's placements
-    loader, batches = run.train_loader, 0
-    if position.skip_batches:
-        loader = accelerator.skip_first_batches(run.train_loader, position.skip_batches)
-        batches, position.skip_batches = position.skip_batches, 0
-    for pixels, masks in loader:
-        with accelerator.accumulate(model):
-            loss = pixel_loss(model(pixel_values=pixels).logits, masks, run.weights)
-            accelerator.backward(loss)
-            if accelerator.sync_gradients and args.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            run.optimizer.step()
-            run.scheduler.step()
-            run.optimizer.zero_grad()
-        batches += 1
-        if not accelerator.sync_gradients:
-            continue
-        position.global_step += 1
-        if position.global_step % args.logging_steps == 0:
-            logger.info(
-                f"update {position.global_step}/{run.schedule.max_steps}: loss {loss.item():.4f}, "
-                f"lr {run.scheduler.get_last_lr()[-1]:.2e}"
-            )
-        if every and position.global_step % every == 0:
-            save(run, position, batches)
-        if position.global_step >= run.schedule.max_steps:
-            break
-    return batches
+    num_labels = model.config.num_labels
+    run = assemble(args, accelerator, model, pairs[0], train_loader, eval_loader, len(train_split))
+    run.task = Segmentation(weights, num_labels, len(eval_split))
+    return run
 
 
 def fit_segmentation(args, accelerator, train_split, eval_split, model, preprocessing, weights):
-    """Train with the recipe in `args`, evaluating after every epoch; returns (run, final metrics)."""
+    """Train with the recipe in `args` through the one loop, evaluating after every epoch; returns (run, metrics)."""
+    from .loop import train
+
     run = prepare(args, accelerator, train_split, eval_split, model, preprocessing, weights)
-    position = resume_position(run)
-    logger.info(
-        f"{run.num_train} training / {len(eval_split)} eval images, {run.num_labels} classes; "
-        f"{accelerator.num_processes} process(es), {run.schedule.max_steps} updates over {run.schedule.num_epochs} "
-        f"epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters"
-    )
-    if args.report_to != "none":
-        accelerator.init_trackers("hubvit-segmentation")
-    started, metrics = time.time(), {}
-    run.model.train()
-    while position.epoch < run.schedule.num_epochs:
-        batches = train_epoch(run, position)
-        metrics = evaluate_segmentation(run)
-        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
-        accelerator.log(scalars, step=position.global_step)
-        logger.info(
-            f"epoch {position.epoch}: mean IoU {metrics['eval_mean_iou']:.4f}, pixel accuracy "
-            f"{metrics['eval_overall_accuracy']:.4f}, loss {metrics['eval_loss']:.4f}"
-        )
-        if args.checkpointing_steps == "epoch":
-            save(run, position, batches)
-        if position.global_step >= run.schedule.max_steps:
-            break
-        position.epoch += 1
-    runtime = time.time() - started
-    return run, {
-        **metrics,
-        "train_runtime_s": round(runtime, 2),
-        "num_processes": accelerator.num_processes,
-        "train_samples": run.num_train,
-        "eval_samples": len(eval_split),
-        "global_step": position.global_step,
-        "epochs": run.schedule.num_epochs,
-        "seed": args.seed,
-    }
+    return train(run, train_split, eval_split)
 
 
 # ------------------------------------------------------------------------------------------------------ the run
