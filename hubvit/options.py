@@ -35,6 +35,19 @@ def is_positional(field):
     return bool(field.metadata.get("positional"))
 
 
+def refuse_unknown_flags(parser, unknown):
+    """The one refusal of flags a parser does not know, for the commands' parsers and the trainers' alike: the
+    parser's usage, the unknown flags and the known ones they most resemble (argparse's exit status 2)."""
+    import difflib
+
+    if not unknown:
+        return
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    guesses = difflib.get_close_matches(unknown[0].partition("=")[0], known, n=2, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+
+
 def settle(options, **values):
     """Set checked values on a frozen options object (from its `__post_init__`)."""
     for name, value in values.items():

@@ -9,7 +9,6 @@ and exit status 2; anything else is a bug in hubvit, and its traceback is worth 
 
 import argparse
 import dataclasses
-import difflib
 import importlib
 import json
 import logging
@@ -19,6 +18,7 @@ import typing
 from ..commands import GROUPS, TABLE, TRAINERS
 from ..errors import HubViTError
 from ..network import NetworkError
+from ..options import refuse_unknown_flags
 
 PUSH_TO_HUB_HELP = "publish the written folder to this Hub repo"
 JSON_HELP = "print JSON instead of tables"
@@ -104,12 +104,7 @@ def parse(parser, argv):
     """Parsed flags; a flag the subcommand does not know is refused with the subcommand's own usage and the flags it
     most resembles (argparse alone reports it with the top-level usage)."""
     args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        sub = args.parser
-        flags = [flag for action in sub._actions for flag in action.option_strings]
-        guesses = difflib.get_close_matches(unknown[0].partition("=")[0], flags, n=2, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
-        sub.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    refuse_unknown_flags(args.parser if unknown else parser, unknown)
     return args
 
 

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from ..options import refuse_unknown_flags
 from ..presets import BY_NAME
 
 from .option_checks import UsageError, check_args  # noqa: F401 (check_args: re-exported, run.py and tests use it)
@@ -290,14 +291,8 @@ def flag_parser(groups, prog, description):
 def parse_groups(flags, argv):
     """The groups' dataclasses from a command line (argparse's usual exit 2 on a malformed one; an unknown or
     abbreviated flag gets the usage and the flags it most resembles)."""
-    import difflib
-
     *groups, unknown = flags.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    if unknown:
-        known = [flag for action in flags._actions for flag in action.option_strings]
-        guesses = difflib.get_close_matches(unknown[0].partition("=")[0], known, n=2, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(guesses)}?" if guesses else ""
-        flags.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    refuse_unknown_flags(flags, unknown)
     return groups
 
 
