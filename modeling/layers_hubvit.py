@@ -193,9 +193,10 @@ class HubViTAttention(nn.Module):
     @classmethod
     def plain_product(cls, config):
         """Whether the attention is softmax(q k^T / sqrt(d)) v read straight off the fused `qkv` output: nothing
-        added to it, no norm, no bias on the logits (what onnxruntime's fused attention computes)."""
+        added to it, no norm, no rotation, no bias on the logits (what onnxruntime's fused attention computes)."""
         q_and_v_only = config.qkv_bias and not config.key_bias
-        return config.qkv_fused and not q_and_v_only and not config.qk_norm and not config.position_kind.attention_bias
+        kind = config.position_kind
+        return config.qkv_fused and not (q_and_v_only or config.qk_norm or kind.attention_bias or kind.rotates)
 
     @classmethod
     def parameter_parts(cls, config):
@@ -236,6 +237,7 @@ class HubViTAttention(nn.Module):
         """
         batch_size, num_tokens = hidden_states.shape[0], hidden_states.shape[1]
         query, key, value = self.project(hidden_states)
+        query, key = self.position.rotate(self, query, key, grid)
         query = query[:, :, :num_queries]
         mask = self.position.logits_bias(self, grid, num_tokens)
         if mask is not None:

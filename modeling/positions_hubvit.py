@@ -2,7 +2,8 @@
 
 A kind owns everything about itself: the parameters it adds to the patch embedding (`build`) or to every
 attention layer (`build_attention`), their initialisation, what it does in the forward pass (add a table to the
-patch tokens in `embed`, or a bias to the attention logits in `logits_bias`), how its tables follow a new native
+patch tokens in `embed`, a bias to the attention logits in `logits_bias`, or a rotation of the queries and keys in
+`rotate`), how its tables follow a new native
 grid (`resize`), its parameter count, and the facts converters, exporters and analyses ask for (the class
 attributes). `config.position_embedding_type` names the kind; `POSITION_KINDS` maps names to classes, and a
 subclass with a `name` enters it by being defined, so a new kind is one class here.
@@ -32,6 +33,7 @@ class PositionKind:
     adds_table = False  # adds one vector to every patch token (what the similarity figures read)
     learned = False  # has parameters trained with the model
     attention_bias = False  # adds a bias over patch offsets to the attention logits of every block
+    rotates = False  # rotates the patch tokens' queries and keys in every block (rotary position embeddings)
     timm_pos_embed = None  # timm `VisionTransformer(pos_embed=...)` building the same kind, None where none does
     big_vision_posemb = None  # big_vision `posemb=` naming the same kind, None where it has none
     transformers_vit = False  # transformers' `ViTModel` has this kind (a learned 1D table)
@@ -92,6 +94,11 @@ class PositionKind:
     def logits_bias(self, attention, grid, num_tokens):
         """(1, H, T, T) bias added to the attention logits for a `grid` of patches after prefix tokens, or None."""
         return None
+
+    def rotate(self, attention, query, key, grid):
+        """Queries and keys (B, H, T, d) with the kind's rotation applied to the patch tokens (the last gh * gw);
+        prefix tokens are never rotated. The identity for the kinds that rotate nothing."""
+        return query, key
 
     def bias_table(self, attention, grid):
         """(H, ...) the attention layer's biases over patch offsets at `grid` (what the figures draw), or None."""

@@ -19,7 +19,7 @@ from torch import nn
 from hubvit import HubViTForImageClassification
 from hubvit.folder import MODELING_FILES
 from hubvit.modeling.layers_hubvit import MLP_KINDS, NORM_KINDS, HubViTAttention, RMSNorm
-from hubvit.modeling.positions_hubvit import POSITION_KINDS, LearnedTable
+from hubvit.modeling.positions_hubvit import POSITION_KINDS, LearnedTable, NoPosition, PositionKind
 from utils import TINY, assert_close, randomize_, run_without_hubvit, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,6 +219,39 @@ def test_a_model_of_new_components_saves_and_loads_as_remote_code_with_the_same_
     )
     assert not any(seen["info"].get(key) for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     assert_close(torch.tensor(seen["logits"]), expected, "logits loaded as remote code")
+
+
+class SwapHalves(PositionKind):
+    """A rotation for the test (no `name`, so not registered): the patch tokens' queries and keys get their two
+    halves of channels swapped, a fixed orthogonal map; prefix tokens keep theirs."""
+
+    rotates = True
+
+    def rotate(self, attention, query, key, grid):
+        patches = grid[0] * grid[1]
+
+        def swap(x):
+            rotated = torch.cat(x[..., -patches:, :].chunk(2, dim=-1)[::-1], dim=-1)
+            return torch.cat([x[..., :-patches, :], rotated], dim=-2)
+
+        return swap(query), swap(key)
+
+
+def test_a_rotating_kind_turns_the_patch_queries_and_keys_before_the_product_and_leaves_the_prefix():
+    config = tiny_config()
+    config._attn_implementation = "eager"
+    attention = randomize_(HubViTAttention(config, SwapHalves(config)).eval(), seed=8)
+    x = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        output, weights = attention(x, (4, 4), output_attentions=True)
+        query, key, value = attention.project(x)
+        query, key = (torch.cat([t[:, :, :1], torch.cat(t[:, :, 1:].chunk(2, -1)[::-1], -1)], 2) for t in (query, key))
+        expected = torch.softmax(query @ key.transpose(-1, -2) * 8**-0.5, -1)
+        plain = HubViTAttention(config, NoPosition(config)).eval()
+        plain.load_state_dict(attention.state_dict())
+        _, unrotated = plain(x, (4, 4), output_attentions=True)
+    assert_close(weights, expected, "attention weights")
+    assert not torch.allclose(weights, unrotated), "the rotation changed nothing"
 
 
 # --- a new position kind is one class -------------------------------------------------------------------------------
