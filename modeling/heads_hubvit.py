@@ -7,7 +7,14 @@ This file travels to the Hub next to every checkpoint: flat, no I/O, imported re
 import torch
 from torch import nn
 
-from .layers_hubvit import HubViTMLP, attention_function, linear_parameters, make_norm, norm_parameters
+from .layers_hubvit import (
+    HubViTMLP,
+    attention_function,
+    linear_parameters,
+    make_norm,
+    norm_parameters,
+    split_into_heads,
+)
 
 
 class HubViTMAPHead(nn.Module):
@@ -17,11 +24,7 @@ class HubViTMAPHead(nn.Module):
     def __init__(self, config):
         super().__init__()
         dim = config.hidden_size
-        self.config = config
-        self.num_heads = config.num_attention_heads
-        self.head_dim = dim // config.num_attention_heads
-        self.scaling = self.head_dim**-0.5
-        self.is_causal = False
+        split_into_heads(self, config)
         self.probe = nn.Parameter(torch.zeros(1, 1, dim))
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)

@@ -147,6 +147,16 @@ def sdpa_attention_forward(module, query, key, value, attention_mask, scaling, d
     return output.transpose(1, 2).contiguous(), None
 
 
+def split_into_heads(module, config):
+    """What every multi-head attention module carries for the attention functions: its config, the head count and
+    width, the 1/sqrt(d) scaling, and `is_causal` (False: a ViT attends both ways)."""
+    module.config = config
+    module.num_heads = config.num_attention_heads
+    module.head_dim = config.hidden_size // config.num_attention_heads
+    module.scaling = module.head_dim**-0.5
+    module.is_causal = False
+
+
 def attention_function(config, output_attentions):
     """The configured attention backend; eager whenever weights are asked for, as no fused kernel returns them."""
     implementation = "eager" if output_attentions else (config._attn_implementation or "sdpa")
@@ -168,11 +178,7 @@ class HubViTAttention(nn.Module):
     def __init__(self, config, position):
         super().__init__()
         dim = config.hidden_size
-        self.config = config
-        self.num_heads = config.num_attention_heads
-        self.head_dim = dim // config.num_attention_heads
-        self.scaling = self.head_dim**-0.5
-        self.is_causal = False
+        split_into_heads(self, config)
         key_bias = config.qkv_bias and config.key_bias
         if config.qkv_fused:
             self.qkv = nn.Linear(dim, 3 * dim, bias=key_bias)
