@@ -219,11 +219,12 @@ def read_settings(model, architecture):
     eps = {m.eps for m in norms if isinstance(m, nn.LayerNorm)}
     if len(eps) > 1:
         problems.append(f"LayerNorms with different eps {sorted(eps)}")
-    acts = {activation_name(b.mlp.act) if hasattr(b.mlp, "act") else None for b in blocks}
+    mlps = [b.mlp for b in blocks if hasattr(b, "mlp")]  # a parallel block has none: refused by its type below
+    acts = {activation_name(m.act) if hasattr(m, "act") else None for m in mlps}
     if model.attn_pool is not None and hasattr(model.attn_pool, "mlp"):
         acts.add(activation_name(model.attn_pool.mlp.act))
     if None in acts or len(acts) > 1:
-        kinds = sorted({type(getattr(b.mlp, "act", b.mlp)).__name__ for b in blocks})
+        kinds = sorted({type(getattr(m, "act", m)).__name__ for m in mlps})
         problems.append(f"MLP activation {kinds} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)")
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"

@@ -226,6 +226,14 @@ def test_unsupported_settings_are_refused(tmp_path, capsys):
         ("vit_base_patch16_224", dict(qk_norm=True), "qk-norm", "blocks.0.attn.q_norm.weight"),
         ("vit_giant_patch14_dinov2", dict(patch_size=14, img_size=28), "GluMlp", None),
         ("vit_base_patch16_224", dict(global_pool="avgmax"), "global_pool='avgmax'", None),
+        # sbb's parallel blocks have no `mlp` attribute: refused by name, not an AttributeError
+        (
+            "vit_pwee_patch16_reg1_gap_256",
+            dict(img_size=32),
+            "ParallelScalingBlock (expected the pre-norm Block)",
+            None,
+        ),
+        ("vit_dpwee_patch16_reg1_gap_256", dict(img_size=32), "DiffParallelScalingBlock", None),
     ):
         save_for_hf(timm_model(name, args), tmp_path / "timm")
         error = refused(tmp_path, capsys, tmp_path / "timm")
