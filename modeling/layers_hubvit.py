@@ -180,11 +180,11 @@ class HubViTAttention(nn.Module):
         dim = config.hidden_size
         split_into_heads(self, config)
         key_bias = config.qkv_bias and config.key_bias
+        beside_fused = config.qkv_fused and config.qkv_bias and not config.key_bias
+        self.q_bias = nn.Parameter(torch.zeros(dim)) if beside_fused else None
+        self.v_bias = nn.Parameter(torch.zeros(dim)) if beside_fused else None
         if config.qkv_fused:
             self.qkv = nn.Linear(dim, 3 * dim, bias=key_bias)
-            only_q_and_v = config.qkv_bias and not config.key_bias
-            self.q_bias = nn.Parameter(torch.zeros(dim)) if only_q_and_v else None
-            self.v_bias = nn.Parameter(torch.zeros(dim)) if only_q_and_v else None
         else:
             self.q = nn.Linear(dim, dim, bias=config.qkv_bias)
             self.k = nn.Linear(dim, dim, bias=key_bias)
@@ -262,7 +262,7 @@ class HubViTAttention(nn.Module):
         return output, weights
 
 
-# --- the patch embedding ---
+# --- the patch embedding ------------------------------------------------------------------------------------------
 
 
 def check_pixel_values(pixel_values, config, patch_size=None):

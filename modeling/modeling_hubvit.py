@@ -122,7 +122,7 @@ class HubViTPreTrainedModel(PreTrainedModel):
                     init.normal_(token, std=std)
         elif isinstance(module, HubViTAttention):
             module.position.init_attention(module, init)
-            for bias in (getattr(module, "q_bias", None), getattr(module, "v_bias", None)):
+            for bias in (module.q_bias, module.v_bias):
                 if bias is not None:
                     init.zeros_(bias)
         elif isinstance(module, HubViTLayer) and module.layer_scale1 is not None:

@@ -118,13 +118,17 @@ class LearnedTable(PositionKind):
     timm_pos_embed = big_vision_posemb = "learn"
 
     @classmethod
-    def table_parameters(cls, config):
+    def rows(cls, config):
+        """One per patch of the native grid, and one per prefix token where the table includes them."""
         (gh, gw), prefix = config.grid_size, config.num_prefix_tokens
-        return (gh * gw + (prefix if config.position_embedding_includes_prefix else 0)) * config.hidden_size
+        return gh * gw + (prefix if config.position_embedding_includes_prefix else 0)
+
+    @classmethod
+    def table_parameters(cls, config):
+        return cls.rows(config) * config.hidden_size
 
     def build(self, embeddings):
-        rows = self.table_parameters(self.config) // self.config.hidden_size
-        embeddings.position_embedding = nn.Parameter(torch.zeros(1, rows, self.config.hidden_size))
+        embeddings.position_embedding = nn.Parameter(torch.zeros(1, self.rows(self.config), self.config.hidden_size))
 
     def init_weights(self, embeddings, init):
         init.normal_(embeddings.position_embedding, std=self.config.initializer_range)

@@ -106,10 +106,6 @@ def position_parameters(config):
     return config.position_kind.table_parameters(config)
 
 
-def linear(n_in, n_out, bias=True):
-    return linear_parameters(n_in, n_out, bias)
-
-
 def block_parameters(config):
     """(sub-layer, parameters) of one encoder block, in forward order, as the block's parts count themselves."""
     return HubViTLayer.parameter_parts(config)
@@ -137,13 +133,13 @@ def parameter_parts(config, head=True):
     if config.pooling == "map":
         parts.append(("pooler.map_head", HubViTMAPHead.parameters_of(config)))
     if head and config.representation_size is not None:
-        parts.append(("pre_logits", linear(config.pooled_size, config.representation_size)))
+        parts.append(("pre_logits", linear_parameters(config.pooled_size, config.representation_size)))
     heads = 2 if config.distillation_token and config.distillation_head else 1
     if head and config.num_labels > 0:
         parts.append(
             (
                 "head" if heads == 1 else "heads (cls + distillation)",
-                heads * linear(head_features(config), config.num_labels),
+                heads * linear_parameters(head_features(config), config.num_labels),
             )
         )
     return [(name, count) for name, count in parts if count]

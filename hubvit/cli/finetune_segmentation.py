@@ -12,21 +12,13 @@ import os
 import shlex
 import sys
 
+from .finetune import show_logs
+
 
 def command_line(argv):
     """The line the model card cites, as a reader would retype it."""
     launched = "ACCELERATE_MIXED_PRECISION" in os.environ and "ACCELERATE_DYNAMO_BACKEND" in os.environ
     return ("accelerate launch " if launched else "python ") + shlex.join(["scripts/finetune_segmentation.py", *argv])
-
-
-def show_logs():
-    import logging
-
-    import datasets
-
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
-    if os.environ.get("LOCAL_RANK", "0") != "0":
-        datasets.utils.logging.set_verbosity_error()
 
 
 def draw_predictions(model_dir, dataset, image_column, mask_column, path, count=6):

@@ -276,11 +276,12 @@ def streamed_loader(run):
     return run.train_loader if getattr(run.args, "streaming", False) else None
 
 
-def describe(run, train_split, eval_split):
+def describe(run):
     args, accelerator, schedule = run.args, run.accelerator, run.schedule
     batch_size = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+    num_eval = 0 if run.eval_loader is None else len(run.eval_loader.dataset)
     logger.info(
-        f"{run.num_train} training / {len(eval_split or ())} eval images, {run.task.num_labels} classes; "
+        f"{run.num_train} training / {num_eval} eval images, {run.task.num_labels} classes; "
         f"{accelerator.num_processes} process(es), batch {batch_size}, {schedule.max_steps} updates over "
         f"{schedule.num_epochs} epochs, {sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M parameters"
     )
@@ -401,10 +402,10 @@ def fit(args, accelerator, train_split, eval_split, model, preprocessing):
 def fit_run(args, accelerator, train_split, eval_split, model, preprocessing):
     """`fit`, returning the whole `Run` (its model EMA included) rather than the model alone."""
     run = prepare(args, accelerator, train_split, eval_split, model, preprocessing)
-    return train(run, train_split, eval_split)
+    return train(run)
 
 
-def train(run, train_split, eval_split):
+def train(run):
     """Train a prepared `run` to its schedule (resuming where asked), evaluating after every epoch; returns the run
     and its results."""
     from tqdm.auto import tqdm
@@ -412,7 +413,7 @@ def train(run, train_split, eval_split):
     accelerator = run.accelerator
     start_trackers(run)
     position = resume(run)
-    describe(run, train_split, eval_split)
+    describe(run)
     progress = tqdm(
         total=run.schedule.max_steps,
         initial=position.global_step,

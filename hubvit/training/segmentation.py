@@ -219,7 +219,7 @@ def fit_segmentation(args, accelerator, train_split, eval_split, model, preproce
     from .loop import train
 
     run = prepare(args, accelerator, train_split, eval_split, model, preprocessing, weights)
-    return train(run, train_split, eval_split)
+    return train(run)
 
 
 # ------------------------------------------------------------------------------------------------------ the run
