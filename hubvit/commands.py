@@ -20,7 +20,7 @@ class Command:
 
     `record`: the name of the record type `run` returns (importable from `hubvit` too). `options` and `run` name
     other attributes where one module holds several commands. `script`: for a trainer, the runnable script in
-    `scripts/` whose `HfArgumentParser` dataclasses are its options."""
+    `scripts/` whose option groups (`hubvit.options`) are its options."""
 
     words: tuple
     module: str
@@ -161,7 +161,7 @@ SEGMENT = Command(
 )
 TRAINERS = (TRAIN, SEGMENT)
 """The trainers keep the options of their script (`scripts/finetune.py`, `scripts/finetune_segmentation.py`:
-transformers' `HfArgumentParser` over dataclass groups), so each one's function is the library's own
+option groups parsed by `hubvit.options`, as the commands' `Options` are), so each one's function is the library's own
 (`hubvit.training.train`, `hubvit.training.segmentation.train_segmentation`) and its command line that parser."""
 
 BY_FUNCTION = {command.function: command for command in TABLE}

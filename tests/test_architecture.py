@@ -22,6 +22,7 @@ PACKAGES = {
 }
 LIBRARY = ("conversion", "hubvit/analysis", "hubvit/training", "hubvit")
 COMMAND_LINE = ROOT / "hubvit" / "cli"
+OPTIONS = ROOT / "hubvit" / "options.py"
 
 
 def modules():
@@ -99,7 +100,7 @@ def test_flags_are_declared_only_in_options_dataclasses(folder):
     calls = [
         f"{path.relative_to(ROOT)}:{number}"
         for path in sorted((ROOT / folder).rglob("*.py"))
-        if COMMAND_LINE not in path.parents
+        if COMMAND_LINE not in path.parents and path != OPTIONS
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\badd_argument\(", line)
     ]
@@ -162,3 +163,74 @@ def test_segmentation_options_are_the_shared_ones_plus_its_own():
             redeclared = [name for name in group.__annotations__ if name in defaults]
             same = [name for name in redeclared if getattr(group, name, None) == defaults[name]]
             assert same == [], f"{group.__name__} repeats {same} with the shared default"
+
+
+def test_one_module_derives_every_flag_from_dataclasses():
+    """Commands and trainers alike get their flags from `hubvit.options` (transformers' `HfArgumentParser` over
+    typed dataclasses): no other library file builds a parser of its own."""
+    building = [
+        path.relative_to(ROOT).as_posix()
+        for path in modules().values()
+        if re.search(r"HfArgumentParser\(|ArgumentParser\(|parse_args_into_dataclasses", path.read_text())
+    ]
+    assert building == ["hubvit/options.py"]
+
+
+def test_a_command_and_a_trainer_parse_flags_the_same_way():
+    """Both spellings and the boolean forms of `HfArgumentParser`, in `hubvit convert timm` as in `hubvit train`."""
+    from transformers import HfArgumentParser
+
+    from hubvit.cli import build_parser
+    from hubvit.training import arguments
+
+    top = build_parser()
+    convert = top.parse_args(["convert", "timm", "src", "out", "--no-verify", "--patch-size", "8", "--overwrite"])
+    assert (convert.verify, convert.patch_size, convert.overwrite) == (False, "8", True)
+    assert isinstance(convert.parser, HfArgumentParser)
+    train = arguments.parse_args(
+        ["--output-dir", "o", "--trust-remote-code", "false", "--image_size", "32", "--streaming"]
+    )
+    assert (train.output_dir, train.trust_remote_code, train.image_size, train.streaming) == ("o", False, 32, True)
+    assert isinstance(arguments.parser(), HfArgumentParser)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["hubvit", "convert", "timm", "src", "out", "--toleranse", "1e-4"],
+        ["hubvit", "train", "--output_dir", "o", "--learning_rat", "1e-3"],
+        ["hubvit", "train-segmentation", "--output_dir", "o", "--num_train_epoch", "2"],
+    ],
+)
+def test_a_misspelt_flag_gets_the_same_refusal_everywhere(argv, capsys):
+    from hubvit.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv[1:])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert "unrecognized arguments" in error and "did you mean --" in error
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: __import__("hubvit").training.arguments.Arguments.build(output_dir="o", learning_rat=1e-3),
+        lambda: __import__("hubvit").training.segmentation_arguments.SegmentationArguments.build(output_dir="o", x=1),
+    ],
+    ids=["classification", "segmentation"],
+)
+def test_an_unknown_option_is_one_error_type_in_every_trainer(build):
+    from hubvit.errors import HubViTError, UsageError
+
+    with pytest.raises(UsageError, match="unknown option") as error:
+        build()
+    assert isinstance(error.value, HubViTError)
+
+
+def test_a_bad_segmentation_value_is_the_same_error_type_as_a_bad_classification_value():
+    from hubvit.errors import UsageError
+    from hubvit.training.segmentation_arguments import SegmentationArguments, check_options
+
+    with pytest.raises(UsageError, match="--num_train_epochs 0: expected a positive number"):
+        check_options(SegmentationArguments.build(output_dir="o", num_train_epochs=0))

@@ -1,64 +1,23 @@
 """The `hubvit` command: its parser derived from the command table (`hubvit.commands`), its output, its errors.
 
-Each subcommand's flags are the fields of its `Options` dataclass (positional fields are positional arguments;
-every option takes both spellings, `--image_size` and `--image-size`, as transformers' `HfArgumentParser` gives the
-training flags); the parsed values build that `Options` (which checks them) and its `run` returns a record that this
-module prints. Bad input (`HubViTError`), a network failure (`NetworkError`) and a file the system refused are one line
+Each subcommand's flags are the fields of its `Options` dataclass, derived by `hubvit.options` as the trainers'
+are (positional fields are positional arguments); the parsed values build that `Options` (which checks them) and its
+`run` returns a record that this module prints. Bad input (`HubViTError`), a network failure (`NetworkError`) and a file the system refused are one line
 and exit status 2; anything else is a bug in hubvit, and its traceback is worth reporting.
 """
 
-import argparse
-import dataclasses
 import importlib
 import json
 import logging
 import sys
-import typing
 
 from ..commands import GROUPS, TABLE, TRAINERS
 from ..errors import HubViTError
 from ..network import NetworkError
-from ..options import refuse_unknown_flags
+from ..options import add_command, build_options, flag_parser, refuse_unknown_flags, subcommands
 
 PUSH_TO_HUB_HELP = "publish the written folder to this Hub repo"
 JSON_HELP = "print JSON instead of tables"
-
-
-def cli_type(annotation):
-    """The type argparse converts a flag's text to: int, float or str (a field that takes several kinds, such as
-    `patch_size: int | tuple | str`, gets the text and its `Options` parses it)."""
-    kinds = [kind for kind in typing.get_args(annotation) or (annotation,) if kind is not type(None)]
-    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float, str) else str
-
-
-def spellings(name):
-    """`--name` as written and with dashes: both are accepted everywhere, dashes shown first."""
-    dashed = "--" + name.replace("_", "-")
-    return [dashed] if "_" not in name else [dashed, "--" + name]
-
-
-def add_options(parser, options_class):
-    """One argument per field of `options_class`."""
-    hints = typing.get_type_hints(options_class)
-    for field in dataclasses.fields(options_class):
-        metadata = dict(field.metadata)
-        help_text = metadata.get("help") or None
-        if metadata.get("positional"):
-            parser.add_argument(field.name, metavar=metadata.get("metavar"), help=help_text)
-            continue
-        kwargs = {"dest": field.name, "help": help_text}
-        required = field.default is dataclasses.MISSING
-        if hints[field.name] is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs["type"] = cli_type(hints[field.name])
-            kwargs["metavar"] = metadata.get("metavar")
-            kwargs["choices"] = metadata.get("choices")
-        if required:
-            kwargs["required"] = True
-        else:
-            kwargs["default"] = field.default
-        parser.add_argument(*spellings(field.name), **kwargs)
 
 
 def add_extras(parser, command):
@@ -71,32 +30,26 @@ def add_extras(parser, command):
         parser.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
-def subparser(container, word, **kwargs):
-    return container.add_parser(word, allow_abbrev=False, **kwargs)
-
-
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="hubvit", description="Convert, export, publish and analyse hubvit checkpoints.", allow_abbrev=False
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = flag_parser(prog="hubvit", description="Convert, export, publish and analyse hubvit checkpoints.")
+    commands = subcommands(parser, "command", metavar="COMMAND")
     groups = {}
     for command in TABLE:
         container = commands
         if len(command.words) == 2:
             group = command.words[0]
             if group not in groups:
-                groups[group] = subparser(commands, group, help=GROUPS[group]).add_subparsers(
-                    dest="subcommand", required=True, metavar="KIND"
-                )
+                container = commands.add_parser(group, dataclass_types=(), allow_abbrev=False, help=GROUPS[group])
+                groups[group] = subcommands(container, "subcommand", metavar="KIND")
             container = groups[group]
         options_class, _ = command.load()
-        sub = subparser(container, command.words[-1], help=command.help, description=options_class.__doc__)
-        add_options(sub, options_class)
+        sub = add_command(
+            container, command.words[-1], options_class, help=command.help, description=options_class.__doc__
+        )
         add_extras(sub, command)
         sub.set_defaults(entry=command, parser=sub)
     for trainer in TRAINERS:
-        commands.add_parser(trainer.words[0], add_help=False, help=trainer.help)
+        commands.add_parser(trainer.words[0], dataclass_types=(), add_help=False, help=trainer.help)
     return parser
 
 
@@ -111,7 +64,7 @@ def parse(parser, argv):
 def options_of(args):
     """The command's `Options` built from the parsed flags (which checks them)."""
     options_class, _ = args.entry.load()
-    return options_class(**{field.name: getattr(args, field.name) for field in dataclasses.fields(options_class)})
+    return build_options(options_class, args)
 
 
 # ------------------------------------------------------------------------------------------------------ output

