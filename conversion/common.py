@@ -232,7 +232,18 @@ def load_hubvit(src):
     return load(src, classifier=True, dtype="float32")
 
 
-BLOCK_COMPONENTS = ("key_bias", "qkv_fused", "qk_norm", "proj_bias", "mlp_bias", "norm_type", "mlp_type")
+BLOCK_COMPONENTS = (
+    "key_bias",
+    "qkv_fused",
+    "qk_norm",
+    "proj_bias",
+    "mlp_bias",
+    "norm_type",
+    "mlp_type",
+    "mlp_inner_norm",
+    "attention_inner_norm",
+    "rope_type",
+)
 
 
 def block_component_problems(config, target):

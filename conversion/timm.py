@@ -16,7 +16,7 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from ..card import CITATIONS
-from . import sources
+from . import sources, timm_eva
 from ..errors import HubViTError
 from ..options import argument, option, settle, text
 from .common import (
@@ -33,6 +33,7 @@ from ..folder import expected_shapes
 from .folder import run_conversion
 from .sources import REVISION_HELP
 from .preprocessing import timm_preprocessing
+from .timm_layers import activation_name, final_norm_problems, norm_settings, patch_problems
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -172,53 +173,32 @@ def create_timm_model(architecture, model_args, device="meta", **extra):
         raise ConversionError(f"timm could not build {architecture} with model_args {model_args}: {error}") from None
 
 
-def activation_name(module):
-    """hubvit's `hidden_act` for a timm activation module, or None when hubvit has no exact equivalent."""
-    from timm.layers import activations
+def is_eva(model):
+    """Whether timm built `model` with its `Eva` class (EVA-02, DINOv3, PE, the RoPE ViTs): read by timm_eva.py."""
+    from timm.models.eva import Eva
 
-    if isinstance(module, nn.GELU):
-        return {"none": "gelu", "tanh": "gelu_pytorch_tanh"}.get(module.approximate)
-    exact = {
-        activations.GELU: "gelu",
-        activations.GELUTanh: "gelu_pytorch_tanh",
-        activations.QuickGELU: "quick_gelu",
-        nn.SiLU: "silu",
-        activations.Swish: "silu",
-        nn.ReLU: "relu",
-    }
-    return exact.get(type(module))
+    return type(model) is Eva
 
 
 def read_settings(model, architecture):
     """(HubViTConfig kwargs, []) describing `model`, a timm ViT on the meta device, or (None, what hubvit lacks)."""
-    from timm.layers import Attention, AttentionPoolLatent, LayerScale, Mlp, PatchEmbed
+    from timm.layers import Attention, AttentionPoolLatent, LayerScale, Mlp
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Block, VisionTransformer
 
+    if is_eva(model):
+        return timm_eva.read_settings(model, architecture)
     if type(model) not in (VisionTransformer, VisionTransformerDistilled):
         raise ConversionError(
-            f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer and "
-            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP) only"
+            f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer, "
+            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP) and Eva (EVA-02, DINOv3, RoPE ViTs)"
         )
     problems = []
     blocks = list(model.blocks)
     first = blocks[0]
     patch = model.patch_embed
-    if type(patch) is not PatchEmbed or not isinstance(getattr(patch, "proj", None), nn.Conv2d):
-        problems.append(f"patch embedding {type(patch).__name__} (hybrid stems are not supported; expected PatchEmbed)")
-    else:
-        if not isinstance(patch.norm, nn.Identity):
-            problems.append("a norm inside the patch embedding (embed_norm_layer)")
-        if tuple(patch.proj.kernel_size) != tuple(patch.proj.stride) or tuple(patch.proj.padding) != (0, 0):
-            problems.append(f"patch convolution kernel {patch.proj.kernel_size} stride {patch.proj.stride}")
-    norms = [m for name, m in model.named_modules() if "norm" in name.split(".")[-1] and not isinstance(m, nn.Identity)]
-    for module in norms:
-        if not isinstance(module, nn.LayerNorm) or module.weight is None or module.bias is None:
-            problems.append(f"normalisation {type(module).__name__} (hubvit uses LayerNorm with weight and bias)")
-            break
-    eps = {m.eps for m in norms if isinstance(m, nn.LayerNorm)}
-    if len(eps) > 1:
-        problems.append(f"LayerNorms with different eps {sorted(eps)}")
+    problems += patch_problems(patch)
+    eps, norm_type = norm_settings(model, problems)
     mlps = [b.mlp for b in blocks if hasattr(b, "mlp")]  # a parallel block has none: refused by its type below
     acts = {activation_name(m.act) if hasattr(m, "act") else None for m in mlps}
     if model.attn_pool is not None and hasattr(model.attn_pool, "mlp"):
@@ -273,10 +253,7 @@ def read_settings(model, architecture):
             elif head.mlp.fc1.out_features != first.mlp.fc1.out_features:
                 problems.append("attention pool MLP width differs from the blocks'")
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
-    if isinstance(model.norm, nn.Identity) and not fc_norm:
-        problems.append("no final norm (final_norm=False)")
-    if fc_norm and pool != "avg":
-        problems.append(f"fc_norm with global_pool={pool!r} (hubvit applies fc_norm to mean pooling only)")
+    problems += final_norm_problems(model, fc_norm, pool)
     distilled = getattr(model, "dist_token", None) is not None
     if distilled and model.num_reg_tokens:
         problems.append("register tokens in a distilled model (timm ignores them there)")
@@ -293,7 +270,8 @@ def read_settings(model, architecture):
         num_attention_heads=first.attn.num_heads,
         intermediate_size=first.mlp.fc1.out_features,
         hidden_act=acts.pop(),
-        layer_norm_eps=eps.pop(),
+        layer_norm_eps=eps,
+        norm_type=norm_type,
         qkv_bias=first.attn.qkv.bias is not None,
         patch_bias=patch.proj.bias is not None,
         layer_scale_init_value=float(first.ls1.init_values) if isinstance(first.ls1, LayerScale) else None,
@@ -320,12 +298,17 @@ def clean_state_dict(weights):
     return dict(weights)
 
 
-def map_weights(weights, description):
-    """The strict mapper holding a timm state dict translated to hubvit names (call `finish` for the state dict)."""
+def map_weights(weights, description, model=None):
+    """The strict mapper holding a timm state dict translated to hubvit names (call `finish` for the state dict);
+    `model` (the architecture on the meta device) picks the family's names."""
     mapping = StrictMapping(weights, description)
     for pattern, reason in DROPS:
         mapping.drop(pattern, reason)
-    mapping.rename(RENAMES)
+    if model is not None and is_eva(model):
+        timm_eva.combine(mapping, model)
+        mapping.rename(timm_eva.RENAMES)
+    else:
+        mapping.rename(RENAMES)
     return mapping
 
 
@@ -403,9 +386,13 @@ def timm_reference(timm_model, description, tolerance):
     return Reference(description, forward, tolerance=tolerance)
 
 
-def refuse(architecture, problems, weights):
+def refuse(architecture, problems, weights, model=None):
     """ConversionError listing the settings hubvit lacks and the source tensors no rule knows."""
-    unknown = sorted(k for k in weights if not any(re.fullmatch(p, k) for p, _ in RENAMES + DROPS))
+    if model is not None and is_eva(model):
+        known = [p for p, _ in timm_eva.RENAMES + DROPS] + timm_eva.COMBINED
+    else:
+        known = [p for p, _ in RENAMES + DROPS]
+    unknown = sorted(k for k in weights if not any(re.fullmatch(p, k) for p in known))
     listed = "".join(f"\n    {p}" for p in problems)
     if unknown:
         listed += f"\n  source tensors hubvit has no place for ({len(unknown)}):\n{listing(unknown)}"
@@ -429,9 +416,9 @@ def convert(args):
     check_timm_sizes(meta_model, architecture)
     settings, problems = read_settings(meta_model, architecture)
     if problems:
-        raise refuse(architecture, problems, weights)
+        raise refuse(architecture, problems, weights, meta_model)
     labels, label_source = label_names(hub_config, meta_model.num_classes)
-    mapping = map_weights(weights, f"timm {architecture} checkpoint ({weights_path})")
+    mapping = map_weights(weights, f"timm {architecture} checkpoint ({weights_path})", meta_model)
     config = HubViTConfig(**settings, num_labels=len(labels))
     state_dict = mapping.finish(expected_shapes(config))
     cfg = pretrained_cfg(hub_config, meta_model)

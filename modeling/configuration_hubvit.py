@@ -43,6 +43,7 @@ field is such a key. A folder saved on 5.25 loads with the same values on 4.46.
 
 import dataclasses
 import inspect
+import math
 import types
 import typing
 
@@ -59,7 +60,7 @@ except ImportError:  # 4.46 to 5.24
 from .compat_hubvit import check_kwargs  # noqa: F401
 from .layers_hubvit import MLP_KINDS, NORM_KINDS
 from .patch_resize_hubvit import patch_pair  # noqa: F401
-from .positions_hubvit import POSITION_KINDS
+from .positions_hubvit import POSITION_KINDS, ROTARY_KINDS
 from .resize_hubvit import resize_as_configured  # noqa: F401
 
 logger = logging.get_logger(__name__)
@@ -145,6 +146,21 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             `rms_norm` (AIMv2).
         mlp_type: the MLP's kind (`MLP_KINDS`): `mlp` (fc1, activation, fc2) or `gated` (activation(gate) * value;
             SwiGLU with `hidden_act="silu"`: EVA-02, DINOv2 giant, AIMv2, DINOv3).
+        mlp_inner_norm: a norm over the MLP's hidden vector before fc2 (EVA-02's `scale_mlp`, NormFormer).
+        attention_inner_norm: a norm over the attended heads before the output projection (EVA-CLIP's
+            `scale_attn_inner`).
+        rope_type: rotary position embeddings beside the position kind (`ROTARY_KINDS`; None: none): `axial`
+            (timm `RotaryEmbeddingCat`: EVA-02, Perception Encoder, RoPE-ViT) or `dinov3` (DINOv3).
+        rope_temperature: base of the rotation frequencies (None: the kind's, 10000 axial, 100 DINOv3).
+        rope_rotate_half: pair channel i with i + d/2 (DINOv3) instead of neighbours 2i, 2i+1 (EVA); None: the
+            kind's.
+        rope_grid_offset, rope_grid_indexing: added to every patch coordinate (PE: 1); `ij` puts the row angles in
+            the first half of each head's pairs, `xy` the column angles (PE, RoPE-ViT).
+        rope_reference_grid: `axial` coordinates are scaled onto this grid (EVA's `ref_feat_shape`).
+        rope_normalize_coords: `dinov3` coordinates are divided by each axis's size (`separate`) or by the
+            smaller or larger side (`min`, `max`).
+        rope_shift_coords, rope_jitter_coords, rope_rescale_coords: DINOv3's coordinate augmentations, applied
+            while training only (a shift in [-s, s], a per-axis and a shared scale in [1/J, J]).
         patch_bias: bias on the patch embedding (False for CLIP).
         hidden_dropout_prob, attention_probs_dropout_prob, drop_path_rate: regularisation for training (DeiT uses
             stochastic depth, `drop_path_rate`, growing linearly with depth).
@@ -201,6 +217,18 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     mlp_bias: bool = True
     norm_type: str = "layer_norm"
     mlp_type: str = "mlp"
+    mlp_inner_norm: bool = False
+    attention_inner_norm: bool = False
+    rope_type: str | None = None
+    rope_temperature: float | None = None
+    rope_rotate_half: bool | None = None
+    rope_grid_offset: float = 0.0
+    rope_grid_indexing: str = "ij"
+    rope_reference_grid: list[int] | None = None
+    rope_normalize_coords: str = "separate"
+    rope_shift_coords: float | None = None
+    rope_jitter_coords: float | None = None
+    rope_rescale_coords: float | None = None
     patch_bias: bool = True
     hidden_dropout_prob: float = 0.0
     attention_probs_dropout_prob: float = 0.0
@@ -395,6 +423,11 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         return POSITION_KINDS[self.position_embedding_type]
 
     @property
+    def rotary_kind(self):
+        """The class of the configured rotary kind (`ROTARY_KINDS`), or None without `rope_type`."""
+        return None if self.rope_type is None else ROTARY_KINDS[self.rope_type]
+
+    @property
     def num_prefix_tokens(self):
         return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
 
@@ -409,6 +442,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
                 raise ValueError(f"{name}={value!r} is not supported; expected one of {list(allowed)}")
 
         choice("position_embedding_type", POSITION_KINDS)
+        choice("rope_type", [None, *ROTARY_KINDS])
+        choice("rope_grid_indexing", ("ij", "xy"))
+        choice("rope_normalize_coords", ("separate", "min", "max"))
         choice("norm_type", NORM_KINDS)
         choice("mlp_type", MLP_KINDS)
         choice("pooling", POOLING_TYPES)
@@ -440,6 +476,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         if self.fc_norm and self.pooling != "mean":
             raise ValueError(f"fc_norm=True applies to pooling='mean' only, got pooling={self.pooling!r}")
         self.position_kind.check(self)
+        if self.rotary_kind is not None:
+            self.rotary_kind.check(self)
+        self.check_rope_settings()
         if self.layer_scale_init_value is not None and not self.layer_scale_init_value > 0:
             raise ValueError(f"layer_scale_init_value must be > 0 or None, got {self.layer_scale_init_value!r}")
         if self.representation_size is not None and (
@@ -462,6 +501,37 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+
+    def check_rope_settings(self):
+        """The rotary options name a grid of two positive sides, a positive temperature and augmentation factors
+        each source accepts, and are given only with `rope_type`."""
+        rope_fields = [
+            name for name in HubViTConfig.__annotations__ if name.startswith("rope_") and name != "rope_type"
+        ]
+        if self.rope_type is None:
+            defaults = {name: getattr(HubViTConfig, name) for name in rope_fields}
+            changed = sorted(name for name, value in defaults.items() if getattr(self, name) != value)
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} set without rope_type; expected rope_type in {list(ROTARY_KINDS)}"
+                )
+            return
+        grid = self.rope_reference_grid
+        if grid is not None and (len(grid) != 2 or min(grid) <= 0):
+            raise ValueError(f"rope_reference_grid={grid!r}; expected [rows, columns], both positive")
+        limits = {
+            "rope_temperature": 0.0,
+            "rope_shift_coords": 0.0,
+            "rope_jitter_coords": 1.0,
+            "rope_rescale_coords": 1.0,
+        }
+        for name, low in limits.items():
+            value = getattr(self, name)
+            strict = name == "rope_temperature"
+            if value is not None and not (math.isfinite(value) and (value > low if strict else value >= low)):
+                raise ValueError(f"{name}={value!r}; expected a finite number {'>' if strict else '>='} {low:g}")
+        if not math.isfinite(self.rope_grid_offset):
+            raise ValueError(f"rope_grid_offset={self.rope_grid_offset!r}; expected a finite number")
 
 
 if not DATACLASS_CONFIGS:  # what `inspect.signature` and `help` show on 5.10+ (from the dataclass), before 5.10 too

@@ -94,20 +94,31 @@ class HubViTMLP(FeedForward):
         width = self.fc1_widths * config.intermediate_size
         self.fc1 = nn.Linear(config.hidden_size, width, bias=config.mlp_bias)
         self.activation = ACT2FN[config.hidden_act]
+        self.norm = make_norm(config, config.intermediate_size) if config.mlp_inner_norm else None
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     @classmethod
     def parameter_parts(cls, config):
         d, m, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        return [("mlp.fc1", linear_parameters(d, cls.fc1_widths * m, bias)), ("mlp.fc2", linear_parameters(m, d, bias))]
+        parts = [("mlp.fc1", linear_parameters(d, cls.fc1_widths * m, bias))]
+        if config.mlp_inner_norm:
+            parts.append(("mlp.norm", norm_parameters(config, m)))
+        return parts + [("mlp.fc2", linear_parameters(m, d, bias))]
+
+    def hidden(self, hidden_states):
+        """The vector fc2 reads: the activation of fc1's output."""
+        return self.activation(self.fc1(hidden_states))
 
     @classmethod
     def macs(cls, config, tokens):
         return (cls.fc1_widths + 1) * tokens * config.hidden_size * config.intermediate_size
 
     def forward(self, hidden_states):
-        return self.dropout(self.fc2(self.activation(self.fc1(hidden_states))))
+        hidden = self.hidden(hidden_states)
+        if self.norm is not None:
+            hidden = self.norm(hidden)
+        return self.dropout(self.fc2(hidden))
 
 
 class HubViTGatedMLP(HubViTMLP):
@@ -120,9 +131,9 @@ class HubViTGatedMLP(HubViTMLP):
     activation_reads_fc1 = False
     fc1_widths = 2
 
-    def forward(self, hidden_states):
+    def hidden(self, hidden_states):
         gate, value = self.fc1(hidden_states).chunk(2, dim=-1)
-        return self.dropout(self.fc2(self.activation(gate) * value))
+        return self.activation(gate) * value
 
 
 # --- attention -----------------------------------------------------------------------------------------------------
@@ -191,6 +202,7 @@ class HubViTAttention(nn.Module):
             self.v = nn.Linear(dim, dim, bias=config.qkv_bias)
         self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
+        self.norm = make_norm(config) if config.attention_inner_norm else None
         self.proj = nn.Linear(dim, dim, bias=config.proj_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.position = position
@@ -202,7 +214,9 @@ class HubViTAttention(nn.Module):
         added to it, no norm, no rotation, no bias on the logits (what onnxruntime's fused attention computes)."""
         q_and_v_only = config.qkv_bias and not config.key_bias
         kind = config.position_kind
-        return config.qkv_fused and not (q_and_v_only or config.qk_norm or kind.attention_bias or kind.rotates)
+        turned = kind.rotates or config.rotary_kind is not None
+        extra = q_and_v_only or config.qk_norm or config.attention_inner_norm
+        return config.qkv_fused and not (extra or kind.attention_bias or turned)
 
     @classmethod
     def parameter_parts(cls, config):
@@ -216,6 +230,8 @@ class HubViTAttention(nn.Module):
             parts = [("attention.q, k, v", 3 * d * d + d * (2 * config.qkv_bias + key_bias))]
         if config.qk_norm:
             parts.append(("attention.q_norm, k_norm", 2 * norm_parameters(config, d // config.num_attention_heads)))
+        if config.attention_inner_norm:
+            parts.append(("attention.norm", norm_parameters(config)))
         return parts + [("attention.proj", linear_parameters(d, d, config.proj_bias))]
 
     def project(self, hidden_states):
@@ -258,8 +274,10 @@ class HubViTAttention(nn.Module):
             scaling=self.scaling,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
         )
-        output = self.dropout(self.proj(output.reshape(batch_size, query.shape[2], -1)))
-        return output, weights
+        output = output.reshape(batch_size, query.shape[2], -1)
+        if self.norm is not None:
+            output = self.norm(output)
+        return self.dropout(self.proj(output)), weights
 
 
 # --- the patch embedding ------------------------------------------------------------------------------------------
@@ -385,6 +403,8 @@ class HubViTLayer(GradientCheckpointingLayer):
         norm = norm_parameters(config)
         parts = [("norm1", norm), *HubViTAttention.parameter_parts(config)]
         parts += config.position_kind.block_parameters(config)
+        if config.rotary_kind is not None:
+            parts += config.rotary_kind.block_parameters(config)
         parts += [("norm2", norm), *MLP_KINDS[config.mlp_type].parameter_parts(config)]
         if config.layer_scale_init_value is not None:
             parts.append(("layer_scale", 2 * config.hidden_size))

@@ -45,7 +45,7 @@ from .layers_hubvit import (
     make_norm,
 )
 from .patch_resize_hubvit import check_resize_options, patch_pair, resize_patch_kernel
-from .positions_hubvit import POSITION_KINDS  # noqa: F401  (every modeling file reached is imported directly:
+from .positions_hubvit import Positions  # (every modeling file reached is imported directly:
 from .resize_hubvit import resize_as_configured  # noqa: F401  see configuration_hubvit.py)
 
 
@@ -160,7 +160,7 @@ class HubViTBody:
 
     def build_body(self, config):
         """The body's modules, their position kind looked up once and shared by the embeddings and every block."""
-        position = config.position_kind(config)
+        position = Positions(config)
         self.embeddings = HubViTEmbeddings(config, position)
         self.pre_norm = make_norm(config) if config.pre_norm else None
         self.encoder = HubViTEncoder(config, position)

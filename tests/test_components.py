@@ -351,7 +351,7 @@ def test_a_new_position_kind_is_one_class_that_trains_saves_loads_and_exports(tm
             actual = torch.from_numpy(session.run(None, {{"pixel_values": pixels.numpy()}})[0])
             worst = max(worst, ((actual - expected).abs().max() / expected.abs().max()).item())
         print(json.dumps(dict(
-            kind=type(model.hubvit.embeddings.position).__name__,
+            kind=type(model.hubvit.embeddings.position.kind).__name__,
             module=type(model).__module__,
             info={{k: sorted(map(str, v)) for k, v in info.items()}},
             worst=worst,

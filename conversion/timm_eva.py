@@ -1,0 +1,229 @@
+"""timm's `Eva` family (eva.py: EVA-02, DINOv3, the RoPE ViTs, Perception Encoder, EVA-CLIP towers) read into hubvit
+settings and weights.
+
+As for timm's `VisionTransformer` (timm.py), the model is built on the meta device and its modules are read for
+the true settings; every setting hubvit cannot express is refused by name. The rotary module decides the rotary
+kind: `RotaryEmbeddingCat` is `axial`, `RotaryEmbeddingDinoV3` is `dinov3`, `RotaryEmbeddingMixed` is `mixed`.
+"""
+
+from torch import nn
+
+from .timm_layers import activation_name, final_norm_problems, norm_settings, patch_problems
+
+RENAMES = [
+    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
+    (r"cls_token", "embeddings.class_token"),
+    (r"reg_token", "embeddings.register_tokens"),
+    (r"pos_embed", "embeddings.position_embedding"),
+    (r"norm_pre\.(weight|bias)", r"pre_norm.\1"),
+    (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
+    (r"blocks\.(\d+)\.attn\.(qkv|proj|norm|q_norm|k_norm)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+    (r"blocks\.(\d+)\.attn\.(q|v)_bias", r"encoder.layers.\1.attention.\2_bias"),
+    (r"blocks\.(\d+)\.attn\.(q|k|v)_proj\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+    (r"blocks\.(\d+)\.gamma_([12])", r"encoder.layers.\1.layer_scale\2"),
+    (r"blocks\.(\d+)\.mlp\.(fc1|fc2|norm)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+    (r"norm\.(weight|bias)", r"norm.\1"),
+    (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
+    (r"attn_pool\.latent", "pooler.map_head.probe"),
+    (r"attn_pool\.(q|kv|proj|norm|mlp\.fc1|mlp\.fc2)\.(weight|bias)", r"pooler.map_head.\1.\2"),
+    (r"head\.(weight|bias)", r"classifier.\1"),
+]
+"""One-to-one names; SwiGLU's split fc1 and RoPE-Mixed's stacked frequencies are `combine`d (below)."""
+
+COMBINED = [r"blocks\.\d+\.mlp\.fc1_[gx]\.(weight|bias)", r"rope\.freqs"]
+"""Source tensors `combine` consumes, so a refusal does not list them as tensors hubvit has no place for."""
+
+
+def combine(mapping, model):
+    """SwiGLU's gate and value projections packed gate first into one fc1 (hubvit's gated MLP), and RoPE-Mixed's
+    (2, depth, H, d/2) frequencies split into each block's attention."""
+    import torch
+
+    for index, block in enumerate(model.blocks):
+        if hasattr(block.mlp, "fc1_g"):
+            for part in ("weight", "bias"):
+                keys = [f"blocks.{index}.mlp.fc1_{half}.{part}" for half in "gx"]
+                if mapping.has(keys[0]):
+                    mapping.combine(f"encoder.layers.{index}.mlp.fc1.{part}", keys, lambda g, x: torch.cat([g, x]))
+        if mapping.has("rope.freqs"):
+            target = f"encoder.layers.{index}.attention.rope_frequencies"
+            mapping.combine(target, ["rope.freqs"], lambda freqs, i=index: freqs[:, i])
+
+
+def rotary_settings(rope, problems):
+    """The `rope_*` config fields of timm's rotary module, or None without one."""
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
+
+    if rope is None:
+        return {}
+    if type(rope) is RotaryEmbeddingCat:
+        if rope.in_pixels or rope.grid_type != "index" or rope.linear_bands:
+            problems.append("rotary embedding in pixel bands (RotaryEmbeddingCat in_pixels=True)")
+        ref = rope.ref_feat_shape
+        settings = dict(
+            rope_type="axial",
+            rope_temperature=float(rope.temperature),
+            rope_rotate_half=bool(rope.rotate_half),
+            rope_grid_offset=float(rope.grid_offset),
+            rope_grid_indexing=rope.grid_indexing,
+            rope_reference_grid=[int(v) for v in ref] if ref is not None else None,
+        )
+    elif type(rope) is RotaryEmbeddingDinoV3:
+        if rope.min_period is not None or rope.max_period is not None:
+            problems.append("DINOv3 rotary periods from min_period/max_period (hubvit takes the temperature)")
+        settings = dict(
+            rope_type="dinov3",
+            rope_temperature=float(rope.temperature),
+            rope_rotate_half=bool(rope.rotate_half),
+            rope_grid_offset=float(rope.grid_offset),
+            rope_grid_indexing=rope.grid_indexing,
+            rope_normalize_coords=rope.normalize_coords,
+        )
+    elif type(rope) is RotaryEmbeddingMixed:
+        settings = dict(
+            rope_type="mixed", rope_temperature=float(rope.temperature), rope_grid_indexing=rope.grid_indexing
+        )
+    else:
+        problems.append(f"rotary embedding {type(rope).__name__} (hubvit has RotaryEmbeddingCat, DinoV3 and Mixed)")
+        return {}
+    for name in ("shift_coords", "jitter_coords", "rescale_coords"):
+        value = getattr(rope, name, None)
+        if value is not None:
+            settings[f"rope_{name}"] = float(value)
+    return settings
+
+
+def attention_settings(attn, where, problems):
+    """Projection layout and biases of an `EvaAttention` or `AttentionRope`."""
+    from timm.layers import AttentionRope
+    from timm.models.eva import EvaAttention
+
+    if type(attn) not in (EvaAttention, AttentionRope):
+        problems.append(f"{where}.attn is {type(attn).__name__} (expected EvaAttention or AttentionRope)")
+        return {}
+    if getattr(attn, "gate", None) is not None:
+        problems.append(f"{where}.attn has a sigmoid gate on its output (gated attention)")
+    if getattr(attn, "num_kv_groups", 1) > 1:
+        problems.append(f"{where}.attn has grouped key/value heads (num_kv_heads)")
+    if attn.proj.in_features != attn.proj.out_features or attn.head_dim * attn.num_heads != attn.proj.in_features:
+        problems.append(f"{where}.attn has its own head width (attn_head_dim)")
+    fused = attn.qkv is not None
+    if fused:
+        q_and_v = getattr(attn, "q_bias", None) is not None
+        qkv_bias = q_and_v or attn.qkv.bias is not None
+        key_bias = attn.qkv.bias is not None
+    else:
+        qkv_bias = attn.q_proj.bias is not None
+        key_bias = attn.k_proj.bias is not None
+        if attn.v_proj.bias is None and qkv_bias:
+            problems.append(f"{where}.attn has a query bias without a value bias")
+    return dict(
+        qkv_fused=fused,
+        qkv_bias=qkv_bias,
+        key_bias=key_bias or not qkv_bias,
+        qk_norm=not isinstance(attn.q_norm, nn.Identity),
+        attention_inner_norm=not isinstance(attn.norm, nn.Identity),
+        proj_bias=attn.proj.bias is not None,
+    )
+
+
+def mlp_settings(mlp, where, problems):
+    """The MLP kind, its width, activation, biases and inner norm."""
+    from timm.layers import GluMlp, Mlp, SwiGLU
+
+    if type(mlp) is SwiGLU:
+        return dict(
+            mlp_type="gated",
+            intermediate_size=mlp.fc2.in_features,
+            hidden_act=activation_name(mlp.act),
+            mlp_bias=mlp.fc2.bias is not None,
+            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
+        )
+    if type(mlp) is GluMlp:
+        if mlp.chunk_dim != -1 or getattr(mlp, "gate_last", False):
+            problems.append(f"{where}.mlp is a GluMlp with its gate last")
+        return dict(
+            mlp_type="gated",
+            intermediate_size=mlp.fc2.in_features,
+            hidden_act=activation_name(mlp.act),
+            mlp_bias=mlp.fc2.bias is not None,
+            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
+        )
+    if type(mlp) is Mlp and isinstance(mlp.fc1, nn.Linear):
+        return dict(
+            mlp_type="mlp",
+            intermediate_size=mlp.fc1.out_features,
+            hidden_act=activation_name(mlp.act),
+            mlp_bias=mlp.fc2.bias is not None,
+            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
+        )
+    problems.append(f"{where}.mlp is {type(mlp).__name__} (expected Mlp, GluMlp or SwiGLU)")
+    return {}
+
+
+def read_settings(model, architecture):
+    """(HubViTConfig kwargs, []) describing `model`, a timm `Eva` on the meta device, or (None, what hubvit lacks)."""
+    from timm.models.eva import EvaBlock
+
+    problems = patch_problems(model.patch_embed)
+    blocks = list(model.blocks)
+    per_block = []
+    for index, block in enumerate(blocks):
+        where = f"blocks.{index}"
+        if type(block) is not EvaBlock:
+            problems.append(f"{where} is {type(block).__name__} (expected the pre-norm EvaBlock)")
+            continue
+        settings = {**attention_settings(block.attn, where, problems), **mlp_settings(block.mlp, where, problems)}
+        settings["layer_scale"] = (block.gamma_1 is not None, block.gamma_2 is not None)
+        settings["num_attention_heads"] = block.attn.num_heads
+        per_block.append(settings)
+    if per_block and any(settings != per_block[0] for settings in per_block):
+        problems.append("blocks differ from blocks.0 (attention, MLP, heads or layer scale)")
+    block = per_block[0] if per_block else {}
+    if block.get("hidden_act", "gelu") is None:
+        problems.append(f"MLP activation {type(blocks[0].mlp.act).__name__}")
+    if block.get("layer_scale") not in (None, (False, False), (True, True)):
+        problems.append("layer scale on the attention only (attn_only_layer_scale)")
+    eps, norm_type = norm_settings(model, problems)
+    pool = model.global_pool
+    pooling = {"token": "cls", "avg": "mean", "map": "map", "": "none"}.get(pool)
+    if pooling is None:
+        problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg', 'map' or none)")
+    if pool == "map":
+        problems.append("attention pooling of the Eva family (Perception Encoder's own pool heads)")
+    fc_norm = not isinstance(model.fc_norm, nn.Identity)
+    problems += final_norm_problems(model, fc_norm, pool)
+    rotary = rotary_settings(model.rope, problems)
+    if rotary and blocks and bool(blocks[0].attn.rotate_half) != rotary.get("rope_rotate_half", False):
+        problems.append("the blocks pair channels for rotation unlike the rotary module (rotate_half)")
+    if problems:
+        return None, list(dict.fromkeys(__import__("re").sub(r"blocks\.\d+", "blocks.*", p) for p in problems))
+    patch = model.patch_embed
+    height, width = (int(v) for v in patch.img_size)
+    ph, pw = (int(v) for v in patch.patch_size)
+    scale = getattr(blocks[0], "init_values", None)
+    settings = dict(
+        image_size=height if height == width else [height, width],
+        patch_size=ph if ph == pw else [ph, pw],
+        num_channels=patch.proj.in_channels,
+        hidden_size=model.embed_dim,
+        num_hidden_layers=len(blocks),
+        layer_norm_eps=eps,
+        norm_type=norm_type,
+        patch_bias=patch.proj.bias is not None,
+        layer_scale_init_value=float(scale or 1e-5) if block["layer_scale"][0] else None,
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        class_token=model.cls_token is not None,
+        num_register_tokens=int(model.reg_token.shape[1]) if model.reg_token is not None else 0,
+        position_embedding_type="learned" if model.pos_embed is not None else "none",
+        position_embedding_includes_prefix=not model.no_embed_class,
+        interpolation_mode="bicubic",
+        interpolation_antialias=True,
+        interpolation_align_corners=False,
+        pooling=pooling,
+        fc_norm=fc_norm,
+        dynamic_img_pad=bool(patch.dynamic_img_pad),
+        **{k: v for k, v in block.items() if k != "layer_scale"},
+        **rotary,
+    )
+    return settings, []

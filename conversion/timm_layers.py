@@ -1,0 +1,72 @@
+"""What timm's ViT families share, read off their modules the same way for each: activations, the patch
+embedding, the norms and the final norm."""
+
+from torch import nn
+
+
+def activation_name(module):
+    """hubvit's `hidden_act` for a timm activation module, or None when hubvit has no exact equivalent."""
+    from timm.layers import activations
+
+    if isinstance(module, nn.GELU):
+        return {"none": "gelu", "tanh": "gelu_pytorch_tanh"}.get(module.approximate)
+    exact = {
+        activations.GELU: "gelu",
+        activations.GELUTanh: "gelu_pytorch_tanh",
+        activations.QuickGELU: "quick_gelu",
+        nn.SiLU: "silu",
+        activations.Swish: "silu",
+        nn.ReLU: "relu",
+    }
+    return exact.get(type(module))
+
+
+def patch_problems(patch):
+    """What hubvit's patch embedding (a stride-P convolution) cannot be of timm's `patch_embed`."""
+    from timm.layers import PatchEmbed
+
+    if type(patch) is not PatchEmbed or not isinstance(getattr(patch, "proj", None), nn.Conv2d):
+        return [f"patch embedding {type(patch).__name__} (hybrid stems are not supported; expected PatchEmbed)"]
+    problems = []
+    if not isinstance(patch.norm, nn.Identity):
+        problems.append("a norm inside the patch embedding (embed_norm_layer)")
+    if tuple(patch.proj.kernel_size) != tuple(patch.proj.stride) or tuple(patch.proj.padding) != (0, 0):
+        problems.append(f"patch convolution kernel {patch.proj.kernel_size} stride {patch.proj.stride}")
+    return problems
+
+
+def norm_settings(model, problems):
+    """(eps, norm_type) of every norm in `model`: LayerNorms with weight and bias, or RMSNorms with a weight, all
+    with one eps; anything else is added to `problems`."""
+    from timm.layers import RmsNorm
+
+    norms = [m for name, m in model.named_modules() if "norm" in name.split(".")[-1] and not isinstance(m, nn.Identity)]
+    kinds = set()
+    for module in norms:
+        if isinstance(module, nn.LayerNorm) and module.weight is not None and module.bias is not None:
+            kinds.add("layer_norm")
+        elif isinstance(module, (RmsNorm, getattr(nn, "RMSNorm", RmsNorm))) and module.weight is not None:
+            kinds.add("rms_norm")
+        else:
+            problems.append(
+                f"normalisation {type(module).__name__} (hubvit has LayerNorm with weight and bias, RMSNorm)"
+            )
+            return None, None
+    if len(kinds) > 1:
+        problems.append("LayerNorms beside RMSNorms")
+    eps = {float(m.eps) if m.eps is not None else 1e-6 for m in norms}
+    if len(eps) > 1:
+        problems.append(f"norms with different eps {sorted(eps)}")
+    return (eps.pop() if eps else 1e-6), (kinds.pop() if kinds else "layer_norm")
+
+
+def final_norm_problems(model, fc_norm, pool):
+    """The final norm: before pooling (`norm`), or after mean pooling (`fc_norm`); never none."""
+    problems = []
+    if isinstance(model.norm, nn.Identity) and not fc_norm:
+        problems.append("no final norm (final_norm=False)")
+    if fc_norm and pool != "avg":
+        problems.append(f"fc_norm with global_pool={pool!r} (hubvit applies fc_norm to mean pooling only)")
+    if fc_norm and not isinstance(model.norm, nn.Identity):
+        problems.append("a final norm both before and after pooling")
+    return problems

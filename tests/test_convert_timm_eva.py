@@ -1,0 +1,114 @@
+"""`hubvit convert timm` on timm's `Eva` family (EVA-02, DINOv3, the RoPE ViTs), proven against timm's own forward on
+the same random weights.
+
+Tolerances: 1e-5 relative to the output scale (float32) at the native size and at a non-square size one patch
+shorter and one wider, where timm runs with `dynamic_img_size=True` (the rotary angles are computed for the grid at
+hand on both sides; a learned table is resized bicubic + antialias on both).
+"""
+
+import pytest
+import torch
+
+timm = pytest.importorskip("timm")
+from timm.models import save_for_hf  # noqa: E402
+from transformers import AutoModel, AutoModelForImageClassification  # noqa: E402
+
+from hubvit.cli import main as cli  # noqa: E402
+from utils import randomize_, relative_error  # noqa: E402
+
+TINY = dict(depth=2, embed_dim=64, num_heads=4, img_size=32, patch_size=8)
+
+# name: (timm architecture, model_args on top of TINY, config fields the family must produce)
+FAMILIES = {
+    "eva02": (
+        "eva02_tiny_patch14_224",
+        dict(num_classes=5),
+        dict(rope_type="axial", mlp_type="gated", qkv_fused=True, key_bias=False, fc_norm=True, pooling="mean"),
+    ),
+    "eva02_448_reference_grid": (
+        "eva02_base_patch14_448",
+        dict(num_classes=5, img_size=64, ref_feat_shape=(4, 4)),
+        dict(rope_type="axial", rope_reference_grid=[4, 4], mlp_inner_norm=True),
+    ),
+    "eva02_clip": (
+        "eva02_base_patch16_clip_224",
+        dict(num_classes=5),
+        dict(attention_inner_norm=True, qkv_fused=False, key_bias=False, pooling="cls", rope_type="axial"),
+    ),
+    "dinov3": (
+        "vit_base_patch16_dinov3",
+        dict(num_classes=0),
+        dict(
+            rope_type="dinov3",
+            rope_temperature=100.0,
+            rope_rotate_half=True,
+            position_embedding_type="none",
+            num_register_tokens=4,
+            qkv_bias=False,
+            layer_scale_init_value=1e-5,
+        ),
+    ),
+    "dinov3_qkvb": ("vit_base_patch16_dinov3_qkvb", dict(num_classes=0), dict(qkv_bias=True, key_bias=False)),
+    "rope_axial": (
+        "vit_base_patch16_rope_224",
+        dict(num_classes=5),
+        dict(rope_type="axial", rope_grid_indexing="xy", rope_temperature=100.0, position_embedding_type="none"),
+    ),
+    "rope_mixed": ("vit_base_patch16_rope_mixed_224", dict(num_classes=5), dict(rope_type="mixed")),
+    "rope_axial_with_table": (
+        "vit_base_patch16_rope_ape_224",
+        dict(num_classes=5),
+        dict(rope_type="axial", position_embedding_type="learned", position_embedding_includes_prefix=False),
+    ),
+    "rope_mixed_with_table": ("vit_base_patch16_rope_mixed_ape_224", dict(num_classes=5), dict(rope_type="mixed")),
+    "sbb_rope_registers": (
+        "vit_base_patch16_rope_reg1_gap_256",
+        dict(num_classes=5),
+        dict(rope_type="axial", class_token=False, num_register_tokens=1, pooling="mean"),
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@torch.no_grad()
+def timm_model(name, args, **extra):
+    return timm.create_model(name, pretrained=False, **{**TINY, **args, **extra}).eval()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_eva_family_matches_timm(family, tmp_path):
+    name, args, expected = FAMILIES[family]
+    source = randomize_(timm_model(name, args), seed=len(family))
+    save_for_hf(source, tmp_path / "timm", safe_serialization=True)
+    assert cli(["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out")]) == 0
+
+    headless = source.num_classes == 0
+    auto = AutoModel if headless else AutoModelForImageClassification
+    model, info = auto.from_pretrained(tmp_path / "out", trust_remote_code=True, output_loading_info=True)
+    assert not any(info.values()), info
+    model.eval()
+    for field, value in expected.items():
+        assert getattr(model.config, field) == value, (field, getattr(model.config, field))
+    dynamic = timm_model(name, args, dynamic_img_size=True)
+    dynamic.load_state_dict(source.state_dict())
+    (height, width), (ph, pw) = model.config.image_size_2d, model.config.patch_size_2d
+    for reference, (h, w) in ((source, (height, width)), (dynamic, (height - ph, width + pw))):
+        pixels = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(h * w))
+        with torch.no_grad():
+            outputs = model(pixel_values=pixels)
+            expected_output = reference(pixels)
+        ours = outputs.pooler_output if headless else outputs.logits
+        assert relative_error(ours, expected_output) <= 1e-5, ((h, w), relative_error(ours, expected_output))
+
+
+def test_an_eva_setting_hubvit_lacks_is_refused_by_name(tmp_path, capsys):
+    """Grouped key/value heads (Sapiens2) are not a hubvit attention: refused, the feature named, nothing written."""
+    source = timm_model("vit_base_patch16_rope_224", dict(num_classes=0, qkv_fused=False, num_kv_heads=2))
+    save_for_hf(source, tmp_path / "timm", safe_serialization=True)
+    status = cli(["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out")])
+    assert status == 2 and not (tmp_path / "out").exists()
+    assert "grouped key/value heads (num_kv_heads)" in capsys.readouterr().err
