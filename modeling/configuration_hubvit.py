@@ -126,8 +126,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     r"""Every option exists for a checkpoint family (named in brackets); defaults are ViT-B/16 at 224 as in the paper.
 
     Args:
-        image_size (`int` or `(h, w)`): native resolution; the position table covers this grid. Other sizes whose
-            sides divide by the patch are resized on the fly.
+        image_size (`int` or `(h, w)`): native resolution; the position table covers its grid of whole patches
+            (sides that do not divide by the patch lose their last pixels, as a stride-P convolution does). Other
+            sizes are resized on the fly.
         patch_size (`int` or `(h, w)`): side of the square patches (16 ViT, 32 ViT-B/32, 14 DINOv2 / CLIP-L).
         num_channels, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: the usual sizes.
         hidden_act: `gelu` (erf; timm, transformers), `gelu_pytorch_tanh` (Flax `nn.gelu`, the original JAX
@@ -402,7 +403,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
 
     @property
     def grid_size(self):
-        """Patches along (height, width) at the native resolution."""
+        """Patches along (height, width) at the native resolution: floored, as a stride-P convolution sees them."""
         (h, w), (ph, pw) = self.image_size_2d, self.patch_size_2d
         return h // ph, w // pw
 
@@ -461,8 +462,10 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
             )
         (h, w), (ph, pw) = self.image_size_2d, self.patch_size_2d
-        if h % ph or w % pw:
-            raise ValueError(f"image_size={self.image_size!r} is not divisible by patch_size={self.patch_size!r}")
+        if h < ph or w < pw:
+            raise ValueError(
+                f"image_size={self.image_size!r} is smaller than one patch of patch_size={self.patch_size!r}"
+            )
         if self.pooling in ("cls", "cls_mean") and not self.class_token:
             raise ValueError(
                 f"pooling={self.pooling!r} needs class_token=True; use pooling='mean', 'map' or 'first' without it"

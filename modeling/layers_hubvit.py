@@ -284,7 +284,9 @@ class HubViTAttention(nn.Module):
 
 
 def check_pixel_values(pixel_values, config, patch_size=None):
-    """Clear errors for inputs no ViT can take; returns them padded when `dynamic_img_pad` is set.
+    """Clear errors for inputs no ViT can take. Sides that do not divide by the patch are padded on the bottom and
+    right when `dynamic_img_pad` is set (timm); otherwise the stride-P convolution leaves out their last rows and
+    columns, as timm and big_vision do (SigLIP So400m/14 at 384 px sees a 27 x 27 grid).
 
     Every test here reads shapes and dtypes only, which tracing and `torch.export` resolve statically.
     """
@@ -305,13 +307,8 @@ def check_pixel_values(pixel_values, config, patch_size=None):
     ph, pw = config.patch_size_2d if patch_size is None else patch_pair(patch_size)
     if height < ph or width < pw:
         raise ValueError(f"pixel_values of shape {shape} is smaller than one patch of {ph}x{pw} pixels")
-    if height % ph or width % pw:
-        if config.dynamic_img_pad:
-            return F.pad(pixel_values, (0, (pw - width % pw) % pw, 0, (ph - height % ph) % ph))
-        raise ValueError(
-            f"Input height={height} and width={width} must be divisible by patch_size=({ph}, {pw}); "
-            "resize the image or set dynamic_img_pad=True"
-        )
+    if (height % ph or width % pw) and config.dynamic_img_pad:
+        return F.pad(pixel_values, (0, (pw - width % pw) % pw, 0, (ph - height % ph) % ph))
     return pixel_values
 
 

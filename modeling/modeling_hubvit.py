@@ -297,8 +297,8 @@ class HubViTModel(HubViTBody, HubViTPreTrainedModel):
         config = self.config
         ph, pw = config.patch_size_2d
         new_size = to_2tuple(image_size, "image_size")
-        if new_size[0] % ph or new_size[1] % pw:
-            raise ValueError(f"image_size={image_size!r} is not divisible by patch_size={config.patch_size!r}")
+        if new_size[0] < ph or new_size[1] < pw:
+            raise ValueError(f"image_size={image_size!r} is smaller than one patch of patch_size={config.patch_size!r}")
         new_grid = (new_size[0] // ph, new_size[1] // pw)
         embeddings = self.embeddings
         embeddings.position.resize(embeddings, new_grid)

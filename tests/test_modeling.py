@@ -45,8 +45,8 @@ def test_defaults_are_vit_b16_at_224():
     [
         (dict(hidden_size=100, num_attention_heads=12), ["hidden_size=100", "num_attention_heads=12"]),
         (dict(class_token=False, pooling="cls"), ["pooling='cls'", "class_token"]),
-        (dict(image_size=225, patch_size=16), ["image_size=225", "patch_size=16"]),
-        (dict(image_size=(224, 100), patch_size=16), ["image_size", "patch_size=16"]),
+        (dict(image_size=15, patch_size=16), ["image_size=15", "patch_size=16", "smaller than one patch"]),
+        (dict(image_size=(224, 10), patch_size=16), ["image_size", "patch_size=16"]),
         (dict(position_embedding_type="rope"), ["position_embedding_type='rope'", "learned"]),
         (dict(pooling="max"), ["pooling='max'", "mean"]),
         (dict(hidden_act="swish2"), ["hidden_act='swish2'"]),
@@ -476,7 +476,6 @@ def test_auto_classes_know_hubvit_without_trust_flag(tmp_path):
 @pytest.mark.parametrize(
     "x, words",
     [
-        (torch.randn(2, 3, 30, 32), ["height=30", "width=32", "patch_size=(8, 8)"]),
         (torch.randn(2, 1, 32, 32), ["1 channels", "num_channels=3"]),
         (torch.randn(3, 32, 32), ["(3, 32, 32)", "(batch, channels, height, width)"]),
         (torch.randn(0, 3, 32, 32), ["(0, 3, 32, 32)", "batch size 0"]),
@@ -506,3 +505,22 @@ def test_dynamic_img_pad_pads_bottom_right():
     with torch.no_grad():
         padded = model(F.pad(x, (0, 5, 0, 2))).logits
         assert torch.equal(model(x).logits, padded)
+
+
+@pytest.mark.parametrize("patch_size", [None, 5])
+def test_an_input_whose_sides_do_not_divide_by_the_patch_loses_its_last_rows_and_columns(patch_size):
+    """As a stride-P convolution (timm, big_vision): 35 x 38 pixels in patches of 8 (or 5) give the grid of the
+    top-left 32 x 32 (35 x 35) pixels, and the same outputs as that crop, bit for bit."""
+    model = make(tiny_config()).eval()
+    pixels = torch.randn(2, 3, 35, 38)
+    size = patch_size or 8
+    crop = pixels[:, :, : 35 // size * size, : 38 // size * size]
+    with torch.no_grad():
+        assert torch.equal(model(pixels, patch_size=patch_size).logits, model(crop, patch_size=patch_size).logits)
+
+
+def test_a_native_size_that_does_not_divide_by_the_patch_has_the_floored_grid():
+    """SigLIP So400m/14 at 384 px: a 27 x 27 grid, its position table 729 rows (as timm and big_vision)."""
+    config = tiny_config(image_size=38, patch_size=8, class_token=False, pooling="mean")
+    assert config.grid_size == (4, 4)
+    assert make(config).hubvit.embeddings.position_embedding.shape[1] == 16

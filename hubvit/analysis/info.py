@@ -48,8 +48,8 @@ def dtype_bytes(dtype):
 def grid_of(config, image_size=None):
     (h, w) = tuple(image_size) if image_size is not None else config.image_size_2d
     ph, pw = config.patch_size_2d
-    if h % ph or w % pw:
-        raise HubViTError(f"image size {h}x{w} is not divisible by the patch size {ph}x{pw}")
+    if h < ph or w < pw:
+        raise HubViTError(f"image size {h}x{w} is smaller than one patch of {ph}x{pw}")
     return h // ph, w // pw
 
 
