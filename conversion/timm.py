@@ -33,21 +33,30 @@ from ..folder import expected_shapes
 from .folder import run_conversion
 from .sources import REVISION_HELP
 from .preprocessing import timm_preprocessing
-from .timm_layers import activation_name, final_norm_problems, norm_settings, patch_problems
+from .timm_layers import (
+    GATED_MLP_KEYS,
+    activation_name,
+    final_norm_problems,
+    mlp_settings,
+    norm_settings,
+    pack_gated_mlps,
+    patch_problems,
+)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 RENAMES = [
     (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
+    (r"patch_embed\.norm\.(weight|bias)", r"embeddings.patch_norm.\1"),
     (r"cls_token", "embeddings.class_token"),
     (r"dist_token", "embeddings.distillation_token"),
     (r"reg_token", "embeddings.register_tokens"),
     (r"pos_embed", "embeddings.position_embedding"),
     (r"norm_pre\.(weight|bias)", r"pre_norm.\1"),
     (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
-    (r"blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+    (r"blocks\.(\d+)\.attn\.(qkv|proj|norm|q_norm|k_norm)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
     (r"blocks\.(\d+)\.ls([12])\.gamma", r"encoder.layers.\1.layer_scale\2"),
-    (r"blocks\.(\d+)\.mlp\.(fc[12])\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+    (r"blocks\.(\d+)\.mlp\.(fc1|fc2|norm)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
     (r"norm\.(weight|bias)", r"norm.\1"),
     (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
     (r"attn_pool\.latent", "pooler.map_head.probe"),
@@ -182,7 +191,7 @@ def is_eva(model):
 
 def read_settings(model, architecture):
     """(HubViTConfig kwargs, []) describing `model`, a timm ViT on the meta device, or (None, what hubvit lacks)."""
-    from timm.layers import Attention, AttentionPoolLatent, LayerScale, Mlp
+    from timm.layers import Attention, AttentionPoolLatent, LayerScale
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Block, VisionTransformer
 
@@ -199,39 +208,39 @@ def read_settings(model, architecture):
     patch = model.patch_embed
     problems += patch_problems(patch)
     eps, norm_type = norm_settings(model, problems)
-    mlps = [b.mlp for b in blocks if hasattr(b, "mlp")]  # a parallel block has none: refused by its type below
-    acts = {activation_name(m.act) if hasattr(m, "act") else None for m in mlps}
-    if model.attn_pool is not None and hasattr(model.attn_pool, "mlp"):
-        acts.add(activation_name(model.attn_pool.mlp.act))
-    if None in acts or len(acts) > 1:
-        kinds = sorted({type(getattr(m, "act", m)).__name__ for m in mlps})
-        problems.append(f"MLP activation {kinds} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)")
+    per_block = []
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"
         if type(block) is not Block:
             problems.append(f"{where} is {type(block).__name__} (expected the pre-norm Block)")
             continue
-        attn, mlp = block.attn, block.mlp
+        attn = block.attn
         if type(attn) is not Attention:
             problems.append(f"{where}.attn is {type(attn).__name__} (expected plain multi-head Attention)")
-        else:
-            if not isinstance(attn.q_norm, nn.Identity) or not isinstance(attn.k_norm, nn.Identity):
-                problems.append(f"{where}.attn has qk-norm (qk_norm=True)")
-            if not isinstance(attn.norm, nn.Identity):
-                problems.append(f"{where}.attn has a norm before its projection (scale_attn_norm=True)")
-            if attn.proj.bias is None:
-                problems.append(f"{where}.attn.proj has no bias (proj_bias=False)")
-            if (attn.qkv.bias is None) != (first.attn.qkv.bias is None) or attn.num_heads != first.attn.num_heads:
-                problems.append(f"{where}.attn differs from blocks.0 (qkv bias or heads)")
-        if type(mlp) is not Mlp or not isinstance(mlp.fc1, nn.Linear):
-            problems.append(f"{where}.mlp is {type(mlp).__name__} (SwiGLU/GLU MLPs are not supported; expected Mlp)")
-        else:
-            if not isinstance(mlp.norm, nn.Identity):
-                problems.append(f"{where}.mlp has a norm inside (scale_mlp_norm=True)")
-            if mlp.fc1.bias is None or mlp.fc2.bias is None:
-                problems.append(f"{where}.mlp has no biases (proj_bias=False)")
-        if type(block.ls1) is not type(first.ls1) or type(block.ls1) not in (LayerScale, nn.Identity):
-            problems.append(f"{where} layer scale {type(block.ls1).__name__} differs from blocks.0")
+            continue
+        if type(block.ls1) not in (LayerScale, nn.Identity):
+            problems.append(f"{where} layer scale {type(block.ls1).__name__}")
+        per_block.append(
+            dict(
+                num_attention_heads=attn.num_heads,
+                qkv_bias=attn.qkv.bias is not None,
+                qk_norm=not isinstance(attn.q_norm, nn.Identity),
+                attention_inner_norm=not isinstance(attn.norm, nn.Identity),
+                proj_bias=attn.proj.bias is not None,
+                layer_scale=type(block.ls1).__name__,
+                **mlp_settings(block.mlp, where, problems),
+            )
+        )
+    if per_block and any(settings != per_block[0] for settings in per_block):
+        problems.append("blocks differ from blocks.0 (attention, MLP, heads or layer scale)")
+    block = per_block[0] if per_block else {}
+    acts = {block.get("hidden_act", "gelu")}
+    if model.attn_pool is not None and hasattr(model.attn_pool, "mlp"):
+        acts.add(activation_name(model.attn_pool.mlp.act))
+    if None in acts or len(acts) > 1:
+        problems.append(
+            f"MLP activation {sorted(map(str, acts))} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)"
+        )
     pool = model.global_pool
     prefix = model.num_prefix_tokens
     pooling = {"token": "cls", "avg": "mean", "map": "map"}.get(pool)
@@ -250,10 +259,11 @@ def read_settings(model, architecture):
                 problems.append("attention pool with several latents, its own position table or no MLP")
             if not isinstance(head.q_norm, nn.Identity) or head.q.bias is None or head.num_heads != heads:
                 problems.append("attention pool with qk-norm, no bias or its own head count")
-            elif head.mlp.fc1.out_features != first.mlp.fc1.out_features:
-                problems.append("attention pool MLP width differs from the blocks'")
+            elif block.get("mlp_type") != "mlp" or head.mlp.fc1.out_features != block.get("intermediate_size"):
+                problems.append("attention pool MLP unlike the blocks' (width or gating)")
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     problems += final_norm_problems(model, fc_norm, pool)
+    final_norm = fc_norm or not isinstance(model.norm, nn.Identity)
     distilled = getattr(model, "dist_token", None) is not None
     if distilled and model.num_reg_tokens:
         problems.append("register tokens in a distilled model (timm ignores them there)")
@@ -267,13 +277,11 @@ def read_settings(model, architecture):
         num_channels=patch.proj.in_channels,
         hidden_size=model.embed_dim,
         num_hidden_layers=len(blocks),
-        num_attention_heads=first.attn.num_heads,
-        intermediate_size=first.mlp.fc1.out_features,
-        hidden_act=acts.pop(),
         layer_norm_eps=eps,
         norm_type=norm_type,
-        qkv_bias=first.attn.qkv.bias is not None,
         patch_bias=patch.proj.bias is not None,
+        patch_norm=not isinstance(patch.norm, nn.Identity),
+        final_norm=final_norm,
         layer_scale_init_value=float(first.ls1.init_values) if isinstance(first.ls1, LayerScale) else None,
         pre_norm=not isinstance(model.norm_pre, nn.Identity),
         class_token=model.cls_token is not None,
@@ -287,6 +295,7 @@ def read_settings(model, architecture):
         pooling=pooling,
         fc_norm=fc_norm,
         dynamic_img_pad=bool(patch.dynamic_img_pad),
+        **{k: v for k, v in block.items() if k != "layer_scale"},
     )
     return settings, []
 
@@ -305,10 +314,12 @@ def map_weights(weights, description, model=None):
     for pattern, reason in DROPS:
         mapping.drop(pattern, reason)
     if model is not None and is_eva(model):
-        timm_eva.combine(mapping, model)
         mapping.rename(timm_eva.RENAMES)
+        timm_eva.combine(mapping, model)
     else:
         mapping.rename(RENAMES)
+        if model is not None:
+            pack_gated_mlps(mapping, model)
     return mapping
 
 
@@ -391,7 +402,7 @@ def refuse(architecture, problems, weights, model=None):
     if model is not None and is_eva(model):
         known = [p for p, _ in timm_eva.RENAMES + DROPS] + timm_eva.COMBINED
     else:
-        known = [p for p, _ in RENAMES + DROPS]
+        known = [p for p, _ in RENAMES + DROPS] + GATED_MLP_KEYS
     unknown = sorted(k for k in weights if not any(re.fullmatch(p, k) for p in known))
     listed = "".join(f"\n    {p}" for p in problems)
     if unknown:

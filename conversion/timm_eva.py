@@ -8,10 +8,18 @@ kind: `RotaryEmbeddingCat` is `axial`, `RotaryEmbeddingDinoV3` is `dinov3`, `Rot
 
 from torch import nn
 
-from .timm_layers import activation_name, final_norm_problems, norm_settings, patch_problems
+from .timm_layers import (
+    GATED_MLP_KEYS,
+    final_norm_problems,
+    mlp_settings,
+    norm_settings,
+    pack_gated_mlps,
+    patch_problems,
+)
 
 RENAMES = [
     (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
+    (r"patch_embed\.norm\.(weight|bias)", r"embeddings.patch_norm.\1"),
     (r"cls_token", "embeddings.class_token"),
     (r"reg_token", "embeddings.register_tokens"),
     (r"pos_embed", "embeddings.position_embedding"),
@@ -30,22 +38,16 @@ RENAMES = [
 ]
 """One-to-one names; SwiGLU's split fc1 and RoPE-Mixed's stacked frequencies are `combine`d (below)."""
 
-COMBINED = [r"blocks\.\d+\.mlp\.fc1_[gx]\.(weight|bias)", r"rope\.freqs"]
+COMBINED = [*GATED_MLP_KEYS, r"rope\.freqs"]
 """Source tensors `combine` consumes, so a refusal does not list them as tensors hubvit has no place for."""
 
 
 def combine(mapping, model):
-    """SwiGLU's gate and value projections packed gate first into one fc1 (hubvit's gated MLP), and RoPE-Mixed's
-    (2, depth, H, d/2) frequencies split into each block's attention."""
-    import torch
-
-    for index, block in enumerate(model.blocks):
-        if hasattr(block.mlp, "fc1_g"):
-            for part in ("weight", "bias"):
-                keys = [f"blocks.{index}.mlp.fc1_{half}.{part}" for half in "gx"]
-                if mapping.has(keys[0]):
-                    mapping.combine(f"encoder.layers.{index}.mlp.fc1.{part}", keys, lambda g, x: torch.cat([g, x]))
-        if mapping.has("rope.freqs"):
+    """Gated MLPs packed (`pack_gated_mlps`), and RoPE-Mixed's (2, depth, H, d/2) frequencies split into each
+    block's attention. Call after the renames."""
+    pack_gated_mlps(mapping, model)
+    if mapping.has("rope.freqs"):
+        for index in range(len(model.blocks)):
             target = f"encoder.layers.{index}.attention.rope_frequencies"
             mapping.combine(target, ["rope.freqs"], lambda freqs, i=index: freqs[:, i])
 
@@ -125,40 +127,6 @@ def attention_settings(attn, where, problems):
         attention_inner_norm=not isinstance(attn.norm, nn.Identity),
         proj_bias=attn.proj.bias is not None,
     )
-
-
-def mlp_settings(mlp, where, problems):
-    """The MLP kind, its width, activation, biases and inner norm."""
-    from timm.layers import GluMlp, Mlp, SwiGLU
-
-    if type(mlp) is SwiGLU:
-        return dict(
-            mlp_type="gated",
-            intermediate_size=mlp.fc2.in_features,
-            hidden_act=activation_name(mlp.act),
-            mlp_bias=mlp.fc2.bias is not None,
-            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
-        )
-    if type(mlp) is GluMlp:
-        if mlp.chunk_dim != -1 or getattr(mlp, "gate_last", False):
-            problems.append(f"{where}.mlp is a GluMlp with its gate last")
-        return dict(
-            mlp_type="gated",
-            intermediate_size=mlp.fc2.in_features,
-            hidden_act=activation_name(mlp.act),
-            mlp_bias=mlp.fc2.bias is not None,
-            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
-        )
-    if type(mlp) is Mlp and isinstance(mlp.fc1, nn.Linear):
-        return dict(
-            mlp_type="mlp",
-            intermediate_size=mlp.fc1.out_features,
-            hidden_act=activation_name(mlp.act),
-            mlp_bias=mlp.fc2.bias is not None,
-            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
-        )
-    problems.append(f"{where}.mlp is {type(mlp).__name__} (expected Mlp, GluMlp or SwiGLU)")
-    return {}
 
 
 def read_settings(model, architecture):

@@ -28,8 +28,6 @@ def patch_problems(patch):
     if type(patch) is not PatchEmbed or not isinstance(getattr(patch, "proj", None), nn.Conv2d):
         return [f"patch embedding {type(patch).__name__} (hybrid stems are not supported; expected PatchEmbed)"]
     problems = []
-    if not isinstance(patch.norm, nn.Identity):
-        problems.append("a norm inside the patch embedding (embed_norm_layer)")
     if tuple(patch.proj.kernel_size) != tuple(patch.proj.stride) or tuple(patch.proj.padding) != (0, 0):
         problems.append(f"patch convolution kernel {patch.proj.kernel_size} stride {patch.proj.stride}")
     return problems
@@ -61,12 +59,65 @@ def norm_settings(model, problems):
 
 
 def final_norm_problems(model, fc_norm, pool):
-    """The final norm: before pooling (`norm`), or after mean pooling (`fc_norm`); never none."""
+    """The final norm: before pooling (`norm`), after mean pooling (`fc_norm`), or none (RADIO)."""
     problems = []
-    if isinstance(model.norm, nn.Identity) and not fc_norm:
-        problems.append("no final norm (final_norm=False)")
     if fc_norm and pool != "avg":
         problems.append(f"fc_norm with global_pool={pool!r} (hubvit applies fc_norm to mean pooling only)")
     if fc_norm and not isinstance(model.norm, nn.Identity):
         problems.append("a final norm both before and after pooling")
     return problems
+
+
+def mlp_settings(mlp, where, problems):
+    """The MLP kind, its width, activation, biases and inner norm."""
+    from timm.layers import GluMlp, Mlp, SwiGLU
+
+    if type(mlp) is SwiGLU:
+        return dict(
+            mlp_type="gated",
+            intermediate_size=mlp.fc2.in_features,
+            hidden_act=activation_name(mlp.act),
+            mlp_bias=mlp.fc2.bias is not None,
+            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
+        )
+    if type(mlp) is GluMlp:
+        if mlp.chunk_dim != -1:
+            problems.append(f"{where}.mlp is a convolutional GluMlp")
+        return dict(
+            mlp_type="gated",
+            intermediate_size=mlp.fc2.in_features,
+            hidden_act=activation_name(mlp.act),
+            mlp_bias=mlp.fc2.bias is not None,
+            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
+        )
+    if type(mlp) is Mlp and isinstance(mlp.fc1, nn.Linear):
+        return dict(
+            mlp_type="mlp",
+            intermediate_size=mlp.fc1.out_features,
+            hidden_act=activation_name(mlp.act),
+            mlp_bias=mlp.fc2.bias is not None,
+            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
+        )
+    problems.append(f"{where}.mlp is {type(mlp).__name__} (expected Mlp, GluMlp or SwiGLU)")
+    return {}
+
+
+GATED_MLP_KEYS = [r"blocks\.\d+\.mlp\.fc1_[gx]\.(weight|bias)"]
+"""Source tensors `pack_gated_mlps` consumes (listed as known when a refusal lists the unknown ones)."""
+
+
+def pack_gated_mlps(mapping, model):
+    """Gated MLPs as hubvit's one packed fc1, gate first: SwiGLU's separate gate and value projections
+    concatenated, and a GluMlp whose gate is its second half (`gate_last`) swapped. Call after the renames."""
+    import torch
+    from timm.layers import GluMlp
+
+    for index, block in enumerate(model.blocks):
+        mlp = getattr(block, "mlp", None)
+        for part in ("weight", "bias"):
+            target = f"encoder.layers.{index}.mlp.fc1.{part}"
+            keys = [f"blocks.{index}.mlp.fc1_{half}.{part}" for half in "gx"]
+            if hasattr(mlp, "fc1_g") and mapping.has(keys[0]):
+                mapping.combine(target, keys, lambda gate, value: torch.cat([gate, value]))
+            elif type(mlp) is GluMlp and mlp.gate_last and mapping.has(f"blocks.{index}.mlp.fc1.{part}"):
+                mapping.combine(target, [f"blocks.{index}.mlp.fc1.{part}"], lambda w: torch.cat(w.chunk(2)[::-1]))

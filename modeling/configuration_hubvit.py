@@ -163,6 +163,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         rope_shift_coords, rope_jitter_coords, rope_rescale_coords: DINOv3's coordinate augmentations, applied
             while training only (a shift in [-s, s], a per-axis and a shared scale in [1/J, J]).
         patch_bias: bias on the patch embedding (False for CLIP).
+        patch_norm: a norm over each patch embedding before the position table (AIMv2's `embed_norm_layer`).
+        final_norm: the norm after the encoder (False: none, as RADIO; `fc_norm` moves it after pooling).
         hidden_dropout_prob, attention_probs_dropout_prob, drop_path_rate: regularisation for training (DeiT uses
             stochastic depth, `drop_path_rate`, growing linearly with depth).
         layer_scale_init_value: per-channel residual scaling, `None` for none (DeiT-III, DINOv2).
@@ -231,6 +233,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     rope_jitter_coords: float | None = None
     rope_rescale_coords: float | None = None
     patch_bias: bool = True
+    patch_norm: bool = False
+    final_norm: bool = True
     hidden_dropout_prob: float = 0.0
     attention_probs_dropout_prob: float = 0.0
     drop_path_rate: float = 0.0
@@ -476,6 +480,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             raise ValueError(
                 f"distillation_token=True reads the [CLS] and distillation tokens; needs pooling='cls', got pooling={self.pooling!r}"
             )
+        if self.fc_norm and not self.final_norm:
+            raise ValueError("fc_norm=True is the final norm applied after pooling; it needs final_norm=True")
         if self.fc_norm and self.pooling != "mean":
             raise ValueError(f"fc_norm=True applies to pooling='mean' only, got pooling={self.pooling!r}")
         self.position_kind.check(self)

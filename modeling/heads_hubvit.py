@@ -30,13 +30,17 @@ class HubViTMAPHead(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
         self.norm = make_norm(config)
-        self.mlp = HubViTMLP(config)
+        self.mlp = HubViTMLP(config, inner_norm=False)
 
     @classmethod
     def parameters_of(cls, config):
         d = config.hidden_size
         attention = d + linear_parameters(d, d) + linear_parameters(d, 2 * d) + linear_parameters(d, d)
-        return attention + norm_parameters(config) + sum(count for _, count in HubViTMLP.parameter_parts(config))
+        return (
+            attention
+            + norm_parameters(config)
+            + sum(count for _, count in HubViTMLP.parameter_parts(config, inner_norm=False))
+        )
 
     @classmethod
     def macs(cls, config, tokens):

@@ -89,20 +89,22 @@ class HubViTMLP(FeedForward):
     activation_reads_fc1 = True  # the activation's input is fc1's output as it is (what ONNX fusion rewrites)
     fc1_widths = 1  # fc1 gives this many vectors of intermediate_size per token
 
-    def __init__(self, config):
+    def __init__(self, config, inner_norm=None):
+        """`inner_norm`: the norm before fc2 (default `config.mlp_inner_norm`; a MAP head's MLP has none)."""
         super().__init__()
+        inner_norm = config.mlp_inner_norm if inner_norm is None else inner_norm
         width = self.fc1_widths * config.intermediate_size
         self.fc1 = nn.Linear(config.hidden_size, width, bias=config.mlp_bias)
         self.activation = ACT2FN[config.hidden_act]
-        self.norm = make_norm(config, config.intermediate_size) if config.mlp_inner_norm else None
+        self.norm = make_norm(config, config.intermediate_size) if inner_norm else None
         self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     @classmethod
-    def parameter_parts(cls, config):
+    def parameter_parts(cls, config, inner_norm=None):
         d, m, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         parts = [("mlp.fc1", linear_parameters(d, cls.fc1_widths * m, bias))]
-        if config.mlp_inner_norm:
+        if config.mlp_inner_norm if inner_norm is None else inner_norm:
             parts.append(("mlp.norm", norm_parameters(config, m)))
         return parts + [("mlp.fc2", linear_parameters(m, d, bias))]
 
@@ -330,6 +332,7 @@ class HubViTEmbeddings(nn.Module):
             nn.Parameter(torch.zeros(1, config.num_register_tokens, dim)) if config.num_register_tokens else None
         )
         self.num_prefix_tokens = config.num_prefix_tokens
+        self.patch_norm = make_norm(config) if config.patch_norm else None
         self.position = position
         position.build(self)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -363,6 +366,8 @@ class HubViTEmbeddings(nn.Module):
         patches = self.embed_patches(pixel_values, patch_size)
         grid = (patches.shape[-2], patches.shape[-1])
         patches = patches.flatten(2).transpose(1, 2)
+        if self.patch_norm is not None:
+            patches = self.patch_norm(patches)
         embeddings = self.position.embed(self, self.prefix_tokens(patches.shape[0]), patches, grid)
         return self.dropout(embeddings), grid
 

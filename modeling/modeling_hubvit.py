@@ -164,7 +164,8 @@ class HubViTBody:
         self.embeddings = HubViTEmbeddings(config, position)
         self.pre_norm = make_norm(config) if config.pre_norm else None
         self.encoder = HubViTEncoder(config, position)
-        self.norm = None if config.fc_norm else make_norm(config, eps=config.final_norm_eps)
+        final = config.final_norm and not config.fc_norm
+        self.norm = make_norm(config, eps=config.final_norm_eps) if final else None
 
     def get_input_embeddings(self):
         return self.embeddings.patch_embedding

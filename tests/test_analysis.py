@@ -417,7 +417,7 @@ def test_cli_info_table_names_the_reduction(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["info", "b/16", "--image-size", "230"], "230, 230"),
+        (["info", "b/16", "--image-size", "10"], "smaller than one patch"),
         (["info", "b/16", "--dtype", "int8"], "dtype 'int8' is not supported"),
         (["info", "b/16", "--patch-sizes", "16,15"], "patch size 15 does not divide"),
     ],

@@ -65,6 +65,27 @@ FAMILIES = {
         dict(num_classes=3),
         dict(class_token=False, pooling="mean", fc_norm=False, qkv_bias=False, num_labels=3),
     ),
+    "aimv2": (
+        "aimv2_large_patch14_224.apple_pt",
+        dict(patch_size=8, num_classes=0),
+        dict(norm_type="rms_norm", mlp_type="gated", patch_norm=True, proj_bias=False, qkv_bias=False, pooling="mean"),
+    ),
+    "beit3": (
+        "beit3_base_patch16_224.in22k_ft_in1k",
+        dict(patch_size=8),
+        dict(attention_inner_norm=True, mlp_inner_norm=True),
+    ),
+    "radio_no_final_norm": ("vit_base_patch16_radio_v3.c_radio", dict(num_classes=0), dict(final_norm=False)),
+    "dinov2_giant_swiglu_packed": (
+        "vit_giant_patch14_dinov2.lvd142m",
+        dict(patch_size=8, num_classes=0),
+        dict(mlp_type="gated", hidden_act="silu"),
+    ),
+    "so400m_grid_floored": (
+        "vit_so400m_patch14_siglip_384.webli",
+        dict(patch_size=8, img_size=36, num_classes=0),
+        dict(image_size=36, patch_size=8),
+    ),
 }
 LABELS = {"gap_no_cls": (["n1", "n2", "n3"], {"n1": "red fox", "n2": "grey wolf", "n3": "brown bear"})}
 
@@ -84,9 +105,10 @@ def convert(*argv):
 
 
 def second_size(config):
-    """A non-square input one patch shorter and one patch wider than the native resolution."""
-    (height, width), (ph, pw) = config.image_size_2d, config.patch_size_2d
-    return height - ph, width + pw
+    """A non-square input one patch shorter and one patch wider than the native grid (whole patches: timm's
+    `dynamic_img_size` refuses others)."""
+    (rows, columns), (ph, pw) = config.grid_size, config.patch_size_2d
+    return (rows - 1) * ph, (columns + 1) * pw
 
 
 @torch.no_grad()
@@ -223,8 +245,7 @@ def test_other_architecture_is_refused(tmp_path, capsys):
 
 def test_unsupported_settings_are_refused(tmp_path, capsys):
     for name, args, reason, key in (
-        ("vit_base_patch16_224", dict(qk_norm=True), "qk-norm", "blocks.0.attn.q_norm.weight"),
-        ("vit_giant_patch14_dinov2", dict(patch_size=14, img_size=28), "GluMlp", None),
+        ("vit_base_patch16_rpn_224", {}, "ResPostBlock (expected the pre-norm Block)", None),
         ("vit_base_patch16_224", dict(global_pool="avgmax"), "global_pool='avgmax'", None),
         # sbb's parallel blocks have no `mlp` attribute: refused by name, not an AttributeError
         (
@@ -241,6 +262,15 @@ def test_unsupported_settings_are_refused(tmp_path, capsys):
         if key:
             assert key in error
         (tmp_path / "timm" / "config.json").unlink()
+
+
+def test_a_refusal_lists_the_source_tensors_no_rule_knows(tmp_path, capsys):
+    weights = timm_model("vit_base_patch16_rpn_224", {}).state_dict()
+    weights["blocks.0.attn.relative_position_bias_table"] = torch.zeros(3, 4)
+    torch.save(weights, tmp_path / "vit.pth")
+    as_vit = ("--architecture", "vit_base_patch16_rpn_224", "--model-args", json.dumps(TINY))
+    error = refused(tmp_path, capsys, tmp_path / "vit.pth", *as_vit)
+    assert "ResPostBlock" in error and "blocks.0.attn.relative_position_bias_table" in error, error
 
 
 class Exploit:
@@ -282,3 +312,25 @@ def test_unclear_sources_are_refused(tmp_path, capsys):
     save_for_hf(timm_model("vit_base_patch16_224", {}), tmp_path / "timm")
     error = refused(tmp_path, capsys, tmp_path / "timm", "--architecture", "deit_base_patch16_224")
     assert "disagrees with" in error and "vit_base_patch16_224" in error
+
+
+def test_a_glu_mlp_with_its_gate_last_is_packed_gate_first(tmp_path):
+    """timm's GluMlp(gate_last=True) multiplies the first half by the activated second: the converter swaps the
+    halves into hubvit's gate-first fc1 (no pretrained tag has it; a model built with it has no JSON model_args,
+    so the weights file is converted with the architecture's own model_args)."""
+    from timm.layers import GluMlp
+
+    from hubvit.conversion.timm import map_weights, read_settings
+    from hubvit import HubViTConfig, HubViTModel
+    from hubvit.folder import expected_shapes
+
+    source = randomize_(timm_model("vit_base_patch16_224", dict(num_classes=0, mlp_layer=GluMlp)), seed=5)
+    settings, problems = read_settings(source, "vit_base_patch16_224")
+    assert problems == [] and settings["mlp_type"] == "gated"
+    config = HubViTConfig(**settings, num_labels=0)
+    state = map_weights(source.state_dict(), "GluMlp ViT", source).finish(expected_shapes(config))
+    model = HubViTModel(config).eval()
+    model.load_state_dict(state)
+    pixels = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert relative_error(model(pixel_values=pixels).pooler_output, source(pixels)) <= 1e-5

@@ -122,6 +122,7 @@ def parameter_parts(config, head=True):
     ph, pw = config.patch_size_2d
     parts = [
         ("patch_embedding", ph * pw * c * d + (d if config.patch_bias else 0)),
+        ("patch_norm", norm_parameters(config) if config.patch_norm else 0),
         ("prefix_tokens", config.num_prefix_tokens * d),
         ("position_embedding", position_parameters(config)),
     ]
@@ -129,7 +130,7 @@ def parameter_parts(config, head=True):
         parts.append(("pre_norm", norm_parameters(config)))
     depth = config.num_hidden_layers
     parts += [(f"blocks.{name} (x{depth})", depth * count) for name, count in block_parameters(config)]
-    parts.append(("final_norm", norm_parameters(config)))
+    parts.append(("final_norm", norm_parameters(config) if config.final_norm else 0))
     if config.pooling == "map":
         parts.append(("pooler.map_head", HubViTMAPHead.parameters_of(config)))
     if head and config.representation_size is not None:
