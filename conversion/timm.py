@@ -35,8 +35,8 @@ from .sources import REVISION_HELP
 from .preprocessing import timm_preprocessing
 from .timm_layers import (
     GATED_MLP_KEYS,
-    activation_name,
     final_norm_problems,
+    map_settings,
     mlp_settings,
     norm_settings,
     pack_gated_mlps,
@@ -191,7 +191,7 @@ def is_eva(model):
 
 def read_settings(model, architecture):
     """(HubViTConfig kwargs, []) describing `model`, a timm ViT on the meta device, or (None, what hubvit lacks)."""
-    from timm.layers import Attention, AttentionPoolLatent, LayerScale
+    from timm.layers import Attention, LayerScale
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Block, VisionTransformer
 
@@ -234,13 +234,9 @@ def read_settings(model, architecture):
     if per_block and any(settings != per_block[0] for settings in per_block):
         problems.append("blocks differ from blocks.0 (attention, MLP, heads or layer scale)")
     block = per_block[0] if per_block else {}
-    acts = {block.get("hidden_act", "gelu")}
-    if model.attn_pool is not None and hasattr(model.attn_pool, "mlp"):
-        acts.add(activation_name(model.attn_pool.mlp.act))
-    if None in acts or len(acts) > 1:
-        problems.append(
-            f"MLP activation {sorted(map(str, acts))} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)"
-        )
+    if block.get("hidden_act", "gelu") is None:
+        name = type(blocks[0].mlp.act).__name__
+        problems.append(f"MLP activation {name} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)")
     pool = model.global_pool
     prefix = model.num_prefix_tokens
     pooling = {"token": "cls", "avg": "mean", "map": "map"}.get(pool)
@@ -248,19 +244,11 @@ def read_settings(model, architecture):
         problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg' or 'map')")
     if pool == "avg" and model.pool_include_prefix and prefix:
         problems.append("avg pooling over prefix tokens too (pool_include_prefix=True)")
+    pool_settings = {}
     if pool == "map":
-        head, heads = model.attn_pool, first.attn.num_heads
-        if type(head) is not AttentionPoolLatent:
-            problems.append(f"attention pool {type(head).__name__} (expected AttentionPoolLatent)")
-        else:
-            if prefix and not model.pool_include_prefix:
-                problems.append(f"MAP pooling that skips {prefix} prefix tokens (hubvit's MAP head reads all tokens)")
-            if head.latent_len != 1 or head.pos_embed is not None or head.pool != "token" or head.mlp is None:
-                problems.append("attention pool with several latents, its own position table or no MLP")
-            if not isinstance(head.q_norm, nn.Identity) or head.q.bias is None or head.num_heads != heads:
-                problems.append("attention pool with qk-norm, no bias or its own head count")
-            elif block.get("mlp_type") != "mlp" or head.mlp.fc1.out_features != block.get("intermediate_size"):
-                problems.append("attention pool MLP unlike the blocks' (width or gating)")
+        if prefix and not model.pool_include_prefix:
+            problems.append(f"MAP pooling that skips {prefix} prefix tokens (hubvit's MAP head reads all tokens)")
+        pool_settings = map_settings(model, block, problems)
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     problems += final_norm_problems(model, fc_norm, pool)
     final_norm = fc_norm or not isinstance(model.norm, nn.Identity)
@@ -296,6 +284,7 @@ def read_settings(model, architecture):
         fc_norm=fc_norm,
         dynamic_img_pad=bool(patch.dynamic_img_pad),
         **{k: v for k, v in block.items() if k != "layer_scale"},
+        **pool_settings,
     )
     return settings, []
 

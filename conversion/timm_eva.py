@@ -11,6 +11,7 @@ from torch import nn
 from .timm_layers import (
     GATED_MLP_KEYS,
     final_norm_problems,
+    map_settings,
     mlp_settings,
     norm_settings,
     pack_gated_mlps,
@@ -157,8 +158,7 @@ def read_settings(model, architecture):
     pooling = {"token": "cls", "avg": "mean", "map": "map", "": "none"}.get(pool)
     if pooling is None:
         problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg', 'map' or none)")
-    if pool == "map":
-        problems.append("attention pooling of the Eva family (Perception Encoder's own pool heads)")
+    pool_settings = map_settings(model, block, problems) if pool == "map" else {}
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     problems += final_norm_problems(model, fc_norm, pool)
     rotary = rotary_settings(model.rope, problems)
@@ -190,8 +190,10 @@ def read_settings(model, architecture):
         interpolation_align_corners=False,
         pooling=pooling,
         fc_norm=fc_norm,
+        final_norm=fc_norm or not isinstance(model.norm, nn.Identity),
         dynamic_img_pad=bool(patch.dynamic_img_pad),
         **{k: v for k, v in block.items() if k != "layer_scale"},
         **rotary,
+        **pool_settings,
     )
     return settings, []

@@ -121,3 +121,28 @@ def pack_gated_mlps(mapping, model):
                 mapping.combine(target, keys, lambda gate, value: torch.cat([gate, value]))
             elif type(mlp) is GluMlp and mlp.gate_last and mapping.has(f"blocks.{index}.mlp.fc1.{part}"):
                 mapping.combine(target, [f"blocks.{index}.mlp.fc1.{part}"], lambda w: torch.cat(w.chunk(2)[::-1]))
+
+
+def map_settings(model, block, problems):
+    """The MAP head's fields for timm's `AttentionPoolLatent` (`block`: the blocks' settings): its own head count
+    and MLP width where they differ from the blocks' (Perception Encoder)."""
+    from timm.layers import AttentionPoolLatent
+
+    head = model.attn_pool
+    if type(head) is not AttentionPoolLatent:
+        problems.append(f"attention pool {type(head).__name__} (expected AttentionPoolLatent)")
+        return {}
+    if head.latent_len != 1 or head.pos_embed is not None or head.pool != "token" or head.mlp is None:
+        problems.append("attention pool with several latents, its own position table or no MLP")
+        return {}
+    if not isinstance(head.q_norm, nn.Identity) or head.q.bias is None:
+        problems.append("attention pool with qk-norm or no bias")
+    if activation_name(head.mlp.act) != block.get("hidden_act"):
+        problems.append("attention pool MLP activation unlike the blocks'")
+    width = head.mlp.fc1.out_features
+    settings = {}
+    if head.num_heads != block.get("num_attention_heads"):
+        settings["map_num_heads"] = head.num_heads
+    if width != block.get("intermediate_size") or block.get("mlp_type") != "mlp":
+        settings["map_intermediate_size"] = width
+    return settings

@@ -189,6 +189,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             concatenated with the mean of the patch tokens, 2 x hidden_size wide (transformers'
             `Dinov2ForImageClassification`, DINOv2's linear probes), `none`.
         fc_norm: with mean pooling, apply the final LayerNorm after pooling instead of before (timm `fc_norm`).
+        map_num_heads, map_intermediate_size: the MAP head's own head count and MLP width (Perception Encoder);
+            None: the blocks'.
         representation_size: Dense + tanh before the head (ImageNet-21k checkpoints of the original repo).
         dynamic_img_pad: pad inputs on the bottom/right to a multiple of the patch instead of refusing them (timm).
         initializer_range: std of the learned position table and tokens at initialisation.
@@ -251,6 +253,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     interpolation_align_corners: bool = False
     pooling: str = "cls"
     fc_norm: bool = False
+    map_num_heads: int | None = None
+    map_intermediate_size: int | None = None
     representation_size: int | None = None
     dynamic_img_pad: bool = False
     initializer_range: float = 0.02
@@ -480,6 +484,12 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             raise ValueError(
                 f"distillation_token=True reads the [CLS] and distillation tokens; needs pooling='cls', got pooling={self.pooling!r}"
             )
+        for name in ("map_num_heads", "map_intermediate_size"):
+            value = getattr(self, name)
+            if value is not None and (value <= 0 or self.pooling != "map"):
+                raise ValueError(f"{name}={value!r} sets the MAP head; expected a positive int with pooling='map'")
+        if self.map_num_heads is not None and self.hidden_size % self.map_num_heads:
+            raise ValueError(f"map_num_heads={self.map_num_heads} does not divide hidden_size={self.hidden_size}")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True is the final norm applied after pooling; it needs final_norm=True")
         if self.fc_norm and self.pooling != "mean":

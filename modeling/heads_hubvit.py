@@ -19,18 +19,22 @@ from .layers_hubvit import (
 
 class HubViTMAPHead(nn.Module):
     """Multihead attention pooling (Lee et al., 2019) as in big_vision/SigLIP: a learned probe attends to all tokens,
-    then a residual MLP; the probe's output is the pooled vector."""
+    then a residual MLP; the probe's output is the pooled vector. Its heads and MLP width are the blocks' unless
+    `map_num_heads` / `map_intermediate_size` say otherwise (Perception Encoder)."""
 
     def __init__(self, config):
         super().__init__()
         dim = config.hidden_size
         split_into_heads(self, config)
+        if config.map_num_heads is not None:
+            self.num_heads, self.head_dim = config.map_num_heads, dim // config.map_num_heads
+            self.scaling = self.head_dim**-0.5
         self.probe = nn.Parameter(torch.zeros(1, 1, dim))
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
         self.norm = make_norm(config)
-        self.mlp = HubViTMLP(config, inner_norm=False)
+        self.mlp = HubViTMLP(config, inner_norm=False, width=config.map_intermediate_size)
 
     @classmethod
     def parameters_of(cls, config):
@@ -39,13 +43,22 @@ class HubViTMAPHead(nn.Module):
         return (
             attention
             + norm_parameters(config)
-            + sum(count for _, count in HubViTMLP.parameter_parts(config, inner_norm=False))
+            + sum(
+                count
+                for _, count in HubViTMLP.parameter_parts(config, inner_norm=False, width=config.map_intermediate_size)
+            )
         )
 
     @classmethod
     def macs(cls, config, tokens):
         d = config.hidden_size
-        return d * d + tokens * 2 * d * d + 2 * tokens * d + d * d + HubViTMLP.macs(config, 1)
+        return (
+            d * d
+            + tokens * 2 * d * d
+            + 2 * tokens * d
+            + d * d
+            + HubViTMLP.macs(config, 1, config.map_intermediate_size)
+        )
 
     def forward(self, hidden_states):
         batch_size, num_tokens, dim = hidden_states.shape[0], hidden_states.shape[1], hidden_states.shape[2]

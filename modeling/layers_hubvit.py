@@ -89,20 +89,21 @@ class HubViTMLP(FeedForward):
     activation_reads_fc1 = True  # the activation's input is fc1's output as it is (what ONNX fusion rewrites)
     fc1_widths = 1  # fc1 gives this many vectors of intermediate_size per token
 
-    def __init__(self, config, inner_norm=None):
-        """`inner_norm`: the norm before fc2 (default `config.mlp_inner_norm`; a MAP head's MLP has none)."""
+    def __init__(self, config, inner_norm=None, width=None):
+        """`inner_norm`, `width`: the norm before fc2 and the hidden width (default `config.mlp_inner_norm` and
+        `config.intermediate_size`; a MAP head's MLP has no norm and may have its own width)."""
         super().__init__()
         inner_norm = config.mlp_inner_norm if inner_norm is None else inner_norm
-        width = self.fc1_widths * config.intermediate_size
-        self.fc1 = nn.Linear(config.hidden_size, width, bias=config.mlp_bias)
+        width = config.intermediate_size if width is None else width
+        self.fc1 = nn.Linear(config.hidden_size, self.fc1_widths * width, bias=config.mlp_bias)
         self.activation = ACT2FN[config.hidden_act]
-        self.norm = make_norm(config, config.intermediate_size) if inner_norm else None
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.norm = make_norm(config, width) if inner_norm else None
+        self.fc2 = nn.Linear(width, config.hidden_size, bias=config.mlp_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     @classmethod
-    def parameter_parts(cls, config, inner_norm=None):
-        d, m, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+    def parameter_parts(cls, config, inner_norm=None, width=None):
+        d, m, bias = config.hidden_size, width or config.intermediate_size, config.mlp_bias
         parts = [("mlp.fc1", linear_parameters(d, cls.fc1_widths * m, bias))]
         if config.mlp_inner_norm if inner_norm is None else inner_norm:
             parts.append(("mlp.norm", norm_parameters(config, m)))
@@ -113,8 +114,8 @@ class HubViTMLP(FeedForward):
         return self.activation(self.fc1(hidden_states))
 
     @classmethod
-    def macs(cls, config, tokens):
-        return (cls.fc1_widths + 1) * tokens * config.hidden_size * config.intermediate_size
+    def macs(cls, config, tokens, width=None):
+        return (cls.fc1_widths + 1) * tokens * config.hidden_size * (width or config.intermediate_size)
 
     def forward(self, hidden_states):
         hidden = self.hidden(hidden_states)

@@ -61,6 +61,17 @@ FAMILIES = {
         dict(rope_type="axial", position_embedding_type="learned", position_embedding_includes_prefix=False),
     ),
     "rope_mixed_with_table": ("vit_base_patch16_rope_mixed_ape_224", dict(num_classes=5), dict(rope_type="mixed")),
+    "pe_core_map_head_of_its_own": (
+        "vit_pe_core_base_patch16_224",
+        dict(num_classes=0),
+        dict(pooling="map", map_num_heads=8, pre_norm=True, patch_bias=False, rope_grid_offset=1.0),
+    ),
+    "pe_lang_no_final_norm": (
+        "vit_pe_lang_large_patch14_448",
+        dict(num_classes=0, patch_size=8),
+        dict(final_norm=False),
+    ),
+    "pe_spatial": ("vit_pe_spatial_base_patch16_512", dict(num_classes=0), dict(rope_grid_indexing="xy")),
     "sbb_rope_registers": (
         "vit_base_patch16_rope_reg1_gap_256",
         dict(num_classes=5),
