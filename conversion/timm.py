@@ -16,7 +16,7 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from ..card import CITATIONS
-from . import sources, timm_eva
+from . import sources, timm_beit, timm_eva
 from ..errors import HubViTError
 from ..options import argument, option, settle, text
 from .common import (
@@ -182,11 +182,13 @@ def create_timm_model(architecture, model_args, device="meta", **extra):
         raise ConversionError(f"timm could not build {architecture} with model_args {model_args}: {error}") from None
 
 
-def is_eva(model):
-    """Whether timm built `model` with its `Eva` class (EVA-02, DINOv3, PE, the RoPE ViTs): read by timm_eva.py."""
+def reader_of(model):
+    """The module reading the timm class that built `model` (its settings, names and combined tensors): timm_eva.py
+    for `Eva` (EVA-02, DINOv3, PE, the RoPE ViTs), timm_beit.py for `Beit`; None for `VisionTransformer`, read here."""
+    from timm.models.beit import Beit
     from timm.models.eva import Eva
 
-    return type(model) is Eva
+    return {Eva: timm_eva, Beit: timm_beit}.get(type(model))
 
 
 def read_settings(model, architecture):
@@ -195,12 +197,13 @@ def read_settings(model, architecture):
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Block, VisionTransformer
 
-    if is_eva(model):
-        return timm_eva.read_settings(model, architecture)
+    if reader_of(model) is not None:
+        return reader_of(model).read_settings(model, architecture)
     if type(model) not in (VisionTransformer, VisionTransformerDistilled):
         raise ConversionError(
             f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer, "
-            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP) and Eva (EVA-02, DINOv3, RoPE ViTs)"
+            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP), Eva (EVA-02, DINOv3, PE, RoPE ViTs) "
+            "and Beit (BEiT, BEiT v2)"
         )
     problems = []
     blocks = list(model.blocks)
@@ -302,9 +305,12 @@ def map_weights(weights, description, model=None):
     mapping = StrictMapping(weights, description)
     for pattern, reason in DROPS:
         mapping.drop(pattern, reason)
-    if model is not None and is_eva(model):
-        mapping.rename(timm_eva.RENAMES)
-        timm_eva.combine(mapping, model)
+    reader = reader_of(model) if model is not None else None
+    if reader is not None:
+        for pattern, reason in getattr(reader, "DROPS", []):
+            mapping.drop(pattern, reason)
+        mapping.rename(reader.RENAMES)
+        reader.combine(mapping, model)
     else:
         mapping.rename(RENAMES)
         if model is not None:
@@ -388,8 +394,9 @@ def timm_reference(timm_model, description, tolerance):
 
 def refuse(architecture, problems, weights, model=None):
     """ConversionError listing the settings hubvit lacks and the source tensors no rule knows."""
-    if model is not None and is_eva(model):
-        known = [p for p, _ in timm_eva.RENAMES + DROPS] + timm_eva.COMBINED
+    reader = reader_of(model) if model is not None else None
+    if reader is not None:
+        known = [p for p, _ in reader.RENAMES + DROPS + getattr(reader, "DROPS", [])] + reader.COMBINED
     else:
         known = [p for p, _ in RENAMES + DROPS] + GATED_MLP_KEYS
     unknown = sorted(k for k in weights if not any(re.fullmatch(p, k) for p in known))

@@ -60,7 +60,8 @@ except ImportError:  # 4.46 to 5.24
 from .compat_hubvit import check_kwargs  # noqa: F401
 from .layers_hubvit import MLP_KINDS, NORM_KINDS
 from .patch_resize_hubvit import patch_pair  # noqa: F401
-from .positions_hubvit import POSITION_KINDS, ROTARY_KINDS
+from .positions_hubvit import POSITION_KINDS
+from .rotary_hubvit import ROTARY_KINDS
 from .resize_hubvit import resize_as_configured  # noqa: F401
 
 logger = logging.get_logger(__name__)

@@ -45,8 +45,9 @@ from .layers_hubvit import (
     make_norm,
 )
 from .patch_resize_hubvit import check_resize_options, patch_pair, resize_patch_kernel
-from .positions_hubvit import Positions  # (every modeling file reached is imported directly:
+from .positions_hubvit import POSITION_KINDS  # noqa: F401  (every modeling file reached is imported directly:
 from .resize_hubvit import resize_as_configured  # noqa: F401  see configuration_hubvit.py)
+from .rotary_hubvit import Positions
 
 
 class HubViTPreTrainedModel(PreTrainedModel):

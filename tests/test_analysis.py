@@ -37,6 +37,19 @@ VARIANTS = {
         key_bias=False, mlp_bias=False, proj_bias=False, pooling="map", class_token=False
     ),
     "separate_qkv_without_key_bias": dict(qkv_fused=False, key_bias=False, mlp_type="gated"),
+    "beit_relative_bias": dict(position_embedding_type="relative_2d_class", key_bias=False),
+    "eva02_rotary_inner_norms": dict(
+        rope_type="axial",
+        mlp_type="gated",
+        mlp_inner_norm=True,
+        attention_inner_norm=True,
+        fc_norm=True,
+        pooling="mean",
+    ),
+    "rope_mixed_learned_frequencies": dict(rope_type="mixed", position_embedding_type="none"),
+    "patch_norm_no_final_norm_map_of_its_own": dict(
+        patch_norm=True, final_norm=False, pooling="map", map_num_heads=2, map_intermediate_size=40
+    ),
 }
 
 

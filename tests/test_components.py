@@ -20,11 +20,12 @@ from hubvit import HubViTForImageClassification
 from hubvit.folder import MODELING_FILES
 from hubvit.modeling.layers_hubvit import MLP_KINDS, NORM_KINDS, HubViTAttention, RMSNorm
 from hubvit.modeling.positions_hubvit import POSITION_KINDS, LearnedTable, NoPosition, PositionKind
+from hubvit.modeling.rotary_hubvit import ROTARY_KINDS
 from utils import TINY, assert_close, randomize_, run_without_hubvit, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ["modeling", "conversion", "analysis", "hubvit", "cli", "training", "scripts", "benchmarks"]
-KIND_NAMES = {"learned", "learned_2d", "relative_2d", "sincos_2d", "none"}
+KIND_NAMES = {"learned", "learned_2d", "relative_2d", "relative_2d_class", "sincos_2d", "none"}
 DISTINCT_NAMES = KIND_NAMES - {"none"}  # "none" also names a pooling, a tracker and a class weighting
 
 
@@ -83,6 +84,7 @@ def test_no_position_kind_is_compared_by_name_outside_its_class():
 def test_every_registry_is_filled_by_its_classes():
     assert set(POSITION_KINDS) == KIND_NAMES
     assert set(MLP_KINDS) == {"mlp", "gated"} and set(NORM_KINDS) == {"layer_norm", "rms_norm"}
+    assert set(ROTARY_KINDS) == {"axial", "dinov3", "mixed"}
     assert tiny_config().position_kind is LearnedTable
     with pytest.raises(ValueError, match=r"mlp_type='swish' is not supported; expected one of \['mlp', 'gated'\]"):
         tiny_config(mlp_type="swish")

@@ -7,7 +7,7 @@ layout, the same turn), so the rotated queries and keys agree bit for bit; an or
 import pytest
 import torch
 
-from hubvit.modeling.positions_hubvit import ROTARY_KINDS
+from hubvit.modeling.rotary_hubvit import ROTARY_KINDS
 from utils import tiny_config
 
 timm = pytest.importorskip("timm")

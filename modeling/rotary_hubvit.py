@@ -1,0 +1,291 @@
+"""Rotary position embeddings, one class per kind (`rope_type`): every block turns the patch tokens' queries and
+keys by angles that grow with their row and column, beside whatever position kind the config names; and
+`Positions`, the two together as the embeddings and the attention layers call them.
+
+A rotary kind is a `PositionKind` (its hooks, its facts) in a registry of its own, `ROTARY_KINDS`, so a model may
+have a learned table and a rotation (EVA-02, RoPE-ViT with APE) or a rotation alone (DINOv3).
+
+This file travels to the Hub next to every checkpoint: flat, no I/O, imported relatively.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from .positions_hubvit import PositionKind
+
+ROTARY_KINDS = {}
+
+
+def is_tracing():
+    """Whether the forward pass is being traced or compiled, where a cached tensor would freeze one grid's angles."""
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or bool(compiling and compiling())
+
+
+class RotaryKind(PositionKind):
+    """The base of the rotary kinds (`rope_type`, beside any position kind): every block turns the patch tokens'
+    queries and keys by angles that grow with the patch's row and column, so a query-key product depends on the
+    offset between the two patches. Each head's channels form pairs, half of the pairs turned by the row and half by
+    the column; a kind says where a patch's coordinates are (`coordinates`) and how fast each pair turns
+    (`angles`). Pairs are (x_i, x_{i + d/2}) with `rope_rotate_half`, else neighbours (x_2i, x_2i+1). Prefix tokens
+    are never turned. Angles, sines and cosines are float32 under any autocast, as the sources compute them, and
+    cached per grid outside training and tracing."""
+
+    rope_type = None
+    positional = rotates = True
+    default_temperature = 10000.0
+    default_rotate_half = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.rope_type is not None:
+            ROTARY_KINDS[cls.rope_type] = cls
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        temperature = config.rope_temperature
+        self.temperature = float(self.default_temperature if temperature is None else temperature)
+        self.rotate_half = self.default_rotate_half if config.rope_rotate_half is None else config.rope_rotate_half
+        self.cache = {}
+        self.draws = None
+
+    @classmethod
+    def check(cls, config):
+        head_dim = config.hidden_size // config.num_attention_heads
+        if head_dim % 4:
+            raise ValueError(
+                f"rope_type={cls.rope_type!r} turns each head's channels in pairs over two axes, so it needs "
+                f"hidden_size / num_attention_heads divisible by 4, got {head_dim}"
+            )
+
+    def axes(self, grid):
+        """The grid's axes in the order of the coordinate channels: (rows, columns), or (columns, rows) for `xy`."""
+        return list(grid) if self.config.rope_grid_indexing == "ij" else [grid[1], grid[0]]
+
+    def stack(self, values, grid):
+        """(gh * gw, 2) coordinates, row-major over the patches, from each axis's values (in `axes` order)."""
+        ij = self.config.rope_grid_indexing == "ij"
+        mesh = torch.meshgrid(values, indexing="ij" if ij else "xy")
+        return torch.stack(mesh, dim=-1).reshape(grid[0] * grid[1], 2)
+
+    def augment(self, coordinates):
+        """DINOv3's training-time coordinate augmentations, in its order (shift, per-axis jitter, shared rescale),
+        drawn once per forward pass (`draws`, forgotten by `Positions.embed`) and shared by every block."""
+        config = self.config
+        if self.draws is None:
+            draws = []
+            if config.rope_shift_coords is not None:
+                shift = config.rope_shift_coords
+                draws.append(("add", torch.empty(2, device=coordinates.device).uniform_(-shift, shift)))
+            for name, size in (("rope_jitter_coords", 2), ("rope_rescale_coords", 1)):
+                if getattr(config, name) is not None:
+                    limit = math.log(getattr(config, name))
+                    draws.append(("mul", torch.empty(size, device=coordinates.device).uniform_(-limit, limit).exp()))
+            self.draws = draws
+        for operation, value in self.draws:
+            coordinates = coordinates + value if operation == "add" else coordinates * value
+        return coordinates
+
+    @property
+    def augments(self):
+        config = self.config
+        return any(
+            v is not None for v in (config.rope_shift_coords, config.rope_jitter_coords, config.rope_rescale_coords)
+        )
+
+    def coordinates(self, grid, device):
+        """(gh * gw, 2) float32 coordinates of the patches, row-major, channels in `axes` order."""
+        raise NotImplementedError
+
+    def angles(self, coordinates):
+        """(gh * gw, head_dim / 2) angles, the first half for the first coordinate channel."""
+        raise NotImplementedError
+
+    def sin_cos(self, grid, device, training):
+        """Sines and cosines (gh * gw, head_dim) in the kind's pair layout."""
+        training = training and self.augments
+        cached = not training and not is_tracing()
+        key = (int(grid[0]), int(grid[1]), str(device)) if cached else None
+        if cached and key in self.cache:
+            return self.cache[key]
+        coordinates = self.coordinates(grid, device)
+        angles = self.angles(self.augment(coordinates) if training else coordinates)
+        angles = torch.cat([angles, angles], dim=-1) if self.rotate_half else angles.repeat_interleave(2, dim=-1)
+        values = (angles.sin(), angles.cos())
+        if cached:
+            self.cache[key] = values
+        return values
+
+    def partner(self, x):
+        """The channel each channel is turned towards, signed: (-x_{i+d/2}, x_i) halves or (-x_2i+1, x_2i) pairs."""
+        if self.rotate_half:
+            first, second = x.chunk(2, dim=-1)
+            return torch.cat([-second, first], dim=-1)
+        return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
+
+    def turn(self, x, sin, cos):
+        """`x` (B, H, T, d) with its last (gh * gw) tokens turned by `sin`, `cos` ((H,) gh * gw, d)."""
+        prefix = x.shape[2] - sin.shape[-2]
+        patches = x[:, :, prefix:]
+        turned = (patches * cos + self.partner(patches) * sin).to(x.dtype)
+        return torch.cat([x[:, :, :prefix], turned], dim=2)
+
+    def rotate(self, attention, query, key, grid):
+        sin, cos = self.sin_cos(grid, query.device, attention.training)
+        return self.turn(query, sin, cos), self.turn(key, sin, cos)
+
+
+class AxialRotary(RotaryKind):
+    """timm's `RotaryEmbeddingCat` as EVA-02, Perception Encoder and the naver/sbb `rope` ViTs use it: integer
+    patch coordinates plus `rope_grid_offset`, scaled onto `rope_reference_grid` where set (EVA's
+    `ref_feat_shape`: a model fine-tuned at 448 px keeps the angles of its 224 px pre-training), turned at
+    1 / temperature^(i / n) radians per unit for pair i of n per axis; neighbouring pairs by default."""
+
+    rope_type = "axial"
+    description = "rotary, integer coordinates (timm RotaryEmbeddingCat: EVA-02, PE, RoPE-ViT)"
+
+    def coordinates(self, grid, device):
+        reference = self.config.rope_reference_grid
+        values = []
+        for size, ref in zip(self.axes(grid), self.axes(reference) if reference else (None, None)):
+            axis = torch.arange(size, device=device, dtype=torch.int64).to(torch.float32) + self.config.rope_grid_offset
+            values.append(axis if ref is None else axis / size * ref)
+        return self.stack(values, grid)
+
+    def angles(self, coordinates):
+        bands = self.head_dim // 4
+        exponent = torch.arange(0, bands, 1, dtype=torch.int64, device=coordinates.device).to(torch.float32) / bands
+        frequencies = 1.0 / (self.temperature**exponent)
+        return (coordinates[:, :, None] * frequencies).flatten(1)
+
+
+class DinoV3Rotary(RotaryKind):
+    """DINOv3's rotary embedding (timm `RotaryEmbeddingDinoV3`, transformers' DINOv3 ViT): patch centres
+    normalised to [-1, 1] per axis (`rope_normalize_coords`), turned at 2 pi / period radians per unit with periods
+    temperature^(2i / (head_dim / 2)) from base 100, halves paired by default; while training, one random shift,
+    per-axis jitter and shared rescale of the coordinates per forward pass where `rope_shift_coords`,
+    `rope_jitter_coords`, `rope_rescale_coords` are set."""
+
+    rope_type = "dinov3"
+    description = "rotary, patch centres in [-1, 1] (DINOv3)"
+    default_temperature = 100.0
+    default_rotate_half = True
+
+    def coordinates(self, grid, device):
+        axes = self.axes(grid)
+        normalize = self.config.rope_normalize_coords
+        if normalize == "separate":
+            denominators = axes
+        else:
+            denominators = [(torch.sym_max if normalize == "max" else torch.sym_min)(*axes)] * 2
+        values = [
+            (torch.arange(0.5, size, device=device, dtype=torch.float32) + self.config.rope_grid_offset) / denominator
+            for size, denominator in zip(axes, denominators)
+        ]
+        return 2.0 * self.stack(values, grid) - 1.0
+
+    def angles(self, coordinates):
+        bands = self.head_dim // 4
+        exponents = 2.0 * torch.arange(bands, device=coordinates.device, dtype=torch.float32) / (self.head_dim // 2)
+        periods = self.temperature**exponents
+        return (2 * math.pi * coordinates[:, :, None] / periods[None, None, :]).flatten(1)
+
+
+def mixed_frequencies(head_dim, num_heads, temperature, generator=None):
+    """(2, H, head_dim / 2) frequencies of RoPE-Mixed at initialisation: the axial magnitudes turned by a random
+    angle per head (Heo et al., "Rotary Position Embedding for Vision Transformer"), as timm and naver's code."""
+    magnitude = 1.0 / (temperature ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim))
+    angle = torch.rand(num_heads, 1, generator=generator) * 2 * torch.pi
+    along_x = torch.cat([magnitude * torch.cos(angle), magnitude * torch.cos(angle + torch.pi / 2)], dim=-1)
+    along_y = torch.cat([magnitude * torch.sin(angle), magnitude * torch.sin(angle + torch.pi / 2)], dim=-1)
+    return torch.stack([along_x, along_y])
+
+
+class MixedRotary(RotaryKind):
+    """RoPE-Mixed (timm `RotaryEmbeddingMixed`, naver's RoPE-ViT): each block learns, per head and pair, a
+    frequency along each coordinate axis (`attention.rope_frequencies`, (2, H, head_dim / 2)), so a pair turns by
+    a learned mix of row and column; integer coordinates, neighbouring pairs."""
+
+    rope_type = "mixed"
+    description = "rotary with learned per-block, per-head frequencies (RoPE-Mixed)"
+    learned = True
+    default_temperature = 10.0
+
+    @classmethod
+    def check(cls, config):
+        super().check(config)
+        if config.rope_rotate_half:
+            raise ValueError("rope_type='mixed' pairs neighbouring channels; rope_rotate_half=True is not supported")
+
+    @classmethod
+    def block_parameters(cls, config):
+        return [("attention.rope_frequencies", config.hidden_size)]
+
+    def build_attention(self, attention):
+        attention.rope_frequencies = nn.Parameter(torch.zeros(2, attention.num_heads, attention.head_dim // 2))
+
+    def init_attention(self, attention, init):
+        values = mixed_frequencies(attention.head_dim, attention.num_heads, self.temperature)
+        copy = getattr(init, "copy_", None)  # transformers 5's initialisers skip weights loaded from a checkpoint
+        if copy is not None:
+            copy(attention.rope_frequencies, values)
+        else:
+            with torch.no_grad():
+                attention.rope_frequencies.copy_(values)
+
+    def coordinates(self, grid, device):
+        values = [torch.arange(size, device=device, dtype=torch.int64).to(torch.float32) for size in self.axes(grid)]
+        return self.stack(values, grid)
+
+    def rotate(self, attention, query, key, grid):
+        coordinates = self.coordinates(grid, query.device)
+        if attention.training and self.augments:
+            coordinates = self.augment(coordinates)
+        frequencies = attention.rope_frequencies.float()
+        angles = coordinates[:, 0, None] * frequencies[0][:, None] + coordinates[:, 1, None] * frequencies[1][:, None]
+        angles = angles.repeat_interleave(2, dim=-1)
+        sin, cos = angles.sin(), angles.cos()
+        return self.turn(query, sin, cos), self.turn(key, sin, cos)
+
+
+class Positions:
+    """What the embeddings and every attention layer call: the configured position kind, and the rotary kind beside
+    it where `rope_type` is set (EVA-02: a learned table and rotation; DINOv3: rotation alone)."""
+
+    def __init__(self, config):
+        self.kind = config.position_kind(config)
+        self.rotary = config.rotary_kind(config) if config.rotary_kind is not None else None
+        self.parts = [part for part in (self.kind, self.rotary) if part is not None]
+
+    def __getattr__(self, name):
+        """Hooks on the embeddings (`build`, `embed`, `patch_table`, `resize`, ...) and the bias hooks are the
+        position kind's."""
+        if name in ("kind", "rotary", "parts") or name.startswith("__"):  # before `__init__` (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.kind, name)
+
+    def embed(self, embeddings, prefix, patches, grid):
+        """The position kind's `embed`; a new forward pass, so the rotary kind draws its augmentations anew."""
+        if self.rotary is not None:
+            self.rotary.draws = None
+        return self.kind.embed(embeddings, prefix, patches, grid)
+
+    def build_attention(self, attention):
+        for part in self.parts:
+            part.build_attention(attention)
+
+    def init_attention(self, attention, init):
+        for part in self.parts:
+            part.init_attention(attention, init)
+
+    def resize_attention(self, attention, new_grid):
+        for part in self.parts:
+            part.resize_attention(attention, new_grid)
+
+    def rotate(self, attention, query, key, grid):
+        for part in self.parts:
+            query, key = part.rotate(attention, query, key, grid)
+        return query, key
