@@ -16,7 +16,7 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from ..card import CITATIONS
-from . import sources, timm_beit, timm_eva
+from . import sources, timm_beit, timm_eva, timm_relpos
 from ..errors import HubViTError
 from ..options import argument, option, settle, text
 from .common import (
@@ -184,11 +184,13 @@ def create_timm_model(architecture, model_args, device="meta", **extra):
 
 def reader_of(model):
     """The module reading the timm class that built `model` (its settings, names and combined tensors): timm_eva.py
-    for `Eva` (EVA-02, DINOv3, PE, the RoPE ViTs), timm_beit.py for `Beit`; None for `VisionTransformer`, read here."""
+    for `Eva` (EVA-02, DINOv3, PE, the RoPE ViTs), timm_beit.py for `Beit`, timm_relpos.py for
+    `VisionTransformerRelPos`; None for `VisionTransformer`, read here."""
     from timm.models.beit import Beit
     from timm.models.eva import Eva
+    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
-    return {Eva: timm_eva, Beit: timm_beit}.get(type(model))
+    return {Eva: timm_eva, Beit: timm_beit, VisionTransformerRelPos: timm_relpos}.get(type(model))
 
 
 def read_settings(model, architecture):
@@ -203,7 +205,7 @@ def read_settings(model, architecture):
         raise ConversionError(
             f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer, "
             "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP), Eva (EVA-02, DINOv3, PE, RoPE ViTs) "
-            "and Beit (BEiT, BEiT v2)"
+            "Beit (BEiT, BEiT v2) and VisionTransformerRelPos"
         )
     problems = []
     blocks = list(model.blocks)

@@ -178,8 +178,10 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             `DeiTForImageClassification`), and `pooler_output` is then the [CLS] token.
         position_embedding_type: the position kind (`modeling/positions_hubvit.py` `POSITION_KINDS`): `learned`
             (paper, 1D table), `learned_2d` (row and column tables concatenated), `relative_2d` (learned per-head
-            bias over (dy, dx) offsets in every block, as BEiT), `sincos_2d` (fixed, big_vision
+            bias over (dy, dx) offsets in every block), `relative_2d_class` (the same plus the class token's, BEiT),
+            `relative_2d_mlp` (the bias from an MLP of the offsets, timm relpos ViT), `sincos_2d` (fixed, big_vision
             `posemb="sincos2d"`), `none`.
+        relative_position_hidden_size: the hidden width of `relative_2d_mlp`'s bias MLP (timm `rel_pos_dim`).
         position_embedding_includes_prefix: the learned table also has rows for the prefix tokens ([CLS],
             registers, distillation); False is timm's `no_embed_class` (big_vision, DeiT-III, DINOv2 registers).
         interpolation_mode, interpolation_antialias, interpolation_align_corners: how position tables are resized
@@ -249,6 +251,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     distillation_head: bool = True
     position_embedding_type: str = "learned"
     position_embedding_includes_prefix: bool = True
+    relative_position_hidden_size: int = 128
     interpolation_mode: str = "bicubic"
     interpolation_antialias: bool = True
     interpolation_align_corners: bool = False
@@ -460,7 +463,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         choice("pooling", POOLING_TYPES)
         choice("hidden_act", HIDDEN_ACTS)
         choice("interpolation_mode", INTERPOLATION_MODES)
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_channels"):
+        sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_channels")
+        for name in (*sizes, "relative_position_hidden_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -60,6 +60,11 @@ class PositionKind:
         """(name, parameters) the kind adds to each block."""
         return []
 
+    @classmethod
+    def macs(cls, config, grid):
+        """Multiply-accumulates the kind computes in each block for a `grid` of patches (beyond the attention)."""
+        return 0
+
     # --- on the embeddings -------------------------------------------------------------------------------------
 
     def build(self, embeddings):
@@ -281,6 +286,54 @@ class RelativeBias2DWithClass(RelativeBias2D):
         first_row = torch.cat([itself[:, None, None], to_patch[:, None, None].expand(heads, 1, n)], dim=2)
         rows = torch.cat([from_patch[:, None, None].expand(heads, n, 1), patches], dim=2)
         return torch.cat([first_row, rows], dim=1)[None]
+
+
+class RelativePositionMLP(nn.Module):
+    """Two layers with a ReLU between, from a 2D offset to one bias per head."""
+
+    def __init__(self, hidden_size, num_heads):
+        super().__init__()
+        self.fc1 = nn.Linear(2, hidden_size)
+        self.fc2 = nn.Linear(hidden_size, num_heads)
+
+    def forward(self, offsets):
+        return self.fc2(torch.relu(self.fc1(offsets)))
+
+
+class RelativeBiasMLP(RelativeBias2D):
+    """A bias per head computed from each 2D patch offset by a small MLP (`attention.relative_position_mlp`) of its
+    log-spaced coordinates, sign(d) log(1 + |d|): timm's relpos ViT (`RelPosMlp`, its `cr` mode), after Swin v2's
+    continuous bias. Any grid has its biases, so there is nothing to resize; prefix tokens get none."""
+
+    name = "relative_2d_mlp"
+    description = "bias per head from an MLP of log-spaced 2D offsets (timm relpos ViT)"
+
+    @classmethod
+    def block_parameters(cls, config):
+        hidden, heads = config.relative_position_hidden_size, config.num_attention_heads
+        return [("attention.relative_position_mlp", 3 * hidden + hidden * heads + heads)]
+
+    @classmethod
+    def macs(cls, config, grid):
+        hidden = config.relative_position_hidden_size
+        return (2 * grid[0] - 1) * (2 * grid[1] - 1) * (2 * hidden + hidden * config.num_attention_heads)
+
+    def build_attention(self, attention):
+        hidden = self.config.relative_position_hidden_size
+        attention.relative_position_mlp = RelativePositionMLP(hidden, attention.num_heads)
+
+    def init_attention(self, attention, init):
+        """The MLP's layers are initialised as every linear layer of the model."""
+
+    def bias_table(self, attention, grid):
+        device = attention.relative_position_mlp.fc1.weight.device
+        axes = [torch.arange(-(size - 1), size, device=device).to(torch.float32) for size in grid]
+        offsets = torch.stack(torch.meshgrid(axes, indexing="ij"), dim=-1)
+        offsets = torch.sign(offsets) * torch.log(1.0 + offsets.abs())
+        return attention.relative_position_mlp(offsets).permute(2, 0, 1)
+
+    def resize_attention(self, attention, new_grid):
+        """Nothing is stored per grid."""
 
 
 def sincos_2d_position_table(grid, dim, temperature=10000.0, device=None, dtype=torch.float32):

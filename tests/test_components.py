@@ -25,7 +25,7 @@ from utils import TINY, assert_close, randomize_, run_without_hubvit, tiny_confi
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ["modeling", "conversion", "analysis", "hubvit", "cli", "training", "scripts", "benchmarks"]
-KIND_NAMES = {"learned", "learned_2d", "relative_2d", "relative_2d_class", "sincos_2d", "none"}
+KIND_NAMES = {"learned", "learned_2d", "relative_2d", "relative_2d_class", "relative_2d_mlp", "sincos_2d", "none"}
 DISTINCT_NAMES = KIND_NAMES - {"none"}  # "none" also names a pooling, a tracker and a class weighting
 
 

@@ -164,6 +164,9 @@ def mac_parts(config, image_size=None, head=True):
         ("attention_output_projection", depth * seq * d * d),
         ("mlp", depth * MLP_KINDS[config.mlp_type].macs(config, seq)),
     ]
+    position = config.position_kind.macs(config, grid_of(config, image_size))
+    if position:
+        parts.append(("position_bias", depth * position))
     if config.pooling == "map":
         parts.append(("map_head", HubViTMAPHead.macs(config, seq)))
     if head and config.representation_size is not None:

@@ -1,5 +1,6 @@
-"""`hubvit convert timm` on timm's `Beit` (BEiT, BEiT v2), proven against timm's own forward on the same random
-weights at the native size (timm's Beit runs at its built size only; 1e-5 of the output scale, float32)."""
+"""`hubvit convert timm` on timm's relative-bias ViTs, `Beit` (BEiT, BEiT v2) and `VisionTransformerRelPos` (relpos,
+srelpos), proven against timm's own forward on the same random weights at the native size (these timm classes run at
+their built size only; 1e-5 of the output scale, float32)."""
 
 import pytest
 import torch
@@ -27,6 +28,17 @@ FAMILIES = {
         dict(use_abs_pos_emb=True, use_rel_pos_bias=False, global_pool="token"),
         dict(position_embedding_type="learned", pooling="cls", fc_norm=False),
     ),
+    "relpos_bias_mlp": (
+        "vit_relpos_base_patch16_224",
+        {},
+        dict(position_embedding_type="relative_2d_mlp", class_token=False, pooling="mean", fc_norm=True),
+    ),
+    "srelpos_shared_bias_mlp_copied_into_every_block": (
+        "vit_srelpos_small_patch16_224",
+        dict(rel_pos_dim=32),
+        dict(position_embedding_type="relative_2d_mlp", relative_position_hidden_size=32),
+    ),
+    "relpos_class_token": ("vit_relpos_medium_patch16_cls_224", {}, dict(class_token=True, pooling="cls")),
 }
 
 
@@ -36,7 +48,7 @@ def offline(monkeypatch):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_beit_family_matches_timm(family, tmp_path):
+def test_relative_bias_family_matches_timm(family, tmp_path):
     name, args, expected = FAMILIES[family]
     with torch.no_grad():
         source = randomize_(timm.create_model(name, pretrained=False, **{**TINY, **args}).eval(), seed=len(family))
@@ -78,3 +90,26 @@ def test_the_class_token_gets_its_three_biases_and_the_patches_theirs():
         ours.relative_position_class_bias.copy_(classes)
     expected = theirs._get_rel_pos_bias()
     assert torch.equal(ours.position.logits_bias(ours, grid, 1 + 12), expected)
+
+
+def test_the_relpos_bias_mlp_gives_every_grid_its_biases_with_nothing_to_resize():
+    """timm's RelPosMlp built for another window gives the same biases as hubvit's kind at that grid: the bias is a
+    function of the offsets, so a model serves any grid from its stored MLP (float32, same operations: exact)."""
+    from timm.layers.pos_embed_rel import RelPosMlp
+
+    from hubvit.modeling.layers_hubvit import HubViTAttention
+    from hubvit.modeling.rotary_hubvit import Positions
+    from utils import tiny_config
+
+    config = tiny_config(position_embedding_type="relative_2d_mlp", relative_position_hidden_size=16)
+    ours = randomize_(HubViTAttention(config, Positions(config)))
+    for grid in ((4, 4), (3, 6)):
+        theirs = RelPosMlp(window_size=grid, num_heads=config.num_attention_heads, hidden_dim=16, prefix_tokens=1)
+        theirs.eval()  # its MLP has dropout (0.125) while training
+        with torch.no_grad():
+            theirs.mlp.fc1.weight.copy_(ours.relative_position_mlp.fc1.weight)
+            theirs.mlp.fc1.bias.copy_(ours.relative_position_mlp.fc1.bias)
+            theirs.mlp.fc2.weight.copy_(ours.relative_position_mlp.fc2.weight)
+            theirs.mlp.fc2.bias.copy_(ours.relative_position_mlp.fc2.bias)
+            expected = theirs.get_bias()
+            assert torch.equal(ours.position.logits_bias(ours, grid, 1 + grid[0] * grid[1]), expected)
