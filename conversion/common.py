@@ -239,6 +239,7 @@ BLOCK_COMPONENTS = (
     "proj_bias",
     "mlp_bias",
     "norm_type",
+    "norm_placement",
     "mlp_type",
     "mlp_inner_norm",
     "attention_inner_norm",

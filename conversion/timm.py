@@ -197,7 +197,7 @@ def read_settings(model, architecture):
     """(HubViTConfig kwargs, []) describing `model`, a timm ViT on the meta device, or (None, what hubvit lacks)."""
     from timm.layers import Attention, LayerScale
     from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import Block, VisionTransformer
+    from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 
     if reader_of(model) is not None:
         return reader_of(model).read_settings(model, architecture)
@@ -216,15 +216,15 @@ def read_settings(model, architecture):
     per_block = []
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"
-        if type(block) is not Block:
-            problems.append(f"{where} is {type(block).__name__} (expected the pre-norm Block)")
+        if type(block) not in (Block, ResPostBlock):
+            problems.append(f"{where} is {type(block).__name__} (expected the pre-norm Block or ResPostBlock)")
             continue
-        attn = block.attn
+        attn, scale = block.attn, getattr(block, "ls1", nn.Identity())
         if type(attn) is not Attention:
             problems.append(f"{where}.attn is {type(attn).__name__} (expected plain multi-head Attention)")
             continue
-        if type(block.ls1) not in (LayerScale, nn.Identity):
-            problems.append(f"{where} layer scale {type(block.ls1).__name__}")
+        if type(scale) not in (LayerScale, nn.Identity):
+            problems.append(f"{where} layer scale {type(scale).__name__}")
         per_block.append(
             dict(
                 num_attention_heads=attn.num_heads,
@@ -232,7 +232,8 @@ def read_settings(model, architecture):
                 qk_norm=not isinstance(attn.q_norm, nn.Identity),
                 attention_inner_norm=not isinstance(attn.norm, nn.Identity),
                 proj_bias=attn.proj.bias is not None,
-                layer_scale=type(block.ls1).__name__,
+                layer_scale=type(scale).__name__,
+                norm_placement="residual_post" if type(block) is ResPostBlock else "pre",
                 **mlp_settings(block.mlp, where, problems),
             )
         )
@@ -275,7 +276,9 @@ def read_settings(model, architecture):
         patch_bias=patch.proj.bias is not None,
         patch_norm=not isinstance(patch.norm, nn.Identity),
         final_norm=final_norm,
-        layer_scale_init_value=float(first.ls1.init_values) if isinstance(first.ls1, LayerScale) else None,
+        layer_scale_init_value=float(first.ls1.init_values)
+        if isinstance(getattr(first, "ls1", None), LayerScale)
+        else None,
         pre_norm=not isinstance(model.norm_pre, nn.Identity),
         class_token=model.cls_token is not None,
         num_register_tokens=model.num_reg_tokens,

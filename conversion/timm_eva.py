@@ -132,18 +132,20 @@ def attention_settings(attn, where, problems):
 
 def read_settings(model, architecture):
     """(HubViTConfig kwargs, []) describing `model`, a timm `Eva` on the meta device, or (None, what hubvit lacks)."""
-    from timm.models.eva import EvaBlock
+    from timm.models.eva import EvaBlock, EvaBlockPostNorm
 
     problems = patch_problems(model.patch_embed)
     blocks = list(model.blocks)
     per_block = []
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"
-        if type(block) is not EvaBlock:
-            problems.append(f"{where} is {type(block).__name__} (expected the pre-norm EvaBlock)")
+        if type(block) not in (EvaBlock, EvaBlockPostNorm):
+            problems.append(f"{where} is {type(block).__name__} (expected EvaBlock or EvaBlockPostNorm)")
             continue
         settings = {**attention_settings(block.attn, where, problems), **mlp_settings(block.mlp, where, problems)}
-        settings["layer_scale"] = (block.gamma_1 is not None, block.gamma_2 is not None)
+        gammas = (getattr(block, "gamma_1", None), getattr(block, "gamma_2", None))
+        settings["layer_scale"] = tuple(gamma is not None for gamma in gammas)
+        settings["norm_placement"] = "residual_post" if type(block) is EvaBlockPostNorm else "pre"
         settings["num_attention_heads"] = block.attn.num_heads
         per_block.append(settings)
     if per_block and any(settings != per_block[0] for settings in per_block):

@@ -3,7 +3,7 @@ settings and weights.
 
 Their position information is a bias on the attention logits from a small MLP of log-spaced patch offsets
 (`RelPosMlp` in its `cr` mode): hubvit's `relative_2d_mlp` kind. A bias MLP shared by every block (`srelpos`) is
-copied into each; the residual post-norm blocks (`rpn`) are refused by name.
+copied into each; the residual post-norm blocks (`rpn`) are hubvit's `norm_placement="residual_post"`.
 """
 
 from torch import nn
@@ -57,7 +57,7 @@ def read_settings(model, architecture):
     """(HubViTConfig kwargs, []) describing `model`, a timm `VisionTransformerRelPos` on the meta device, or (None,
     what hubvit lacks)."""
     from timm.layers import LayerScale
-    from timm.models.vision_transformer_relpos import RelPosAttention, RelPosBlock
+    from timm.models.vision_transformer_relpos import RelPosAttention, RelPosBlock, ResPostRelPosBlock
 
     problems = patch_problems(model.patch_embed)
     blocks = list(model.blocks)
@@ -67,8 +67,8 @@ def read_settings(model, architecture):
     per_block = []
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"
-        if type(block) is not RelPosBlock or type(block.attn) is not RelPosAttention:
-            problems.append(f"{where} is {type(block).__name__} (expected the pre-norm RelPosBlock)")
+        if type(block) not in (RelPosBlock, ResPostRelPosBlock) or type(block.attn) is not RelPosAttention:
+            problems.append(f"{where} is {type(block).__name__} (expected RelPosBlock or ResPostRelPosBlock)")
             continue
         attn = block.attn
         bias_mlp = attn.rel_pos if attn.rel_pos is not None else shared
@@ -84,7 +84,8 @@ def read_settings(model, architecture):
                 qkv_bias=attn.qkv.bias is not None,
                 qk_norm=not isinstance(attn.q_norm, nn.Identity),
                 relative_position_hidden_size=bias_mlp.mlp.fc1.out_features if bias_mlp is not None else None,
-                layer_scale=type(block.ls1) is LayerScale,
+                layer_scale=type(getattr(block, "ls1", None)) is LayerScale,
+                norm_placement="residual_post" if type(block) is ResPostRelPosBlock else "pre",
                 **mlp_settings(block.mlp, where, problems),
             )
         )

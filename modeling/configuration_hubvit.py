@@ -146,6 +146,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         proj_bias, mlp_bias: biases on the attention output projection and the MLP's layers (AIMv2 has none).
         norm_type: every norm's kind (`modeling/layers_hubvit.py` `NORM_KINDS`): `layer_norm` (the paper),
             `rms_norm` (AIMv2).
+        norm_placement: `pre` (the paper: each sub-layer reads a normed input) or `residual_post` (each
+            sub-layer's output is normed before the residual sum: Swin v2, timm `ResPostBlock`, EVA-02 enormous).
         mlp_type: the MLP's kind (`MLP_KINDS`): `mlp` (fc1, activation, fc2) or `gated` (activation(gate) * value;
             SwiGLU with `hidden_act="silu"`: EVA-02, DINOv2 giant, AIMv2, DINOv3).
         mlp_inner_norm: a norm over the MLP's hidden vector before fc2 (EVA-02's `scale_mlp`, NormFormer).
@@ -224,6 +226,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     proj_bias: bool = True
     mlp_bias: bool = True
     norm_type: str = "layer_norm"
+    norm_placement: str = "pre"
     mlp_type: str = "mlp"
     mlp_inner_norm: bool = False
     attention_inner_norm: bool = False
@@ -459,6 +462,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         choice("rope_grid_indexing", ("ij", "xy"))
         choice("rope_normalize_coords", ("separate", "min", "max"))
         choice("norm_type", NORM_KINDS)
+        choice("norm_placement", ("pre", "residual_post"))
         choice("mlp_type", MLP_KINDS)
         choice("pooling", POOLING_TYPES)
         choice("hidden_act", HIDDEN_ACTS)

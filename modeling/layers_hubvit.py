@@ -386,7 +386,9 @@ def drop_path(x, rate, training):
 
 
 class HubViTLayer(GradientCheckpointingLayer):
-    """Encoder block: x + attention(norm(x)), then x + mlp(norm(x)), with optional layer scale and stochastic depth."""
+    """Encoder block: x + attention(norm(x)), then x + mlp(norm(x)), with optional layer scale and stochastic depth;
+    with `norm_placement="residual_post"`, x + norm(attention(x)), then x + norm(mlp(x)) (Swin v2's residual
+    post-norm: timm's `ResPostBlock`, EVA-02 enormous)."""
 
     def __init__(self, config, position, drop_path_rate=0.0):
         super().__init__()
@@ -399,6 +401,7 @@ class HubViTLayer(GradientCheckpointingLayer):
         self.layer_scale1 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
         self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
         self.drop_path_rate = drop_path_rate
+        self.post_norm = config.norm_placement == "residual_post"
 
     @classmethod
     def parameter_parts(cls, config):
@@ -415,11 +418,17 @@ class HubViTLayer(GradientCheckpointingLayer):
 
     def forward(self, hidden_states, grid, num_queries=None, **kwargs):
         """`num_queries`: update (and return) the first tokens only."""
-        attended, _ = self.attention(self.norm1(hidden_states), grid, num_queries, **kwargs)
+        if self.post_norm:
+            attended = self.norm1(self.attention(hidden_states, grid, num_queries, **kwargs)[0])
+        else:
+            attended, _ = self.attention(self.norm1(hidden_states), grid, num_queries, **kwargs)
         if self.layer_scale1 is not None:
             attended = attended * self.layer_scale1
         hidden_states = hidden_states[:, :num_queries] + drop_path(attended, self.drop_path_rate, self.training)
-        transformed = self.mlp(self.norm2(hidden_states))
+        if self.post_norm:
+            transformed = self.norm2(self.mlp(hidden_states))
+        else:
+            transformed = self.mlp(self.norm2(hidden_states))
         if self.layer_scale2 is not None:
             transformed = transformed * self.layer_scale2
         return hidden_states + drop_path(transformed, self.drop_path_rate, self.training)

@@ -81,6 +81,7 @@ FAMILIES = {
         dict(patch_size=8, num_classes=0),
         dict(mlp_type="gated", hidden_act="silu"),
     ),
+    "residual_post_norm": ("vit_base_patch16_rpn_224.sw_in1k", {}, dict(norm_placement="residual_post")),
     "so400m_grid_floored": (
         "vit_so400m_patch14_siglip_384.webli",
         dict(patch_size=8, img_size=36, num_classes=0),
@@ -245,13 +246,12 @@ def test_other_architecture_is_refused(tmp_path, capsys):
 
 def test_unsupported_settings_are_refused(tmp_path, capsys):
     for name, args, reason, key in (
-        ("vit_base_patch16_rpn_224", {}, "ResPostBlock (expected the pre-norm Block)", None),
         ("vit_base_patch16_224", dict(global_pool="avgmax"), "global_pool='avgmax'", None),
         # sbb's parallel blocks have no `mlp` attribute: refused by name, not an AttributeError
         (
             "vit_pwee_patch16_reg1_gap_256",
             dict(img_size=32),
-            "ParallelScalingBlock (expected the pre-norm Block)",
+            "ParallelScalingBlock (expected the pre-norm Block or ResPostBlock)",
             None,
         ),
         ("vit_dpwee_patch16_reg1_gap_256", dict(img_size=32), "DiffParallelScalingBlock", None),
@@ -265,12 +265,14 @@ def test_unsupported_settings_are_refused(tmp_path, capsys):
 
 
 def test_a_refusal_lists_the_source_tensors_no_rule_knows(tmp_path, capsys):
-    weights = timm_model("vit_base_patch16_rpn_224", {}).state_dict()
+    weights = timm_model("vit_base_patch16_224", dict(global_pool="avgmax")).state_dict()
     weights["blocks.0.attn.relative_position_bias_table"] = torch.zeros(3, 4)
     torch.save(weights, tmp_path / "vit.pth")
-    as_vit = ("--architecture", "vit_base_patch16_rpn_224", "--model-args", json.dumps(TINY))
-    error = refused(tmp_path, capsys, tmp_path / "vit.pth", *as_vit)
-    assert "ResPostBlock" in error and "blocks.0.attn.relative_position_bias_table" in error, error
+    args = json.dumps({**TINY, "global_pool": "avgmax"})
+    error = refused(
+        tmp_path, capsys, tmp_path / "vit.pth", "--architecture", "vit_base_patch16_224", "--model-args", args
+    )
+    assert "global_pool='avgmax'" in error and "blocks.0.attn.relative_position_bias_table" in error, error
 
 
 class Exploit:

@@ -72,6 +72,11 @@ FAMILIES = {
         dict(final_norm=False),
     ),
     "pe_spatial": ("vit_pe_spatial_base_patch16_512", dict(num_classes=0), dict(rope_grid_indexing="xy")),
+    "eva02_enormous_residual_post_norm": (
+        "eva02_enormous_patch14_clip_224",
+        dict(num_classes=5),
+        dict(norm_placement="residual_post"),
+    ),
     "sbb_rope_registers": (
         "vit_base_patch16_rope_reg1_gap_256",
         dict(num_classes=5),

@@ -38,6 +38,11 @@ FAMILIES = {
         dict(rel_pos_dim=32),
         dict(position_embedding_type="relative_2d_mlp", relative_position_hidden_size=32),
     ),
+    "relpos_residual_post_norm": (
+        "vit_relpos_medium_patch16_rpn_224",
+        {},
+        dict(norm_placement="residual_post", position_embedding_type="relative_2d_mlp"),
+    ),
     "relpos_class_token": ("vit_relpos_medium_patch16_cls_224", {}, dict(class_token=True, pooling="cls")),
 }
 
