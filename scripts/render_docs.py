@@ -134,6 +134,41 @@ def main_command_seeds(root: Path) -> str:
     )
 
 
+TIMM_COVERAGE = "docs/analysis/timm_coverage.json"
+
+
+@table("timm-coverage")
+def timm_coverage(root: Path) -> str:
+    """The walk of timm's pretrained tags (scripts/timm_coverage.py): converted per module, and every refusal with
+    the features it names."""
+    r = read_json(root, TIMM_COVERAGE)
+    rows = [
+        (f"`{module}`", row["tags"], row["converted"], f"{row['converted'] / row['tags']:.0%}" if row["tags"] else "-")
+        for module, row in r["summary"].items()
+    ]
+    tags = sum(row["tags"] for row in r["summary"].values())
+    converted = sum(row["converted"] for row in r["summary"].values())
+    rows.append(("**all**", f"**{tags}**", f"**{converted}**", f"**{converted / tags:.1%}**"))
+    refusals = {}
+    for tag, result in sorted(r["results"].items()):
+        if result["status"] != "converted":
+            why = "; ".join(result.get("features") or [result.get("detail", result["status"])])
+            refusals.setdefault((result["status"], why), []).append(tag)
+    refusal_rows = [
+        (status, why, f"{len(names)}: " + ", ".join(f"`{name}`" for name in names))
+        for (status, why), names in sorted(refusals.items())
+    ]
+    env = r["environment"]
+    return (
+        markdown_table(["timm module", "pretrained tags", "converted", "share"], rows)
+        + "\n\n"
+        + markdown_table(["status", "what hubvit lacks (the converter's words)", "tags"], refusal_rows)
+        + f"\n\ntimm {env['timm']}, torch {env['torch']}, CPU ISA {env['cpu_isa']}; each tag built with one block and "
+        "timm's random initialisation, converted with the parity check (1e-5 of the output scale). "
+        + source_line(TIMM_COVERAGE)
+    )
+
+
 RECIPE_SCREENING = "docs/analysis/recipe_screening.json"
 
 
