@@ -204,8 +204,8 @@ def read_settings(model, architecture):
     if type(model) not in (VisionTransformer, VisionTransformerDistilled):
         raise ConversionError(
             f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer, "
-            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP), Eva (EVA-02, DINOv3, PE, RoPE ViTs) "
-            "Beit (BEiT, BEiT v2) and VisionTransformerRelPos"
+            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP), Eva (EVA-02, DINOv3, PE, RoPE ViTs), "
+            "Beit (BEiT, BEiT v2) and VisionTransformerRelPos (relpos ViTs)"
         )
     problems = []
     blocks = list(model.blocks)
@@ -364,7 +364,21 @@ def preprocessing(cfg, hub_config, image_size):
 
 
 def family_of(architecture, tag):
+    """The checkpoint family the card cites by its paper (`CITATIONS`), from the timm name and tag."""
     tag = tag or ""
+    for family, names in (
+        ("eva_clip", ("eva02_", "clip")),
+        ("eva02", ("eva02",)),
+        ("dinov3", ("dinov3",)),
+        ("perception_encoder", ("_pe_",)),
+        ("rope_vit", ("_rope_",)),
+        ("beitv2", ("beitv2",)),
+        ("beit3", ("beit3",)),
+        ("beit", ("beit",)),
+        ("aimv2", ("aimv2",)),
+    ):
+        if all(name in architecture for name in names):
+            return family
     for family in ("siglip", "clip", "dinov2", "deit3", "deit"):
         if family in architecture:
             return family

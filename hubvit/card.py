@@ -36,6 +36,30 @@ CITATIONS = {
     "big_vision": "@article{beyer2022better,\n  title = {Better plain ViT baselines for ImageNet-1k},\n  author = "
     "{Beyer, Lucas and Zhai, Xiaohua and Kolesnikov, Alexander},\n  journal = {arXiv preprint arXiv:2205.01580},\n"
     "  year = {2022}\n}",
+    "eva02": "@article{fang2024eva02,\n  title = {EVA-02: A Visual Representation for Neon Genesis},\n  author = "
+    "{Fang, Yuxin and Sun, Quan and Wang, Xinggang and Huang, Tiejun and Wang, Xinlong and Cao, Yue},\n  journal = "
+    "{Image and Vision Computing},\n  year = {2024}\n}",
+    "eva_clip": "@article{sun2023evaclip,\n  title = {EVA-CLIP: Improved Training Techniques for CLIP at Scale},\n"
+    "  author = {Sun, Quan and Fang, Yuxin and Wu, Ledell and Wang, Xinlong and Cao, Yue},\n  journal = {arXiv "
+    "preprint arXiv:2303.15389},\n  year = {2023}\n}",
+    "dinov3": "@article{simeoni2025dinov3,\n  title = {DINOv3},\n  author = {Sim{\\'e}oni, Oriane and others},\n"
+    "  journal = {arXiv preprint arXiv:2508.10104},\n  year = {2025}\n}",
+    "perception_encoder": "@article{bolya2025perception,\n  title = {Perception Encoder: The best visual embeddings "
+    "are not at the output of the network},\n  author = {Bolya, Daniel and others},\n  journal = {arXiv preprint "
+    "arXiv:2504.13181},\n  year = {2025}\n}",
+    "rope_vit": "@inproceedings{heo2024rotary,\n  title = {Rotary Position Embedding for Vision Transformer},\n"
+    "  author = {Heo, Byeongho and Park, Song and Han, Dongyoon and Yun, Sangdoo},\n  booktitle = {ECCV},\n"
+    "  year = {2024}\n}",
+    "beit": "@inproceedings{bao2022beit,\n  title = {BEiT: BERT Pre-Training of Image Transformers},\n  author = "
+    "{Bao, Hangbo and Dong, Li and Piao, Songhao and Wei, Furu},\n  booktitle = {ICLR},\n  year = {2022}\n}",
+    "beitv2": "@article{peng2022beitv2,\n  title = {BEiT v2: Masked Image Modeling with Vector-Quantized Visual "
+    "Tokenizers},\n  author = {Peng, Zhiliang and Dong, Li and Bao, Hangbo and Ye, Qixiang and Wei, Furu},\n"
+    "  journal = {arXiv preprint arXiv:2208.06366},\n  year = {2022}\n}",
+    "beit3": "@inproceedings{wang2023image,\n  title = {Image as a Foreign Language: BEiT Pretraining for Vision and "
+    "Vision-Language Tasks},\n  author = {Wang, Wenhui and others},\n  booktitle = {CVPR},\n  year = {2023}\n}",
+    "aimv2": "@article{fini2024multimodal,\n  title = {Multimodal Autoregressive Pre-training of Large Vision "
+    "Encoders},\n  author = {Fini, Enrico and others},\n  journal = {arXiv preprint arXiv:2411.14402},\n"
+    "  year = {2024}\n}",
     "timm": "@misc{rw2019timm,\n  title = {PyTorch Image Models},\n  author = {Wightman, Ross},\n  year = {2019},\n"
     "  publisher = {GitHub},\n  howpublished = {\\url{https://github.com/huggingface/pytorch-image-models}}\n}",
 }

@@ -1,7 +1,7 @@
 """A folder written today loads and computes the same numbers under every transformers release users run.
 
 Each release in `transformers_releases.RELEASES` (plus the installed one) gets its own folder in the tests' cache; a
-child interpreter with that folder first on its path and hubvit hidden loads two folders written by the installed
+child interpreter with that folder first on its path and hubvit hidden loads the folders written by the installed
 hubvit with `trust_remote_code=True`, as a user pulling them from the Hub would, and writes every output
 (`compatibility_child.outputs`). The same function runs here on the installed hubvit's own classes.
 
@@ -46,6 +46,20 @@ CONFIGS = {
         layer_scale_init_value=0.1,
         pooling="mean",
     ),
+    "modern-components": dict(
+        num_labels=3,
+        position_embedding_type="relative_2d_class",
+        rope_type="dinov3",
+        mlp_type="gated",
+        hidden_act="silu",
+        mlp_inner_norm=True,
+        attention_inner_norm=True,
+        norm_type="rms_norm",
+        key_bias=False,
+        qkv_fused=False,
+        qk_norm=True,
+        patch_norm=True,
+    ),
 }
 INSTALLED = "installed"
 RECORD = []
@@ -53,7 +67,7 @@ RECORD = []
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """Two folders written by the installed hubvit, an input at a non-native size, a 32x32 image (the processor's
+    """Folders written by the installed hubvit (the paper's block, and one with the modern families' components), an input at a non-native size, a 32x32 image (the processor's
     size, so no release's resize touches it) and what the installed hubvit computes for them."""
     root = tmp_path_factory.mktemp("compatibility")
     x = torch.randn(2, 3, 40, 24, generator=torch.Generator().manual_seed(0))

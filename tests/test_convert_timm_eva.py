@@ -128,3 +128,18 @@ def test_an_eva_setting_hubvit_lacks_is_refused_by_name(tmp_path, capsys):
     status = cli(["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out")])
     assert status == 2 and not (tmp_path / "out").exists()
     assert "grouped key/value heads (num_kv_heads)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "title"),
+    [
+        ("vit_base_patch16_dinov3", "title = {DINOv3}"),
+        ("eva02_tiny_patch14_224", "EVA-02: A Visual Representation for Neon Genesis"),
+        ("vit_pe_core_base_patch16_224", "Perception Encoder: The best visual embeddings"),
+        ("vit_base_patch16_rope_224", "Rotary Position Embedding for Vision Transformer"),
+    ],
+)
+def test_the_model_card_cites_the_familys_paper(name, title, tmp_path):
+    save_for_hf(timm_model(name, dict(num_classes=0)), tmp_path / "timm", safe_serialization=True)
+    assert cli(["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out")]) == 0
+    assert title in (tmp_path / "out" / "README.md").read_text()
