@@ -7,7 +7,8 @@
 Each tag is built by timm as the tag defines it (its `num_classes`, image and patch size, every model argument)
 except `depth=1`, with timm's own random initialisation; `timm.models.save_for_hf` writes it, and
 `hubvit.convert_timm` converts the folder, checking the converted model against timm's forward on the same input
-(1e-5 of the output scale), or refuses, naming what hubvit lacks. Tags whose architecture and head size are the same
+(1e-5 of the output scale), or refuses, naming what hubvit lacks (a tag timm cannot build with one block is read
+whole on the meta device for what hubvit lacks). Tags whose architecture and head size are the same
 share one conversion. The record is rewritten atomically after every tag, so a stopped walk resumes where it was.
 """
 
@@ -61,8 +62,8 @@ def convert_tag(timm, name: str) -> dict:
     architecture = name.split(".")[0]
     try:
         model = timm.create_model(name, pretrained=False, depth=1).eval()
-    except Exception as error:  # noqa: BLE001  (timm itself cannot build it with one block: recorded)
-        return {"status": "not built", "detail": f"timm: {first_line(error)}", "seconds": time.time() - started}
+    except Exception as error:  # noqa: BLE001  (timm itself cannot build it with one block: read it whole)
+        return read_whole(timm, name, f"timm: {first_line(error)}", started)
     if getattr(model.patch_embed, "backbone", None) is not None:
         return {"status": "out of scope", "detail": HYBRID, "seconds": time.time() - started}
     with tempfile.TemporaryDirectory() as scratch:
@@ -84,6 +85,27 @@ def convert_tag(timm, name: str) -> dict:
         "architecture": architecture,
         "seconds": round(time.time() - started, 1),
     }
+
+
+def read_whole(timm, name: str, detail: str, started: float) -> dict:
+    """A tag timm cannot build with one block (per-block settings, as Sapiens2's key/value heads): its whole
+    architecture on the meta device, read by the converter; what hubvit lacks is recorded as a refusal (nothing to
+    check the parity of without weights, so a tag hubvit could express stays "not built")."""
+    from hubvit.conversion.timm import read_settings
+
+    try:
+        with __import__("torch").device("meta"):
+            model = timm.create_model(name, pretrained=False)
+        _, problems = read_settings(model, name.split(".")[0])
+    except Exception as error:  # noqa: BLE001  (recorded, as the one-block build's failure)
+        return {
+            "status": "not built",
+            "detail": f"{detail}; whole: {first_line(error)}",
+            "seconds": time.time() - started,
+        }
+    if problems:
+        return {"status": "refused", "features": problems, "seconds": time.time() - started}
+    return {"status": "not built", "detail": detail, "seconds": time.time() - started}
 
 
 def environment() -> dict:
