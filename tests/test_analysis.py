@@ -512,3 +512,15 @@ def test_a_cropping_processor_gives_the_requested_size(size):
     processor, _ = from_timm(dict(input_size=(3, 32, 32), crop_pct=0.875, interpolation="bicubic"))
     photo = Image.fromarray(skimage.data.chelsea())
     assert preprocess(processor, [photo], size).shape == (1, 3, *size)
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({}, "learned 1D table"),
+        (dict(position_embedding_type="none", rope_type="dinov3"), "rotary, patch centres in [-1, 1] (DINOv3)"),
+        (dict(rope_type="axial"), "learned 1D table, one row per token (the paper's default) + rotary, integer"),
+    ],
+)
+def test_info_says_what_the_model_is_told_about_where_patches_sit(fields, said):
+    assert info.summary(tiny_config(**fields))["position"].startswith(said)

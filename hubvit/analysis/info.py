@@ -184,6 +184,13 @@ def training_step_macs(config, image_size=None, head=True):
     return 3 * sum(parts.values()) - parts["patch_embedding"]
 
 
+def position_description(config):
+    """What the model is told about where patches sit: its position kind, its rotary kind, or both."""
+    kinds = [config.position_kind, config.rotary_kind]
+    told = [kind.description for kind in kinds if kind is not None and kind.positional]
+    return " + ".join(told) or config.position_kind.description
+
+
 def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
     """Everything `hubvit info` prints, as a JSON-able dict."""
     size = tuple(image_size) if image_size is not None else config.image_size_2d
@@ -198,6 +205,7 @@ def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
         "num_patches": t.num_patches,
         "num_prefix_tokens": t.num_prefix,
         "sequence_length": t.sequence_length,
+        "position": position_description(config),
         "attention": attention_memory(config, size, batch_size, dtype),
         "parameters": {
             "parts": dict(params),
@@ -296,6 +304,7 @@ def format_summary(info, name="model"):
         f"{name}: {h}x{w} image, {info['patch_size'][0]}x{info['patch_size'][1]} patches",
         f"  grid {gh} x {gw} = {info['num_patches']:,} patches, {info['num_prefix_tokens']} prefix token(s), "
         f"sequence length {info['sequence_length']:,}",
+        f"  position: {info['position']}",
         "",
         f"Attention scores ({att['heads']} heads, {att['layers']} layers, batch {att['batch_size']}, {att['dtype']}):",
         table(
