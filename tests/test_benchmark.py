@@ -108,3 +108,17 @@ def test_activation_checkpointing_benchmark_measures_both_settings_in_their_own_
     assert {setting: len(results) for setting, results in runs.items()} == {"off": 1, "on": 1}
     figures = [run[key] for results in runs.values() for run in results for key in ("peak_mib", "step_s", "step_cpu_s")]
     assert all(value > 0 for value in figures)
+
+
+def test_the_families_benchmark_times_timm_and_hubvit_on_one_function(tmp_path):
+    """benchmarks/families.py --quick: EVA-02 and DINOv3 converted through the converter, every route computing
+    timm's logits (float32: hubvit eager exactly or to 1e-4 absolute; optimize_for_cpu's kernels round
+    differently), the CPU ISA named with the figures."""
+    record = tmp_path / "families.json"
+    out = run_benchmark("families.py", "--quick", "--threads", "1", "--json", str(record)).stdout
+    assert "CPU ISA" in out
+    report = json.loads(record.read_text())
+    assert [r["architecture"] for r in report["records"]] == ["eva02_base_patch14_224", "vit_base_patch16_dinov3"]
+    for r in report["records"]:
+        assert set(r["images_per_second"]) == {"timm", "hubvit", "hubvit optimize_for_cpu"}
+        assert max(r["max_abs_logit_difference_vs_timm"].values()) <= 1e-4, r
