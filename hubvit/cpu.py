@@ -284,6 +284,26 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it (x86 `model name`, with its family and model numbers where the name
+    is generic), else the platform's processor string: what a run record names beside the ISA."""
+    import platform
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
+
+
 def cpu_isa(flags: frozenset[str] | None = None) -> str:
     """The widest vector ISA of this CPU that matters for ViT's products: AMX, AVX512-BF16, AVX-512, AVX2 or other."""
     flags = cpu_flags() if flags is None else flags

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hubvit.cpu import cpu_isa, cpu_model
 from scripts.experiments.pages import (  # noqa: F401 (the experiments read them as common.*)
     command,
     environment,
@@ -442,6 +443,8 @@ def unit_record(experiment, arm, seed, quick, setup, values, fits, extra=None):
         "minutes": round(sum(f.get("train_seconds", 0.0) for f in fits.values()) / 60, 2),
         **(extra or {}),
         "environment": {
+            "cpu_model": cpu_model(),
+            "cpu_isa": cpu_isa(),
             "torch_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(),
             "load_average_at_end": [round(x, 2) for x in os.getloadavg()],

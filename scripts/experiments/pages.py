@@ -25,8 +25,12 @@ def command(name, argv=None):
 
 
 def environment(started):
+    from hubvit.cpu import cpu_isa, cpu_model
+
     return {
         "wall_time_s": round(time.time() - started, 1),
+        "cpu_model": cpu_model(),
+        "cpu_isa": cpu_isa(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
