@@ -34,7 +34,9 @@ from .folder import run_conversion
 from .sources import REVISION_HELP
 from .preprocessing import timm_preprocessing
 from .timm_layers import (
+    COMMON_RENAMES,
     GATED_MLP_KEYS,
+    common_settings,
     final_norm_problems,
     map_settings,
     mlp_settings,
@@ -45,23 +47,9 @@ from .timm_layers import (
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
-RENAMES = [
-    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
-    (r"patch_embed\.norm\.(weight|bias)", r"embeddings.patch_norm.\1"),
-    (r"cls_token", "embeddings.class_token"),
+RENAMES = COMMON_RENAMES + [
     (r"dist_token", "embeddings.distillation_token"),
-    (r"reg_token", "embeddings.register_tokens"),
-    (r"pos_embed", "embeddings.position_embedding"),
-    (r"norm_pre\.(weight|bias)", r"pre_norm.\1"),
-    (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
-    (r"blocks\.(\d+)\.attn\.(qkv|proj|norm|q_norm|k_norm)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
     (r"blocks\.(\d+)\.ls([12])\.gamma", r"encoder.layers.\1.layer_scale\2"),
-    (r"blocks\.(\d+)\.mlp\.(fc1|fc2|norm)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
-    (r"norm\.(weight|bias)", r"norm.\1"),
-    (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
-    (r"attn_pool\.latent", "pooler.map_head.probe"),
-    (r"attn_pool\.(q|kv|proj|norm|mlp\.fc1|mlp\.fc2)\.(weight|bias)", r"pooler.map_head.\1.\2"),
-    (r"head\.(weight|bias)", r"classifier.\1"),
     (r"head_dist\.(weight|bias)", r"distillation_classifier.\1"),
 ]
 
@@ -266,15 +254,7 @@ def read_settings(model, architecture):
     height, width = (int(v) for v in patch.img_size)
     ph, pw = (int(v) for v in patch.patch_size)
     settings = dict(
-        image_size=height if height == width else [height, width],
-        patch_size=ph if ph == pw else [ph, pw],
-        num_channels=patch.proj.in_channels,
-        hidden_size=model.embed_dim,
-        num_hidden_layers=len(blocks),
-        layer_norm_eps=eps,
-        norm_type=norm_type,
-        patch_bias=patch.proj.bias is not None,
-        patch_norm=not isinstance(patch.norm, nn.Identity),
+        **common_settings(model, blocks, eps, norm_type),
         final_norm=final_norm,
         layer_scale_init_value=float(first.ls1.init_values)
         if isinstance(getattr(first, "ls1", None), LayerScale)
@@ -285,12 +265,8 @@ def read_settings(model, architecture):
         distillation_token=distilled,
         position_embedding_type="learned" if model.pos_embed is not None else "none",
         position_embedding_includes_prefix=not model.no_embed_class,
-        interpolation_mode="bicubic",
-        interpolation_antialias=True,
-        interpolation_align_corners=False,
         pooling=pooling,
         fc_norm=fc_norm,
-        dynamic_img_pad=bool(patch.dynamic_img_pad),
         **{k: v for k, v in block.items() if k != "layer_scale"},
         **pool_settings,
     )

@@ -10,7 +10,9 @@ resizes to another grid) and the class token's three beside it. A table shared b
 from torch import nn
 
 from .timm_layers import (
+    COMMON_RENAMES,
     GATED_MLP_KEYS,
+    common_settings,
     final_norm_problems,
     mlp_settings,
     norm_settings,
@@ -18,18 +20,9 @@ from .timm_layers import (
     patch_problems,
 )
 
-RENAMES = [
-    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
-    (r"cls_token", "embeddings.class_token"),
-    (r"pos_embed", "embeddings.position_embedding"),
-    (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
-    (r"blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+RENAMES = COMMON_RENAMES + [
     (r"blocks\.(\d+)\.attn\.(q|v)_bias", r"encoder.layers.\1.attention.\2_bias"),
     (r"blocks\.(\d+)\.gamma_([12])", r"encoder.layers.\1.layer_scale\2"),
-    (r"blocks\.(\d+)\.mlp\.(fc1|fc2|norm)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
-    (r"norm\.(weight|bias)", r"norm.\1"),
-    (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
-    (r"head\.(weight|bias)", r"classifier.\1"),
 ]
 
 COMBINED = [
@@ -101,29 +94,16 @@ def read_settings(model, architecture):
     problems += final_norm_problems(model, fc_norm, pool)
     if problems:
         return None, list(dict.fromkeys(__import__("re").sub(r"blocks\.\d+", "blocks.*", p) for p in problems))
-    patch = model.patch_embed
-    height, width = (int(v) for v in patch.img_size)
-    ph, pw = (int(v) for v in patch.patch_size)
     if relative:
         position = "relative_2d_class"
     else:
         position = "learned" if model.pos_embed is not None else "none"
     settings = dict(
-        image_size=height if height == width else [height, width],
-        patch_size=ph if ph == pw else [ph, pw],
-        num_channels=patch.proj.in_channels,
-        hidden_size=model.embed_dim,
-        num_hidden_layers=len(blocks),
-        layer_norm_eps=eps,
-        norm_type=norm_type,
+        **common_settings(model, blocks, eps, norm_type),
         key_bias=not block["qkv_bias"],
-        patch_bias=patch.proj.bias is not None,
         layer_scale_init_value=float(getattr(blocks[0], "init_values", None) or 0.1) if block["layer_scale"] else None,
         class_token=True,
         position_embedding_type=position,
-        interpolation_mode="bicubic",
-        interpolation_antialias=True,
-        interpolation_align_corners=False,
         pooling=pooling,
         fc_norm=fc_norm,
         final_norm=fc_norm or not isinstance(model.norm, nn.Identity),

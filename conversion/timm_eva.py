@@ -9,7 +9,9 @@ kind: `RotaryEmbeddingCat` is `axial`, `RotaryEmbeddingDinoV3` is `dinov3`, `Rot
 from torch import nn
 
 from .timm_layers import (
+    COMMON_RENAMES,
     GATED_MLP_KEYS,
+    common_settings,
     final_norm_problems,
     map_settings,
     mlp_settings,
@@ -18,24 +20,10 @@ from .timm_layers import (
     patch_problems,
 )
 
-RENAMES = [
-    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
-    (r"patch_embed\.norm\.(weight|bias)", r"embeddings.patch_norm.\1"),
-    (r"cls_token", "embeddings.class_token"),
-    (r"reg_token", "embeddings.register_tokens"),
-    (r"pos_embed", "embeddings.position_embedding"),
-    (r"norm_pre\.(weight|bias)", r"pre_norm.\1"),
-    (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
-    (r"blocks\.(\d+)\.attn\.(qkv|proj|norm|q_norm|k_norm)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+RENAMES = COMMON_RENAMES + [
     (r"blocks\.(\d+)\.attn\.(q|v)_bias", r"encoder.layers.\1.attention.\2_bias"),
     (r"blocks\.(\d+)\.attn\.(q|k|v)_proj\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
     (r"blocks\.(\d+)\.gamma_([12])", r"encoder.layers.\1.layer_scale\2"),
-    (r"blocks\.(\d+)\.mlp\.(fc1|fc2|norm)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
-    (r"norm\.(weight|bias)", r"norm.\1"),
-    (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
-    (r"attn_pool\.latent", "pooler.map_head.probe"),
-    (r"attn_pool\.(q|kv|proj|norm|mlp\.fc1|mlp\.fc2)\.(weight|bias)", r"pooler.map_head.\1.\2"),
-    (r"head\.(weight|bias)", r"classifier.\1"),
 ]
 """One-to-one names; SwiGLU's split fc1 and RoPE-Mixed's stacked frequencies are `combine`d (below)."""
 
@@ -168,32 +156,18 @@ def read_settings(model, architecture):
         problems.append("the blocks pair channels for rotation unlike the rotary module (rotate_half)")
     if problems:
         return None, list(dict.fromkeys(__import__("re").sub(r"blocks\.\d+", "blocks.*", p) for p in problems))
-    patch = model.patch_embed
-    height, width = (int(v) for v in patch.img_size)
-    ph, pw = (int(v) for v in patch.patch_size)
     scale = getattr(blocks[0], "init_values", None)
     settings = dict(
-        image_size=height if height == width else [height, width],
-        patch_size=ph if ph == pw else [ph, pw],
-        num_channels=patch.proj.in_channels,
-        hidden_size=model.embed_dim,
-        num_hidden_layers=len(blocks),
-        layer_norm_eps=eps,
-        norm_type=norm_type,
-        patch_bias=patch.proj.bias is not None,
+        **common_settings(model, blocks, eps, norm_type),
         layer_scale_init_value=float(scale or 1e-5) if block["layer_scale"][0] else None,
         pre_norm=not isinstance(model.norm_pre, nn.Identity),
         class_token=model.cls_token is not None,
         num_register_tokens=int(model.reg_token.shape[1]) if model.reg_token is not None else 0,
         position_embedding_type="learned" if model.pos_embed is not None else "none",
         position_embedding_includes_prefix=not model.no_embed_class,
-        interpolation_mode="bicubic",
-        interpolation_antialias=True,
-        interpolation_align_corners=False,
         pooling=pooling,
         fc_norm=fc_norm,
         final_norm=fc_norm or not isinstance(model.norm, nn.Identity),
-        dynamic_img_pad=bool(patch.dynamic_img_pad),
         **{k: v for k, v in block.items() if k != "layer_scale"},
         **rotary,
         **pool_settings,

@@ -72,34 +72,61 @@ def mlp_settings(mlp, where, problems):
     """The MLP kind, its width, activation, biases and inner norm."""
     from timm.layers import GluMlp, Mlp, SwiGLU
 
-    if type(mlp) is SwiGLU:
-        return dict(
-            mlp_type="gated",
-            intermediate_size=mlp.fc2.in_features,
-            hidden_act=activation_name(mlp.act),
-            mlp_bias=mlp.fc2.bias is not None,
-            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
-        )
-    if type(mlp) is GluMlp:
-        if mlp.chunk_dim != -1:
-            problems.append(f"{where}.mlp is a convolutional GluMlp")
-        return dict(
-            mlp_type="gated",
-            intermediate_size=mlp.fc2.in_features,
-            hidden_act=activation_name(mlp.act),
-            mlp_bias=mlp.fc2.bias is not None,
-            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
-        )
-    if type(mlp) is Mlp and isinstance(mlp.fc1, nn.Linear):
-        return dict(
-            mlp_type="mlp",
-            intermediate_size=mlp.fc1.out_features,
-            hidden_act=activation_name(mlp.act),
-            mlp_bias=mlp.fc2.bias is not None,
-            mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
-        )
-    problems.append(f"{where}.mlp is {type(mlp).__name__} (expected Mlp, GluMlp or SwiGLU)")
-    return {}
+    kinds = {SwiGLU: "gated", GluMlp: "gated", Mlp: "mlp"}
+    if type(mlp) not in kinds or not isinstance(getattr(mlp, "fc2", None), nn.Linear):
+        problems.append(f"{where}.mlp is {type(mlp).__name__} (expected Mlp, GluMlp or SwiGLU)")
+        return {}
+    if type(mlp) is GluMlp and mlp.chunk_dim != -1:
+        problems.append(f"{where}.mlp is a convolutional GluMlp")
+    return dict(
+        mlp_type=kinds[type(mlp)],
+        intermediate_size=mlp.fc2.in_features,
+        hidden_act=activation_name(mlp.act),
+        mlp_bias=mlp.fc2.bias is not None,
+        mlp_inner_norm=not isinstance(mlp.norm, nn.Identity),
+    )
+
+
+COMMON_RENAMES = [
+    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
+    (r"patch_embed\.norm\.(weight|bias)", r"embeddings.patch_norm.\1"),
+    (r"cls_token", "embeddings.class_token"),
+    (r"reg_token", "embeddings.register_tokens"),
+    (r"pos_embed", "embeddings.position_embedding"),
+    (r"norm_pre\.(weight|bias)", r"pre_norm.\1"),
+    (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
+    (r"blocks\.(\d+)\.attn\.(qkv|proj|norm|q_norm|k_norm)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+    (r"blocks\.(\d+)\.mlp\.(fc1|fc2|norm)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
+    (r"norm\.(weight|bias)", r"norm.\1"),
+    (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
+    (r"attn_pool\.latent", "pooler.map_head.probe"),
+    (r"attn_pool\.(q|kv|proj|norm|mlp\.fc1|mlp\.fc2)\.(weight|bias)", r"pooler.map_head.\1.\2"),
+    (r"head\.(weight|bias)", r"classifier.\1"),
+]
+"""The names timm's ViT classes share; each reader adds those of its own attention and layer scale."""
+
+
+def common_settings(model, blocks, eps, norm_type):
+    """The config fields every timm ViT class gives the same way: sizes, norms, the patch embedding, and timm's
+    position-table resize (bicubic, antialias, float32, as its `dynamic_img_size`)."""
+    patch = model.patch_embed
+    height, width = (int(v) for v in patch.img_size)
+    ph, pw = (int(v) for v in patch.patch_size)
+    return dict(
+        image_size=height if height == width else [height, width],
+        patch_size=ph if ph == pw else [ph, pw],
+        num_channels=patch.proj.in_channels,
+        hidden_size=model.embed_dim,
+        num_hidden_layers=len(blocks),
+        layer_norm_eps=eps,
+        norm_type=norm_type,
+        patch_bias=patch.proj.bias is not None,
+        patch_norm=not isinstance(patch.norm, nn.Identity),
+        interpolation_mode="bicubic",
+        interpolation_antialias=True,
+        interpolation_align_corners=False,
+        dynamic_img_pad=bool(getattr(patch, "dynamic_img_pad", False)),
+    )
 
 
 GATED_MLP_KEYS = [r"blocks\.\d+\.mlp\.fc1_[gx]\.(weight|bias)"]

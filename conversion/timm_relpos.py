@@ -8,22 +8,21 @@ copied into each; the residual post-norm blocks (`rpn`) are hubvit's `norm_place
 
 from torch import nn
 
-from .timm_layers import final_norm_problems, mlp_settings, norm_settings, patch_problems
+from .timm_layers import (
+    COMMON_RENAMES,
+    common_settings,
+    final_norm_problems,
+    mlp_settings,
+    norm_settings,
+    patch_problems,
+)
 
-RENAMES = [
-    (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embedding.\1"),
-    (r"cls_token", "embeddings.class_token"),
-    (r"blocks\.(\d+)\.norm([12])\.(weight|bias)", r"encoder.layers.\1.norm\2.\3"),
-    (r"blocks\.(\d+)\.attn\.(qkv|proj|q_norm|k_norm)\.(weight|bias)", r"encoder.layers.\1.attention.\2.\3"),
+RENAMES = COMMON_RENAMES + [
     (
         r"blocks\.(\d+)\.attn\.rel_pos\.mlp\.(fc[12])\.(weight|bias)",
         r"encoder.layers.\1.attention.relative_position_mlp.\2.\3",
     ),
     (r"blocks\.(\d+)\.ls([12])\.gamma", r"encoder.layers.\1.layer_scale\2"),
-    (r"blocks\.(\d+)\.mlp\.(fc1|fc2|norm)\.(weight|bias)", r"encoder.layers.\1.mlp.\2.\3"),
-    (r"norm\.(weight|bias)", r"norm.\1"),
-    (r"fc_norm\.(weight|bias)", r"pooler.fc_norm.\1"),
-    (r"head\.(weight|bias)", r"classifier.\1"),
 ]
 
 COMBINED = [r"shared_rel_pos\.mlp\.fc[12]\.(weight|bias)"]
@@ -99,19 +98,9 @@ def read_settings(model, architecture):
     problems += final_norm_problems(model, fc_norm, pool)
     if problems:
         return None, list(dict.fromkeys(__import__("re").sub(r"blocks\.\d+", "blocks.*", p) for p in problems))
-    patch = model.patch_embed
-    height, width = (int(v) for v in patch.img_size)
-    ph, pw = (int(v) for v in patch.patch_size)
     scale = blocks[0].ls1.gamma if block["layer_scale"] else None
     settings = dict(
-        image_size=height if height == width else [height, width],
-        patch_size=ph if ph == pw else [ph, pw],
-        num_channels=patch.proj.in_channels,
-        hidden_size=model.embed_dim,
-        num_hidden_layers=len(blocks),
-        layer_norm_eps=eps,
-        norm_type=norm_type,
-        patch_bias=patch.proj.bias is not None,
+        **common_settings(model, blocks, eps, norm_type),
         layer_scale_init_value=1e-5 if scale is not None else None,
         class_token=model.cls_token is not None,
         position_embedding_type="relative_2d_mlp",
