@@ -51,6 +51,33 @@ def summarise(runs: list[dict], metric: str = "eval_accuracy") -> dict:
     }
 
 
+def markdown(record: dict, markdown_table) -> str:
+    """The record as the README and docs/fine-tuning.md show it (`scripts/render_docs.py` renders it)."""
+    rows = [
+        (
+            run["seed"],
+            f"{run['eval_accuracy']:.4f} ({round(run['eval_accuracy'] * run['eval_samples'])} of {run['eval_samples']})",
+            f"{run['wall_time_s'] / 60:.1f} min (load {run['load_average_before']:.1f} before, "
+            f"{run['load_average_after']:.1f} after)",
+        )
+        for run in record["runs"]
+    ]
+    s, env = record["summary"], record["environment"]
+    rows.append(
+        (
+            f"**{s['seeds']} seeds**",
+            f"**{s['mean_accuracy']:.4f} +- {s['std_accuracy']:.4f}** (sd; {s['min_accuracy']:.4f}-{s['max_accuracy']:.4f})",
+            f"median {s['median_wall_time_s'] / 60:.1f} min",
+        )
+    )
+    note = (
+        f"{env['cpu_count']} cores, CPU ISA {env['cpu_isa']}, torch {env['torch']}; wall time from launch to exit, "
+        "launcher and analysis pictures included; the load average counts the runs themselves (a training process and "
+        "its data-loader worker, about 2), so a figure well above 2 means something else shared the machine."
+    )
+    return markdown_table(["seed", "held-out accuracy", "wall time"], rows) + "\n\n" + note
+
+
 def environment() -> dict:
     import torch
 

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as `python scripts/render_docs.py`: the checkout's scripts package is importable
+    sys.path.insert(0, str(ROOT))
 
 TABLES: dict[str, Callable[[Path], str]] = {}
 
@@ -102,36 +104,9 @@ MAIN_COMMAND_SEEDS = "docs/analysis/main_command_seeds.json"
 @table("main-command-seeds")
 def main_command_seeds(root: Path) -> str:
     """The main command once per seed (scripts/main_command_seeds.py): accuracy and wall time of each, and spread."""
-    r = read_json(root, MAIN_COMMAND_SEEDS)
-    rows = [
-        (
-            run["seed"],
-            f"{run['eval_accuracy']:.4f} ({round(run['eval_accuracy'] * run['eval_samples'])} of {run['eval_samples']})",
-            f"{run['wall_time_s'] / 60:.1f} min (load {run['load_average_before']:.1f} before, "
-            f"{run['load_average_after']:.1f} after)",
-        )
-        for run in r["runs"]
-    ]
-    s, env = r["summary"], r["environment"]
-    rows.append(
-        (
-            f"**{s['seeds']} seeds**",
-            f"**{s['mean_accuracy']:.4f} +- {s['std_accuracy']:.4f}** (sd; {s['min_accuracy']:.4f}-{s['max_accuracy']:.4f})",
-            f"median {s['median_wall_time_s'] / 60:.1f} min",
-        )
-    )
-    note = (
-        f"{env['cpu_count']} cores, CPU ISA {env['cpu_isa']}, torch {env['torch']}; wall time from launch to exit, "
-        "launcher and analysis pictures included; the load average counts the runs themselves (a training process and "
-        "its data-loader worker, about 2), so a figure well above 2 means something else shared the machine."
-    )
-    return (
-        markdown_table(["seed", "held-out accuracy", "wall time"], rows)
-        + "\n\n"
-        + note
-        + " "
-        + source_line(MAIN_COMMAND_SEEDS)
-    )
+    from scripts.main_command_seeds import markdown
+
+    return markdown(read_json(root, MAIN_COMMAND_SEEDS), markdown_table) + " " + source_line(MAIN_COMMAND_SEEDS)
 
 
 TIMM_COVERAGE = "docs/analysis/timm_coverage.json"
@@ -139,34 +114,10 @@ TIMM_COVERAGE = "docs/analysis/timm_coverage.json"
 
 @table("timm-coverage")
 def timm_coverage(root: Path) -> str:
-    """The walk of timm's pretrained tags (scripts/timm_coverage.py): converted per module, and every refusal with
-    the features it names."""
-    r = read_json(root, TIMM_COVERAGE)
-    rows = [
-        (f"`{module}`", row["tags"], row["converted"], f"{row['converted'] / row['tags']:.0%}" if row["tags"] else "-")
-        for module, row in r["summary"].items()
-    ]
-    tags = sum(row["tags"] for row in r["summary"].values())
-    converted = sum(row["converted"] for row in r["summary"].values())
-    rows.append(("**all**", f"**{tags}**", f"**{converted}**", f"**{converted / tags:.1%}**"))
-    refusals = {}
-    for tag, result in sorted(r["results"].items()):
-        if result["status"] != "converted":
-            why = "; ".join(result.get("features") or [result.get("detail", result["status"])])
-            refusals.setdefault((result["status"], why), []).append(tag)
-    refusal_rows = [
-        (status, why, f"{len(names)}: " + ", ".join(f"`{name}`" for name in names))
-        for (status, why), names in sorted(refusals.items())
-    ]
-    env = r["environment"]
-    return (
-        markdown_table(["timm module", "pretrained tags", "converted", "share"], rows)
-        + "\n\n"
-        + markdown_table(["status", "what hubvit lacks (the converter's words)", "tags"], refusal_rows)
-        + f"\n\ntimm {env['timm']}, torch {env['torch']}, CPU ISA {env['cpu_isa']}; each tag built with one block and "
-        "timm's random initialisation, converted with the parity check (1e-5 of the output scale). "
-        + source_line(TIMM_COVERAGE)
-    )
+    """The walk of timm's pretrained tags: converted per module, and every refusal (scripts/timm_coverage.py)."""
+    from scripts.timm_coverage import markdown
+
+    return markdown(read_json(root, TIMM_COVERAGE), markdown_table) + " " + source_line(TIMM_COVERAGE)
 
 
 RECIPE_SCREENING = "docs/analysis/recipe_screening.json"

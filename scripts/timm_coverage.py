@@ -108,6 +108,35 @@ def read_whole(timm, name: str, detail: str, started: float) -> dict:
     return {"status": "not built", "detail": detail, "seconds": time.time() - started}
 
 
+def markdown(record: dict, markdown_table) -> str:
+    """The record as docs/conversion.md shows it (`scripts/render_docs.py` renders it): tags converted per module,
+    then every refusal with what it names and the tags it covers."""
+    rows = [
+        (f"`{module}`", row["tags"], row["converted"], f"{row['converted'] / row['tags']:.0%}" if row["tags"] else "-")
+        for module, row in record["summary"].items()
+    ]
+    tags = sum(row["tags"] for row in record["summary"].values())
+    converted = sum(row["converted"] for row in record["summary"].values())
+    rows.append(("**all**", f"**{tags}**", f"**{converted}**", f"**{converted / tags:.1%}**"))
+    refusals = {}
+    for tag, result in sorted(record["results"].items()):
+        if result["status"] != "converted":
+            why = "; ".join(result.get("features") or [result.get("detail", result["status"])])
+            refusals.setdefault((result["status"], why), []).append(tag)
+    refusal_rows = [
+        (status, why, f"{len(names)}: " + ", ".join(f"`{name}`" for name in names))
+        for (status, why), names in sorted(refusals.items())
+    ]
+    env = record["environment"]
+    return (
+        markdown_table(["timm module", "pretrained tags", "converted", "share"], rows)
+        + "\n\n"
+        + markdown_table(["status", "what hubvit lacks (the converter's words)", "tags"], refusal_rows)
+        + f"\n\ntimm {env['timm']}, torch {env['torch']}, CPU ISA {env['cpu_isa']}; each tag built with one block "
+        "and timm's random initialisation, converted with the parity check (1e-5 of the output scale)."
+    )
+
+
 def environment() -> dict:
     import timm
     import torch

@@ -143,3 +143,26 @@ def test_the_model_card_cites_the_familys_paper(name, title, tmp_path):
     save_for_hf(timm_model(name, dict(num_classes=0)), tmp_path / "timm", safe_serialization=True)
     assert cli(["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out")]) == 0
     assert title in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["vit_base_patch16_dinov3", "eva02_tiny_patch14_224"])
+def test_a_converted_family_folder_fine_tunes_on_the_digits(name, tmp_path):
+    """`hubvit.train(model_name_or_path=...)` on a converted DINOv3 or EVA-02 folder: the embedded digits at the
+    folder's own size, a new 10-class head, two updates, and a model folder that loads and predicts."""
+    import hubvit
+    from hubvit import HubViTForImageClassification
+
+    save_for_hf(timm_model(name, dict(num_classes=0)), tmp_path / "timm", safe_serialization=True)
+    hubvit.convert_timm(tmp_path / "timm", tmp_path / "converted")
+    result = hubvit.train(
+        model_name_or_path=str(tmp_path / "converted"),
+        output_dir=str(tmp_path / "run"),
+        max_train_steps=2,
+        max_train_samples=32,
+        max_eval_samples=32,
+        per_device_train_batch_size=16,
+    )
+    model = HubViTForImageClassification.from_pretrained(result.model_dir).eval()
+    assert model.config.num_labels == 10 and model.config.rope_type is not None
+    with torch.no_grad():
+        assert model(pixel_values=torch.randn(1, 3, 32, 32)).logits.shape == (1, 10)
