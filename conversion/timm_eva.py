@@ -141,8 +141,8 @@ def read_settings(model, architecture):
     block = per_block[0] if per_block else {}
     if block.get("hidden_act", "gelu") is None:
         problems.append(f"MLP activation {type(blocks[0].mlp.act).__name__}")
-    if block.get("layer_scale") not in (None, (False, False), (True, True)):
-        problems.append("layer scale on the attention only (attn_only_layer_scale)")
+    if block.get("layer_scale") == (False, True):
+        problems.append("layer scale on the MLP only")
     eps, norm_type = norm_settings(model, problems)
     pool = model.global_pool
     pooling = {"token": "cls", "avg": "mean", "map": "map", "": "none"}.get(pool)
@@ -160,6 +160,7 @@ def read_settings(model, architecture):
     settings = dict(
         **common_settings(model, blocks, eps, norm_type),
         layer_scale_init_value=float(scale or 1e-5) if block["layer_scale"][0] else None,
+        layer_scale_attention_only=block["layer_scale"] == (True, False),
         pre_norm=not isinstance(model.norm_pre, nn.Identity),
         class_token=model.cls_token is not None,
         num_register_tokens=int(model.reg_token.shape[1]) if model.reg_token is not None else 0,

@@ -126,9 +126,10 @@ class HubViTPreTrainedModel(PreTrainedModel):
             for bias in (module.q_bias, module.v_bias):
                 if bias is not None:
                     init.zeros_(bias)
-        elif isinstance(module, HubViTLayer) and module.layer_scale1 is not None:
-            init.constant_(module.layer_scale1, self.config.layer_scale_init_value)
-            init.constant_(module.layer_scale2, self.config.layer_scale_init_value)
+        elif isinstance(module, HubViTLayer):
+            for scale in (module.layer_scale1, module.layer_scale2):
+                if scale is not None:
+                    init.constant_(scale, self.config.layer_scale_init_value)
         elif isinstance(module, HubViTMAPHead):
             init.xavier_uniform_(module.probe.view(1, -1))
 

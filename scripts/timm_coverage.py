@@ -26,6 +26,7 @@ from pathlib import Path
 
 MODULES = ("vision_transformer", "deit", "eva", "beit", "vision_transformer_relpos", "vision_transformer_sam")
 HYBRID = "CNN-stem hybrid (out of scope)"
+WHOLE_LIMIT = 400_000_000  # parameters: what this machine builds, converts and checks whole
 
 
 def write_atomically(path: Path, record: dict) -> None:
@@ -51,8 +52,8 @@ def refusal_features(message: str) -> list[str]:
     return features or [first_line(Exception(message))]
 
 
-def convert_tag(timm, name: str) -> dict:
-    """One tag: built with one block, written, converted (with the parity check) or refused."""
+def convert_tag(timm, name: str, model_args: dict | None = None) -> dict:
+    """One tag: built with one block (or `model_args`), written, converted (with the parity check) or refused."""
     import torch
 
     import hubvit
@@ -60,16 +61,19 @@ def convert_tag(timm, name: str) -> dict:
 
     started = time.time()
     architecture = name.split(".")[0]
+    model_args = {"depth": 1} if model_args is None else model_args
     try:
-        model = timm.create_model(name, pretrained=False, depth=1).eval()
+        model = timm.create_model(name, pretrained=False, **model_args).eval()
     except Exception as error:  # noqa: BLE001  (timm itself cannot build it with one block: read it whole)
+        if not model_args:
+            return {"status": "not built", "detail": f"timm: {first_line(error)}", "seconds": time.time() - started}
         return read_whole(timm, name, f"timm: {first_line(error)}", started)
     if getattr(model.patch_embed, "backbone", None) is not None:
         return {"status": "out of scope", "detail": HYBRID, "seconds": time.time() - started}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "timm"
         with torch.no_grad():
-            timm.models.save_for_hf(model, folder, model_args={"depth": 1}, safe_serialization=True)
+            timm.models.save_for_hf(model, folder, model_args=model_args, safe_serialization=True)
         del model
         gc.collect()
         try:
@@ -89,8 +93,8 @@ def convert_tag(timm, name: str) -> dict:
 
 def read_whole(timm, name: str, detail: str, started: float) -> dict:
     """A tag timm cannot build with one block (per-block settings, as Sapiens2's key/value heads): its whole
-    architecture on the meta device, read by the converter; what hubvit lacks is recorded as a refusal (nothing to
-    check the parity of without weights, so a tag hubvit could express stays "not built")."""
+    architecture on the meta device, read by the converter; what hubvit lacks is recorded as a refusal, and an
+    architecture hubvit expresses is built whole and converted when it is small enough (`WHOLE_LIMIT`)."""
     from hubvit.conversion.timm import read_settings
 
     try:
@@ -105,7 +109,9 @@ def read_whole(timm, name: str, detail: str, started: float) -> dict:
         }
     if problems:
         return {"status": "refused", "features": problems, "seconds": time.time() - started}
-    return {"status": "not built", "detail": detail, "seconds": time.time() - started}
+    if sum(p.numel() for p in model.parameters()) > WHOLE_LIMIT:
+        return {"status": "not built", "detail": detail, "seconds": time.time() - started}
+    return {**convert_tag(timm, name, model_args={}), "built": "whole (timm cannot build it with one block)"}
 
 
 def markdown(record: dict, markdown_table) -> str:
