@@ -240,7 +240,7 @@ BLOCK_COMPONENTS = (
     "mlp_bias",
     "norm_type",
     "norm_placement",
-    "layer_scale_attention_only",
+    "scale_attention_branch_only",
     "mlp_type",
     "mlp_inner_norm",
     "attention_inner_norm",

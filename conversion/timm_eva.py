@@ -160,7 +160,7 @@ def read_settings(model, architecture):
     settings = dict(
         **common_settings(model, blocks, eps, norm_type),
         layer_scale_init_value=float(scale or 1e-5) if block["layer_scale"][0] else None,
-        layer_scale_attention_only=block["layer_scale"] == (True, False),
+        scale_attention_branch_only=block["layer_scale"] == (True, False),
         pre_norm=not isinstance(model.norm_pre, nn.Identity),
         class_token=model.cls_token is not None,
         num_register_tokens=int(model.reg_token.shape[1]) if model.reg_token is not None else 0,

@@ -171,7 +171,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         hidden_dropout_prob, attention_probs_dropout_prob, drop_path_rate: regularisation for training (DeiT uses
             stochastic depth, `drop_path_rate`, growing linearly with depth).
         layer_scale_init_value: per-channel residual scaling, `None` for none (DeiT-III, DINOv2).
-        layer_scale_attention_only: the scaling on the attention branch only (Sapiens2).
+        scale_attention_branch_only: the layer scale on the attention branch only (Sapiens2); not named
+            `layer_scale_*`, which transformers' common tests set to 1e-10 as an initialiser scale.
         pre_norm: LayerNorm on the embeddings before the encoder (CLIP).
         class_token: prepend a learned [CLS] token (paper; False for SigLIP and big_vision `gap`).
         num_register_tokens: learned register tokens after [CLS] (DINOv2 with registers).
@@ -248,7 +249,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     attention_probs_dropout_prob: float = 0.0
     drop_path_rate: float = 0.0
     layer_scale_init_value: float | None = None
-    layer_scale_attention_only: bool = False
+    scale_attention_branch_only: bool = False
     pre_norm: bool = False
     class_token: bool = True
     num_register_tokens: int = 0
@@ -509,9 +510,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         if self.rotary_kind is not None:
             self.rotary_kind.check(self)
         self.check_rope_settings()
-        if self.layer_scale_attention_only and self.layer_scale_init_value is None:
+        if self.scale_attention_branch_only and self.layer_scale_init_value is None:
             raise ValueError(
-                "layer_scale_attention_only=True scales the attention branch; needs layer_scale_init_value"
+                "scale_attention_branch_only=True scales the attention branch; needs layer_scale_init_value"
             )
         if self.layer_scale_init_value is not None and not self.layer_scale_init_value > 0:
             raise ValueError(f"layer_scale_init_value must be > 0 or None, got {self.layer_scale_init_value!r}")

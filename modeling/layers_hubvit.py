@@ -399,7 +399,7 @@ class HubViTLayer(GradientCheckpointingLayer):
         self.mlp = MLP_KINDS[config.mlp_type](config)
         scale = config.layer_scale_init_value
         self.layer_scale1 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
-        on_mlp = scale is not None and not config.layer_scale_attention_only
+        on_mlp = scale is not None and not config.scale_attention_branch_only
         self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if on_mlp else None
         self.drop_path_rate = drop_path_rate
         self.post_norm = config.norm_placement == "residual_post"
@@ -414,7 +414,7 @@ class HubViTLayer(GradientCheckpointingLayer):
             parts += config.rotary_kind.block_parameters(config)
         parts += [("norm2", norm), *MLP_KINDS[config.mlp_type].parameter_parts(config)]
         if config.layer_scale_init_value is not None:
-            branches = 1 if config.layer_scale_attention_only else 2
+            branches = 1 if config.scale_attention_branch_only else 2
             parts.append(("layer_scale", branches * config.hidden_size))
         return parts
 

@@ -39,7 +39,7 @@ VARIANTS = {
     "separate_qkv_without_key_bias": dict(qkv_fused=False, key_bias=False, mlp_type="gated"),
     "beit_relative_bias": dict(position_embedding_type="relative_2d_class", key_bias=False),
     "residual_post_norm": dict(norm_placement="residual_post", layer_scale_init_value=0.5),
-    "attention_only_layer_scale": dict(layer_scale_init_value=0.5, layer_scale_attention_only=True),
+    "attention_only_layer_scale": dict(layer_scale_init_value=0.5, scale_attention_branch_only=True),
     "relpos_bias_mlp": dict(position_embedding_type="relative_2d_mlp", relative_position_hidden_size=24),
     "eva02_rotary_inner_norms": dict(
         rope_type="axial",

@@ -80,7 +80,7 @@ FAMILIES = {
     "sapiens2_attention_only_layer_scale": (
         "vit_base_patch16_sapiens2",
         dict(num_classes=5, num_kv_heads=4, img_size=(32, 24)),
-        dict(layer_scale_attention_only=True, norm_type="rms_norm", qk_norm=True, num_register_tokens=8),
+        dict(scale_attention_branch_only=True, norm_type="rms_norm", qk_norm=True, num_register_tokens=8),
     ),
     "sbb_rope_registers": (
         "vit_base_patch16_rope_reg1_gap_256",
