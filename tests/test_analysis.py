@@ -288,6 +288,36 @@ def test_stripe_score_is_positive_for_sincos():
     assert stripe_score_of(hidden_size=64, position_embedding_type="sincos_2d") > 0.03
 
 
+@pytest.mark.parametrize("rope", [dict(rope_type="dinov3"), dict(rope_type="axial"), dict(rope_type="mixed")])
+def test_rotary_similarity_is_what_the_rotation_does_to_a_query_key_product(rope):
+    """The rotary table's cosine similarity of patches i and j equals <R_i u, R_j u> / |u|^2 for a vector u whose
+    pairs all have the same norm, rotated by the model's own attention layer (block 0; mixed: every head's product
+    averaged): the map is what the rotation alone does to attention. float32 sums of 8 to 32 terms: 1e-5."""
+    config = tiny_config(image_size=48, patch_size=8, num_hidden_layers=1, position_embedding_type="none", **rope)
+    model = randomize_(HubViTModel(config)).eval()
+    layer = model.encoder.layers[0].attention
+    heads, head_dim, grid = config.num_attention_heads, config.hidden_size // config.num_attention_heads, (6, 6)
+    ones = torch.ones(1, heads, 1 + 36, head_dim)
+    query, key = layer.position.rotate(layer, ones, ones, grid)
+    products = (query[:, :, 1:] @ key[:, :, 1:].transpose(-1, -2)).mean(dim=(0, 1)) / head_dim
+    similarity = position.cosine_similarity_grid(position.rotary_table(model), grid)
+    torch.testing.assert_close(similarity.reshape(36, 36), products, atol=1e-5, rtol=0)
+
+
+def test_rotary_stripe_score_is_positive_for_axis_separable_rotations():
+    """DINOv3 turns half the pairs by the row and half by the column, so a same-row pair keeps the row half's
+    product whole (cos 0 = 1), an off-axis pair at the same distance loses some of both halves."""
+    config = tiny_config(
+        image_size=96, patch_size=8, num_hidden_layers=1, position_embedding_type="none", rope_type="dinov3"
+    )
+    model = HubViTModel(config)
+    assert position.stripe_score(position.cosine_similarity_grid(position.rotary_table(model), (12, 12))) > 0.03
+
+
+def test_rotary_table_is_none_without_a_rotation():
+    assert position.rotary_table(HubViTModel(tiny_config())) is None
+
+
 @pytest.mark.parametrize("grid", [(7, 7), (14, 14)])
 def test_stripe_score_is_zero_for_a_table_that_depends_on_distance_only(grid):
     """A table whose Gram matrix is a Gaussian of the patch distance (its Cholesky factor): every cosine is a function
@@ -380,6 +410,17 @@ def test_cli_attention_distance_reads_a_saved_dataset(model_folder, photo_folder
         ]
     )
     assert code == 0 and json.loads((tmp_path / "out" / "attention_distance.json").read_text())["images"] == 2
+
+
+def test_cli_position_similarity_of_a_rotary_model_draws_the_rotation_and_the_table(tmp_path, capsys):
+    """EVA-02's layout (a learned table and an axial rotation): both figures, each with its stripe score."""
+    folder = tmp_path / "model"
+    HubViTModel(tiny_config(image_size=64, patch_size=8, rope_type="axial")).save_pretrained(folder)
+    assert cli.main(["analyze", "position-similarity", str(folder), "--output-dir", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "rotary_similarity.png; rotary stripe score" in out and "position_similarity.png; stripe score" in out
+    assert decodes(tmp_path / "out" / "rotary_similarity.png")
+    assert np.load(tmp_path / "out" / "rotary_similarity.npy").shape == (8, 8, 8, 8)
 
 
 def test_cli_position_similarity_and_attention_map(model_folder, photo_folder, tmp_path, capsys):

@@ -283,7 +283,7 @@ def test_quick_position_run_records_the_exact_invariance_and_saves_every_model(q
     runs = json.loads((quick_results / "position_embeddings.json").read_text())["runs"]
     assert runs["none"]["changed_predictions"] == [0]
     assert sorted(p.name for p in (quick_results / "models").iterdir()) == sorted(
-        f"{kind}-seed0" for kind in position_embeddings.TYPES
+        f"{arm}-seed0" for arm in position_embeddings.ARMS
     )
 
 

@@ -198,14 +198,17 @@ def run_attention_distance(options: AttentionDistanceOptions) -> AnalysisResult:
 
 def similarity_figures(model, folder, image_size=None, layer=0, title=""):
     """Writes the position figure for `model` into `folder`; returns its values (position kind, stripe score or
-    None, heads of a relative bias) and the files written (none for a model without position embeddings)."""
+    None, heads of a relative bias; with `rope_type`, the rotation's figure too) and the files written (none for a
+    model without position embeddings)."""
     config = attention.body(model).config
     grid = counts.grid_of(config, image_size) if image_size else config.grid_size
     kind = config.position_embedding_type
     values = {"position_embedding_type": kind, "stripe_score": None}
-    described = config.position_kind
+    described, files = config.position_kind, []
+    if config.rotary_kind is not None:
+        values, files = rotary_figure(model, folder, grid, title, values)
     if not (described.adds_table or described.attention_bias):
-        return values, []
+        return values, files
     if described.attention_bias:
         tables = position.relative_bias_tables(model, layer, grid)
         np.save(folder / "relative_position_bias.npy", tables.numpy())
@@ -214,14 +217,26 @@ def similarity_figures(model, folder, image_size=None, layer=0, title=""):
             folder / "relative_position_bias.png",
             f"{title} relative bias, layer {layer}, grid {grid[0]}x{grid[1]}",
         )
-        return {**values, "heads": tables.shape[0]}, [path, path.with_suffix(".npy")]
+        return {**values, "heads": tables.shape[0]}, files + [path, path.with_suffix(".npy")]
     similarity = position.cosine_similarity_grid(position.position_table(model, grid), grid)
     np.save(folder / "position_similarity.npy", similarity.numpy())
     score = position.stripe_score(similarity)
     path = plots.plot_position_similarity(
         similarity, folder / "position_similarity.png", f"{title} {kind} position embeddings, grid {grid[0]}x{grid[1]}"
     )
-    return {**values, "stripe_score": score}, [path, path.with_suffix(".npy")]
+    return {**values, "stripe_score": score}, files + [path, path.with_suffix(".npy")]
+
+
+def rotary_figure(model, folder, grid, title, values):
+    """The rotary counterpart of the table figure: each patch's rotation against every other's (mean cos of the
+    angle differences, `position.rotary_table`), with its stripe score as `values["rotary_stripe_score"]`."""
+    config = attention.body(model).config
+    similarity = position.cosine_similarity_grid(position.rotary_table(model, grid), grid)
+    np.save(folder / "rotary_similarity.npy", similarity.numpy())
+    path = plots.plot_position_similarity(
+        similarity, folder / "rotary_similarity.png", f"{title} {config.rope_type} rotation, grid {grid[0]}x{grid[1]}"
+    )
+    return {**values, "rotary_stripe_score": position.stripe_score(similarity)}, [path, path.with_suffix(".npy")]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,28 @@ def position_table(model, grid=None):
     return None if table is None else table[0].float()
 
 
+def rotary_table(model, grid=None):
+    """(N, 2 x angles) [cos, sin] of the rotation angles of the patches at `grid` (default: the native grid), or
+    None without `rope_type`. The cosine similarity of two rows is the mean of cos(angle difference) over the
+    pairs: how the rotation alone scales a query-key product between the two patches, the rotary counterpart of
+    a table's similarity map. A learned per-block kind (`mixed`) gives the first block's, heads side by side."""
+    model = body(model)
+    rotary = model.embeddings.position.rotary
+    if rotary is None:
+        return None
+    grid = tuple(grid or model.config.grid_size)
+    device = model.embeddings.patch_embedding.weight.device
+    with torch.no_grad():
+        if rotary.learned:
+            frequencies = model.encoder.layers[0].attention.rope_frequencies.float()
+            coordinates = rotary.coordinates(grid, device)
+            angles = coordinates[:, 0, None, None] * frequencies[0] + coordinates[:, 1, None, None] * frequencies[1]
+            angles = angles.flatten(1)
+        else:
+            angles = rotary.angles(rotary.coordinates(grid, device))
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
 def cosine_similarity_grid(table, grid):
     """(gh, gw, gh, gw): entry [i, j] is the map of patch (i, j)'s cosine similarity with every patch; in float32,
     or float64 for a float64 table (the distance-only reference: its zero is then exact to 1e-17, not 1e-9)."""

@@ -113,17 +113,26 @@ def show_analysis(result, args):
         means = ", ".join(f"{sum(row) / len(row):.1f}" for row in values["mean_distance"])
         print(f"{values['images']} images; mean attention distance per layer (pixels, mean of heads): {means}")
         print(f"wrote {result.files[0]} and its .json/.csv")
-    elif args.entry.words[1] == "position-similarity" and not result.files:
-        print(
-            f"position_embedding_type={values['position_embedding_type']!r}: this model has no position table to draw"
-        )
-    elif args.entry.words[1] == "position-similarity" and "heads" in values:
-        print(f"wrote {result.files[0]} ({values['heads']} heads over (dy, dx))")
     elif args.entry.words[1] == "position-similarity":
-        score = values["stripe_score"]
-        print(f"wrote {result.files[0]}; stripe score {'n/a (grid too small)' if score is None else f'{score:.3f}'}")
+        show_position_similarity(values, result.files)
     else:
         print(f"wrote {result.files[0]}")
+
+
+def show_position_similarity(values, files):
+    def score_text(score):
+        return "n/a (grid too small)" if score is None else f"{score:.3f}"
+
+    kind = values["position_embedding_type"]
+    if not files:
+        print(f"position_embedding_type={kind!r}: this model has no position table to draw")
+    if "rotary_stripe_score" in values:
+        print(f"wrote {files[0]}; rotary stripe score {score_text(values['rotary_stripe_score'])}")
+        files = files[2:]
+    if files and "heads" in values:
+        print(f"wrote {files[0]} ({values['heads']} heads over (dy, dx))")
+    elif files:
+        print(f"wrote {files[0]}; stripe score {score_text(values['stripe_score'])}")
 
 
 SHOW = {

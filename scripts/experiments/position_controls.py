@@ -7,7 +7,6 @@ canvas holds a digit), on which such a model cannot beat chance.
 import numpy as np
 import torch
 
-from hubvit.modeling.positions_hubvit import POSITION_KINDS
 
 QUADRANTS = ["top-left", "top-right", "bottom-left", "bottom-right"]
 CANVAS, DIGIT, SLACK = 32, 12, 4  # quadrants of 16 px = 4 patches; a 12-px digit at an offset of 0..4 px inside
@@ -69,13 +68,12 @@ def quadrant_digits(quick=False):
     return train, validation, test
 
 
-def quadrant_verdict(summary, types, margin=0.1):
-    """Control (b)'s verdict over the position `types`: `none` within `margin` of chance, every other type above chance + `margin`."""
+def quadrant_verdict(summary, positional, margin=0.1):
+    """Control (b)'s verdict: `none` within `margin` of chance, every arm of `positional` (those that tell the
+    model where a patch is) above chance + `margin`."""
     none_at_chance = abs(summary["none"]["quadrant_accuracy"]["mean"] - 0.25) < margin
-    above = [
-        k for k in types if POSITION_KINDS[k].positional and summary[k]["quadrant_accuracy"]["mean"] > 0.25 + margin
-    ]
-    stuck = [k for k in types if POSITION_KINDS[k].positional and k not in above]
+    above = [k for k in positional if summary[k]["quadrant_accuracy"]["mean"] > 0.25 + margin]
+    stuck = [k for k in positional if k not in above]
     if not none_at_chance:
         return "does not hold: `none` is not at chance"
     if not stuck:

@@ -99,14 +99,33 @@ def bias_magnitude(model):
 
 
 def stripe(model):
+    """The stripe score of the model's position table, or of its rotation where it has no table (the rotary arm:
+    fixed by DINOv3's frequencies, so the same at every seed)."""
     from hubvit.analysis import position
 
     table = position.position_table(model)
+    table = position.rotary_table(model) if table is None else table
     grid = tuple(model.config.grid_size)
     return position.stripe_score(position.cosine_similarity_grid(table, grid)) if table is not None else None
 
 
-ARMS = TYPES
+# The rotary arm (issue 47): DINOv3's rotation (patch centres in [-1, 1], periods from base 100) and no table, the
+# kind a 2026 user would pick, compared with the paper's default like every other arm.
+ROTARY_ARM = "rope"
+ROTARY_FIELDS = {"position_embedding_type": "none", "rope_type": "dinov3"}
+ARMS = [*TYPES, ROTARY_ARM]
+
+
+def arm_fields(arm):
+    """The config fields an arm sets: its `position_embedding_type`, or the rotary arm's rotation without a table."""
+    return dict(ROTARY_FIELDS) if arm == ROTARY_ARM else {"position_embedding_type": arm}
+
+
+def positional(arm):
+    """Whether the arm tells the model where a patch is (every arm but `none`)."""
+    return arm == ROTARY_ARM or POSITION_KINDS[arm].positional
+
+
 KEYS = [
     "seeds",
     "accuracy",
@@ -155,7 +174,7 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
     digits_plateau, quadrant_plateau = plateaus(options)
     digits_train, digits_validation, digits_test = context.digits
     quad_train, quad_validation, quad_test = context.quadrants
-    fields = {"position_embedding_type": arm}
+    fields = arm_fields(arm)
     lr_scale = {RELATIVE_BIAS: options.bias_lr_scale}
     augment = "none" if options.quick else DIGITS_AUGMENT
     args = common.training_args(options.output_dir, seed, augment=augment)
@@ -247,7 +266,7 @@ def main(argv=None):
         common.write(options.output_dir, NAME, results, figure(results), markdown(results))
         return 0
     context = Context(options)
-    records = [run_unit(options, arm, seed, context) for seed, arm in itertools.product(seeds, TYPES)]
+    records = [run_unit(options, arm, seed, context) for seed, arm in itertools.product(seeds, ARMS)]
     results = report(records, common.command(NAME, argv), common.environment(started))
     if context.accelerator.is_main_process:
         common.write(options.output_dir, NAME, results, figure(results), markdown(results))
@@ -256,7 +275,7 @@ def main(argv=None):
 
 def report(records, command, environment):
     """The results dict (setup, runs, summary, verdicts) from finished unit records, one per (arm, seed)."""
-    setup, runs = common.gather(records, TYPES, KEYS)
+    setup, runs = common.gather(records, ARMS, KEYS)
     digits_plateau, quadrant_plateau = (common.Plateau(**setup[k]) for k in ("digits_plateau", "quadrant_plateau"))
     splits = setup["splits"]
     parameters = {r["arm"]: r["parameters"] for r in records}
@@ -267,6 +286,9 @@ def report(records, command, environment):
         "setup": {
             "model": f"main-command preset `default` with `{common.VIT_OVERRIDES}`: 7 x 7 patches, 4 heads, mean "
             f"pooling, no [CLS]; {parameters} parameters by type",
+            "rope": f"`{common.fields_text(ROTARY_FIELDS)}`: DINOv3's rotation of every block's queries and keys "
+            "(patch centres in [-1, 1], periods from base 100, halves paired), no table, no augmentation of its "
+            "coordinates",
             "recipe": "the main command's embedded recipe (AdamW lr 2e-3, cosine with 5% warmup, weight decay 0.05, "
             f"label smoothing 0.1, batch 64), in epochs; digits augmentation: {setup.get('digits_augment', 'none')} "
             "(the main command's for these digits: small rotations and shifts), none for the quadrant task",
@@ -302,9 +324,9 @@ def summarise(runs):
             key: dict(zip(("mean", "std"), common.mean_std(runs[kind][key])))
             for key in ("accuracy", "validation_accuracy", "shuffled_accuracy", "quadrant_accuracy", "updates")
         }
-        for kind in TYPES
+        for kind in ARMS
     }
-    for kind in TYPES:
+    for kind in ARMS:
         summary[kind]["vs_learned"] = common.paired(runs, kind, REFERENCE)
 
     pairs = {f"{a} vs {b}": common.paired(runs, a, b) for a, b in EQUALITY_PAIRS}
@@ -346,14 +368,14 @@ def summarise(runs):
         worse = f"consistent with about 3 points: the interval {lo:.2f} to {hi:.2f} contains 3"
 
     changed = runs["none"]["changed_predictions"]
-    drops = {k: summary[k]["accuracy"]["mean"] - summary[k]["shuffled_accuracy"]["mean"] for k in TYPES}
+    drops = {k: summary[k]["accuracy"]["mean"] - summary[k]["shuffled_accuracy"]["mean"] for k in ARMS}
     shuffle = (
         f"`none`: {sum(changed)} predictions changed under the fixed patch shuffle (exactly invariant, max logit "
         f"change {max(runs['none']['max_logit_change']):.1e}); the others lose "
-        + ", ".join(f"{k} {100 * drops[k]:.1f}" for k in TYPES if POSITION_KINDS[k].positional)
+        + ", ".join(f"{k} {100 * drops[k]:.1f}" for k in ARMS if positional(k))
         + " points"
     )
-    quadrant = ", ".join(f"{k} {100 * summary[k]['quadrant_accuracy']['mean']:.1f}%" for k in TYPES)
+    quadrant = ", ".join(f"{k} {100 * summary[k]['quadrant_accuracy']['mean']:.1f}%" for k in ARMS)
     bias = runs["relative_2d"]["max_abs_bias"], runs["relative_2d"]["quadrant_max_abs_bias"]
     quadrant += (
         (
@@ -415,14 +437,42 @@ def summarise(runs):
         {
             "claim": "control (b): on a task whose label is a position, `none` stays at chance (25%) and the others do not",
             "measured": quadrant,
-            "verdict": quadrant_verdict(summary, TYPES),
+            "verdict": quadrant_verdict(summary, [k for k in ARMS if positional(k)]),
         },
+        rotary_verdict(runs),
     ]
     return summary, verdicts
 
 
+def rotary_verdict(runs):
+    """The rotary arm against the paper's default, on the same margin and the same paired interval as the
+    equality claim; with the rotation's stripe score (fixed by its frequencies) beside the learned table's."""
+    diff = common.paired(runs, ROTARY_ARM, REFERENCE)
+    outcome = common.equivalence(diff, EQUALITY_MARGIN)
+    if outcome == "equivalent":
+        verdict = f"holds: the 95% interval lies within ±{100 * EQUALITY_MARGIN:.1f} points"
+    elif outcome == "different":
+        better = "better" if diff["low"] > 0 else "worse"
+        verdict = f"does not hold: the rotation does {better} than the learned table by more than {100 * EQUALITY_MARGIN:.1f} points"
+    else:
+        verdict = (
+            f"not resolved at ±{100 * EQUALITY_MARGIN:.1f} points: these seeds show equality only within "
+            f"±{100 * common.resolvable_margin(diff):.2f}"
+            + ("" if diff["high"] < 0 or diff["low"] > 0 else " (and show no difference either)")
+            + ("; the rotation is worse (interval below 0)" if diff["high"] < 0 else "")
+            + ("; the rotation is better (interval above 0)" if diff["low"] > 0 else "")
+        )
+    scores = [s for s in runs[ROTARY_ARM]["stripe_score"] if s is not None]
+    stripes = f"; stripe score of the rotation {scores[0]:.3f} (fixed by its frequencies)" if scores else ""
+    return {
+        "claim": "a rotary embedding (DINOv3's, no table) reaches the learned 1D table's accuracy (within 0.2%)",
+        "measured": f"rope - {REFERENCE}: {common.interval_text(diff)}{stripes}",
+        "verdict": verdict,
+    }
+
+
 def figure(results):
-    return accuracy_figure(results, TYPES)
+    return accuracy_figure(results, ARMS)
 
 
 def markdown(results):
@@ -450,7 +500,7 @@ def markdown(results):
         "quadrant task (%) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for k in TYPES:
+    for k in ARMS:
         s, r = summary[k], runs[k]
         vs = s["vs_learned"]
         lines.append(
@@ -463,7 +513,7 @@ def markdown(results):
             f"{', '.join(map(str, r['changed_predictions']))} of {results['setup']['test_images']} | "
             f"{common.pct(s['quadrant_accuracy']['mean'])} ± {common.pct(s['quadrant_accuracy']['std'])} |"
         )
-    seconds = [t for k in TYPES for t in runs[k]["train_seconds"]]
+    seconds = [t for k in ARMS for t in runs[k]["train_seconds"]]
     lines += [
         "",
         '± is the standard deviation over seeds. "vs learned" is the mean of the per-seed differences '
@@ -474,7 +524,7 @@ def markdown(results):
         "",
     ]
     lines += [f"- **{v['claim']}** — {v['verdict']}. Measured: {v['measured']}." for v in results["verdicts"]]
-    spreads = [100 * summary[k]["accuracy"]["std"] for k in TYPES if POSITION_KINDS[k].positional]
+    spreads = [100 * summary[k]["accuracy"]["std"] for k in ARMS if positional(k)]
     lines += [
         "",
         "## What this small setting can and cannot show",

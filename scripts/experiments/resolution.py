@@ -6,7 +6,10 @@ command's loop, then evaluated on the same test digits upsampled to 56 x 56 (twi
 that each change one thing: the [CLS] row resized *into* the grid by the same 2D resize (vs kept apart), and the whole
 table stretched as one 1D sequence (vs the same table resized in 2D); (b) after a short fine-tune at 56 with the
 paper's recipe (SGD with momentum 0.9, no weight decay, cosine schedule, gradient clipping at 1). The model at 28 is
-trained to its validation plateau; the comparison mode (bicubic + antialias) is fixed in advance.
+trained to its validation plateau; the comparison mode (bicubic + antialias) is fixed in advance. Beside it, per seed,
+two rotary models with no table (issue 47), trained the same way and run at 56 with nothing resized: DINOv3's
+rotation (patch centres in [-1, 1]: twice the grid is the same span, sampled twice as finely) and the axial one of
+EVA-02 (integer coordinates: twice the grid reaches angles never seen in training).
 
     accelerate launch scripts/experiments/resolution.py                  # default run, writes docs/experiments/
     python scripts/experiments/resolution.py --quick --output_dir /tmp/res
@@ -38,6 +41,11 @@ PRIMARY = "bicubic + antialias"  # fixed in advance: the fine-tune's resize and 
 CLS_IN_GRID = "control: [CLS] resized into the grid (2D, same mode)"
 CONTROL = "control: whole table stretched in 1D"
 LOW, HIGH = 28, 56
+ROTARY = {  # arm: (label, fields); [CLS] pooling and no table, so only the rotation says where a patch is
+    "rope": ("rope (DINOv3)", dict(FIELDS, position_embedding_type="none", rope_type="dinov3")),
+    "rope_axial": ("rope (axial, EVA-02)", dict(FIELDS, position_embedding_type="none", rope_type="axial")),
+}
+AS_TRAINED = "at 56, nothing resized"
 
 
 def set_mode(model, mode, antialias):
@@ -101,7 +109,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-ARMS = ["model"]  # one model per seed; every column is an evaluation of it
+ARMS = ["model", *ROTARY]  # one model per seed whose every column is an evaluation of it, and the rotary models
+ROTARY_KEYS = ["native 28", AS_TRAINED]
 COLUMNS = ["native 28", *MODES, CLS_IN_GRID, CONTROL, "fine-tuned at 56"]
 FIT_KEYS = ["validation_accuracy", "updates", "best_updates", "stopped_by", "train_seconds"]
 PANELS = [
@@ -122,22 +131,17 @@ class Context(common.Context):
         self.pixels = None
 
 
-def run_unit(options, arm, seed, context=None, checkpoints=None):
-    """One seed: the model trained at 28 to its plateau, evaluated at 56 every way, then fine-tuned at 56; returns
-    the unit's record (`checkpoints`: a folder for the fit's per-epoch state)."""
-    context = context or Context(options)
-    accelerator = context.accelerator
-    finetune_steps = 2 if options.quick else options.finetune_steps
+def train_at_low(options, seed, context, fields, checkpoints):
+    """A model with `fields` trained at 28 to its validation plateau: (model, fit, preprocessing, parameters)."""
     plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
     train, validation, test = context.splits
     args = common.training_args(options.output_dir, seed, augment="none")
-    model, preprocessing = common.build_vit(args, train.features["label"].names, FIELDS)
+    model, preprocessing = common.build_vit(args, train.features["label"].names, fields)
     parameters = sum(p.numel() for p in model.parameters())
     if context.pixels is None:
         context.pixels = {size: common.eval_tensors(test, preprocessing, (size, size)) for size in (LOW, HIGH)}
-    pixels = context.pixels
     model, fitted = common.fit_to_plateau(
-        accelerator,
+        context.accelerator,
         args,
         train,
         validation,
@@ -147,6 +151,50 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
         None,
         common.checkpoint_file(checkpoints, "digits"),
     )
+    return model, fitted, preprocessing, parameters
+
+
+def unit_setup(options, context):
+    """What every unit of a run shares (units are pooled only under the same setup)."""
+    plateau = common.QUICK_PLATEAU if options.quick else dataclasses.replace(PLATEAU, max_epochs=options.max_epochs)
+    train, validation, test = context.splits
+    return {
+        "finetune_steps": 2 if options.quick else options.finetune_steps,
+        "finetune_learning_rate": options.finetune_learning_rate,
+        "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
+        "plateau": dataclasses.asdict(plateau),
+    }
+
+
+def run_rotary_unit(options, arm, seed, context, checkpoints):
+    """A rotary model trained at 28, evaluated there and at 56 with nothing changed: its angles at 56 are the
+    kind's own rule applied to a 14 x 14 grid."""
+    model, fitted, _, parameters = train_at_low(options, seed, context, ROTARY[arm][1], checkpoints)
+    pixels = context.pixels
+    values = {
+        "native 28": common.accuracy(common.predict(model, pixels[LOW][0]), pixels[LOW][1]),
+        AS_TRAINED: common.accuracy(common.predict(model, pixels[HIGH][0]), pixels[HIGH][1]),
+    }
+    print(f"{arm} seed {seed}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()), file=sys.stderr, flush=True)
+    values.update({k: fitted[k] for k in FIT_KEYS})
+    fits = {"digits": common.fit_summary(fitted)}
+    return common.unit_record(
+        NAME, arm, seed, options.quick, unit_setup(options, context), values, fits, {"parameters": parameters}
+    )
+
+
+def run_unit(options, arm, seed, context=None, checkpoints=None):
+    """One seed of `arm`: the learned-table model (`model`) trained at 28 to its plateau, evaluated at 56 every way,
+    then fine-tuned at 56; or a rotary model (`run_rotary_unit`). Returns the unit's record (`checkpoints`: a
+    folder for the fit's per-epoch state)."""
+    context = context or Context(options)
+    if arm in ROTARY:
+        return run_rotary_unit(options, arm, seed, context, checkpoints)
+    accelerator = context.accelerator
+    finetune_steps = 2 if options.quick else options.finetune_steps
+    train = context.splits[0]
+    model, fitted, preprocessing, parameters = train_at_low(options, seed, context, FIELDS, checkpoints)
+    pixels = context.pixels
     values, tables, low, high = {}, {}, (LOW // 4, LOW // 4), (HIGH // 4, HIGH // 4)
     values["native 28"] = common.accuracy(common.predict(model, pixels[LOW][0]), pixels[LOW][1])
     for name, (mode, antialias) in MODES.items():
@@ -181,12 +229,7 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
     tables["fine-tuned at 56"] = grid_table(finetuned, high)
     print(f"seed {seed}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()), file=sys.stderr, flush=True)
     values.update({k: fitted[k] for k in FIT_KEYS})
-    setup = {
-        "finetune_steps": finetune_steps,
-        "finetune_learning_rate": options.finetune_learning_rate,
-        "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
-        "plateau": dataclasses.asdict(plateau),
-    }
+    setup = unit_setup(options, context)
     fits = {"digits": common.fit_summary(fitted), "finetune": {"train_seconds": finetune_seconds}}
     extra = {"parameters": parameters}
     if seed == FIGURE_SEED:
@@ -204,7 +247,7 @@ def main(argv=None):
     started = time.time()
     seeds = common.setup(options)
     context = Context(options)
-    records = [run_unit(options, ARMS[0], seed, context) for seed in seeds]
+    records = [run_unit(options, arm, seed, context) for seed in seeds for arm in ARMS]
     results = report(records, common.command(NAME, argv), common.environment(started))
     if context.accelerator.is_main_process:
         common.write(options.output_dir, NAME, results, figure(results), markdown(results))
@@ -214,10 +257,15 @@ def main(argv=None):
 def report(records, command, environment):
     """The results dict (setup, fits, runs, summary, verdicts) from finished unit records, one per seed."""
     keys = ["seeds", *COLUMNS, *FIT_KEYS]
-    setup, runs = common.gather(records, ARMS, keys)
-    runs = runs[ARMS[0]]
+    common.gather(records, ARMS, ["seeds"])  # refuses records of differing setups
+    setup, runs = common.gather([r for r in records if r["arm"] == "model"], ["model"], keys)
+    runs = runs["model"]
+    rotary_records = [r for r in records if r["arm"] in ROTARY]
+    rotary = (
+        common.gather(rotary_records, list(ROTARY), ["seeds", *ROTARY_KEYS, *FIT_KEYS])[1] if rotary_records else {}
+    )
     plateau, finetune_steps, splits = common.Plateau(**setup["plateau"]), setup["finetune_steps"], setup["splits"]
-    first = min(records, key=lambda r: r["seed"])
+    first = min((r for r in records if r["arm"] == "model"), key=lambda r: r["seed"])
     results = {
         "name": NAME,
         "quick": records[0]["quick"],
@@ -227,6 +275,9 @@ def report(records, command, environment):
             f"table of 1 + 7 x 7 rows, {first['parameters']} parameters",
             "training at 28": "the main command's embedded recipe (AdamW lr 2e-3, cosine, label smoothing 0.1, batch 64)"
             f" without augmentation; {plateau.text()}",
+            "rotary models": "; ".join(f"{label}: `{common.fields_text(fields)}`" for label, fields in ROTARY.values())
+            + ", trained the same way, run at 56 with nothing resized (DINOv3's centres stay in [-1, 1] at any "
+            "grid; the axial kind's integer coordinates reach 13 where training saw at most 6)",
             "evaluation at 56": "the same test digits resized to 56 x 56 by the main command's evaluation transform "
             "(bilinear, antialias): a 14 x 14 grid",
             "fine-tune at 56": f"paper recipe: SGD momentum 0.9, lr {setup['finetune_learning_rate']:g} (fixed in "
@@ -242,12 +293,21 @@ def report(records, command, environment):
         "columns": COLUMNS,
         "fits": {key: runs[key] for key in ["seeds", *FIT_KEYS]},
         "runs": {name: runs[name] for name in COLUMNS},
+        "rotary": rotary,
         "minutes_per_run": common.minutes_per_run(records),
         "mosaics_seed": first["seed"] if "mosaics" in first else None,
         "mosaics": first.get("mosaics"),
     }
     results["summary"] = {name: dict(zip(("mean", "std"), common.mean_std(v))) for name, v in results["runs"].items()}
-    common.decide(results, verdicts(results), {"model": {"seeds": runs["seeds"]}})
+    results["rotary_summary"] = {
+        arm: {key: dict(zip(("mean", "std"), common.mean_std(run[key]))) for key in ROTARY_KEYS}
+        for arm, run in rotary.items()
+    }
+    seeds = {
+        "model": {"seeds": runs["seeds"]},
+        **{arm: {"seeds": rotary.get(arm, {}).get("seeds", [])} for arm in ROTARY},
+    }
+    common.decide(results, verdicts(results), seeds)
     results["environment"] = environment
     return results
 
@@ -304,7 +364,51 @@ def verdicts(results):
             if tuned["high"] >= 0
             else "does not recover fully at this scale",
         },
+        *rotary_verdicts(results),
     ]
+
+
+def drops(results, arm):
+    """Per seed, {seed: accuracy at 56 - native 28}: `arm` a rotary arm (nothing resized) or `model` (the learned
+    table resized by the comparison mode fixed in advance)."""
+    if arm == "model":
+        run, high = results["runs"], PRIMARY
+        seeds = results["fits"]["seeds"]
+    else:
+        run, high = results["rotary"][arm], AS_TRAINED
+        seeds = run["seeds"]
+    return {seed: h - n for seed, h, n in zip(seeds, run[high], run["native 28"])}
+
+
+def rotary_verdicts(results):
+    """Does a rotation extrapolate better than a resized table? Each rotary arm's drop from 28 to 56 (nothing
+    resized) against the learned table's (resized, bicubic + antialias), paired by seed."""
+    table, out = drops(results, "model"), []
+    for arm, (label, _) in ROTARY.items():
+        if arm not in results["rotary"]:
+            continue
+        own = drops(results, arm)
+        seeds = sorted(set(own) & set(table))
+        diff = common.paired_difference([own[s] for s in seeds], [table[s] for s in seeds])
+        s = results["rotary_summary"][arm]
+        verdict = (
+            "holds: it loses less (interval above 0)"
+            if diff["low"] > 0
+            else "does not hold: it loses more than the resized table (interval below 0)"
+            if diff["high"] < 0
+            else "not resolved: the 95% interval contains 0"
+        )
+        out.append(
+            {
+                "claim": f"{label} run at twice its grid with nothing resized loses less than the learned table "
+                f"resized ({PRIMARY})",
+                "measured": f"{label}: native 28 {common.pct(s['native 28']['mean'])}%, at 56 "
+                f"{common.pct(s[AS_TRAINED]['mean'])}%; its drop minus the table's drop "
+                f"{common.interval_text(diff)}",
+                "verdict": verdict,
+            }
+        )
+    return out
 
 
 def mosaic(table, grid, refs_per_side=7):
@@ -321,30 +425,43 @@ def mosaic(table, grid, refs_per_side=7):
     return canvas
 
 
+def bars(results):
+    """(tick label, per-seed accuracies, colour) of every bar: the learned-table model's columns, then each rotary
+    model at 28 and at 56."""
+    ticks = [
+        "native 28 x 28",
+        *(f"56, {m}" for m in MODES),
+        "56, [CLS] in grid,\n2D (control)",
+        "56, whole table\n1D (control)",
+        "56, fine-tuned",
+    ]
+    out = [(tick, results["runs"][c], "#9ecae1") for tick, c in zip(ticks, results["columns"])]
+    for arm, run in results.get("rotary", {}).items():
+        label = ROTARY[arm][0]
+        out += [
+            (f"{label}\nnative 28", run["native 28"], "#fdae6b"),
+            (f"{label}\n56, as trained", run[AS_TRAINED], "#fdae6b"),
+        ]
+    return out
+
+
 def figure(results):
     plt = common.pyplot()
-    s, columns = results["summary"], results["columns"]
-    fig = plt.figure(figsize=(15, 7.5))
+    columns = bars(results)
+    fig = plt.figure(figsize=(15 + 1.5 * (len(columns) - 8), 7.5))
     ax = fig.add_subplot(2, 1, 1)
     x = np.arange(len(columns))
-    ax.bar(
-        x, [100 * s[c]["mean"] for c in columns], yerr=[100 * s[c]["std"] for c in columns], color="#9ecae1", capsize=4
-    )
-    for i, c in enumerate(columns):
-        ax.scatter([i] * len(results["runs"][c]), [100 * v for v in results["runs"][c]], color="k", s=10, zorder=3)
-    ax.set_xticks(
-        x,
-        [
-            "native 28 x 28",
-            *(f"56, {m}" for m in MODES),
-            "56, [CLS] in grid,\n2D (control)",
-            "56, whole table\n1D (control)",
-            "56, fine-tuned",
-        ],
-        fontsize=8,
-    )
+    means = [100 * common.mean_std(values)[0] for _, values, _ in columns]
+    stds = [100 * common.mean_std(values)[1] for _, values, _ in columns]
+    ax.bar(x, means, yerr=stds, color=[colour for *_, colour in columns], capsize=4)
+    for i, (_, values, _) in enumerate(columns):
+        ax.scatter([i] * len(values), [100 * v for v in values], color="k", s=10, zorder=3)
+    ax.set_xticks(x, [tick for tick, *_ in columns], fontsize=8)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Trained at 28 x 28 (7 x 7 patches), evaluated at 56 x 56 (14 x 14): mean ± std over seeds")
+    ax.set_title(
+        "Trained at 28 x 28 (7 x 7 patches), evaluated at 56 x 56 (14 x 14): mean ± std over seeds "
+        "(blue: learned table; orange: rotary, no table)"
+    )
     if not results.get("mosaics"):
         return fig
     for k, (name, grid) in enumerate(PANELS):
@@ -364,7 +481,8 @@ def markdown(results):
             results,
             "A ViT trained at one resolution runs at another once the grid part of its position table "
             "is resized (2D interpolation, [CLS] row kept apart); a short fine-tune at the new "
-            "resolution with the paper's recipe recovers what is lost.",
+            "resolution with the paper's recipe recovers what is lost. Rotary positions, as their users say, "
+            "run at a new resolution with nothing resized and lose less.",
         )
     ]
     fits = results["fits"]
@@ -386,6 +504,13 @@ def markdown(results):
             f"| {c} | {common.pct(s[c]['mean'])} ± {common.pct(s[c]['std'])} | "
             f"{', '.join(common.pct(v) for v in runs[c])} |"
         )
+    for arm, run in results.get("rotary", {}).items():
+        r = results["rotary_summary"][arm]
+        for key in ROTARY_KEYS:
+            lines.append(
+                f"| {ROTARY[arm][0]}, no table: {key} | {common.pct(r[key]['mean'])} ± {common.pct(r[key]['std'])} | "
+                f"{', '.join(common.pct(v) for v in run[key])} |"
+            )
     lines += [
         "",
         (
