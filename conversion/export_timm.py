@@ -1,9 +1,12 @@
 """`hubvit export timm`: a hubvit folder as a timm Hub-layout folder that timm loads with no hubvit installed.
 
-timm's `VisionTransformer` is built with JSON-only `model_args` (what a Hub config can carry), filled through the
-shared `StrictMapping` with the rename table `hubvit convert timm` reads by, checked against hubvit's own forward, and
-written by timm's own `save_for_hf` (config.json with `architecture`, `model_args`, `pretrained_cfg`, labels;
-model.safetensors). Settings timm cannot express from a config are refused, all of them listed at once.
+The folder becomes the timm class it would have been converted from: `VisionTransformer` where its settings allow,
+else `Beit` (the BEiT relative bias), `VisionTransformerRelPos` (the relpos bias MLP) or `Eva` (rotary positions,
+gated MLPs, RMSNorm, the EVA and DINOv3 attention). The class is built with JSON-only `model_args` (what a Hub config
+can carry); a family's build is accepted only when `hubvit convert timm`'s own reader reads it back as the same
+config, and its weights are that reader's mapping run backwards (`mapping.inverse`). Both are checked against
+hubvit's own forward and written by timm's own `save_for_hf` (config.json with `architecture`, `model_args`,
+`pretrained_cfg`, labels; model.safetensors). Settings timm cannot express are refused, all of them listed at once.
 """
 
 import logging
@@ -23,8 +26,11 @@ from .common import (
     read_hubvit_config,
     verify,
 )
-from ..folder import check_output_path, staged_folder
-from .timm import RENAMES, import_timm, timm_reference
+from ..folder import check_output_path, expected_shapes, staged_folder
+from . import timm_beit, timm_eva, timm_relpos
+from .mapping import inverse
+from .timm import RENAMES, import_timm, map_weights, timm_reference
+from .timm_layers import mlp_ratio
 from .transformers import read_json
 
 logger = logging.getLogger(__name__)
@@ -42,6 +48,36 @@ POOLS = {"cls": "token", "mean": "avg", "map": "map"}
 # every structural argument is passed explicitly on top of them.
 ENTRY_POINTS = {1e-6: "vit_base_patch16_224", 1e-5: "vit_base_patch16_clip_224"}
 DISTILLED_ENTRY_POINT = "deit_base_distilled_patch16_224"
+FAMILY_BY_POSITION = {"relative_2d_class": timm_beit, "relative_2d_mlp": timm_relpos}
+"""The position kinds only one timm class has; any other folder whose settings `model_args` alone cannot give
+`VisionTransformer` is tried as a `VisionTransformer` from an entry point that sets a constructor, then as `Eva`."""
+CONSTRUCTOR_ENTRY_POINTS = [
+    "vit_base_patch16_224",
+    "vit_base_patch16_clip_224",
+    "beit3_base_patch16_224",
+    "vit_giant_patch14_dinov2",
+    "aimv2_large_patch14_224",
+    "vit_base_patch16_rpn_224",
+]
+"""`VisionTransformer` entry points by what their code sets beside JSON arguments: LayerNorm 1e-6 or 1e-5, BEiT-3's
+1e-5 norms, DINOv2's packed SwiGLU, AIMv2's RMSNorm with a patch norm and SwiGLU, residual post-norm blocks."""
+PACKED_GATED_MLP = {"vit_giant_patch14_dinov2"}
+"""Entry points whose MLP (`SwiGLUPacked`) counts both gated halves in `mlp_ratio`."""
+NOT_STRUCTURAL = {
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "drop_path_rate",
+    "initializer_range",
+    "_out_features",
+    "_out_indices",
+    "apply_layernorm",
+    "reshape_hidden_states",
+    "interpolation_mode",
+    "interpolation_antialias",
+    "interpolation_align_corners",
+}
+"""Config fields a read-back need not reproduce: training-only rates, the backbone's outputs, and the resize mode
+(timm's own, said in the export's notes)."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +144,13 @@ def timm_interpolation(config):
     return (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners)
 
 
-def timm_arguments(config):
-    """(timm entry point, JSON model_args) building timm's VisionTransformer for `config`."""
-    architecture = DISTILLED_ENTRY_POINT if config.distillation_token else ENTRY_POINTS[config.layer_norm_eps]
+def timm_arguments(config, entry_point=True):
+    """(timm entry point, JSON model_args) building timm's VisionTransformer for `config` (no entry point with
+    `entry_point=False`)."""
+    if not entry_point:
+        architecture = None
+    else:
+        architecture = DISTILLED_ENTRY_POINT if config.distillation_token else ENTRY_POINTS[config.layer_norm_eps]
     pool_include_prefix = config.pooling == "map" and config.num_prefix_tokens > 0
     args = dict(
         img_size=list(config.image_size_2d),
@@ -130,7 +170,8 @@ def timm_arguments(config):
         reg_tokens=config.num_register_tokens,
         pre_norm=config.pre_norm,
         fc_norm=config.fc_norm,
-        dynamic_img_size=timm_interpolation(config) == TIMM_INTERPOLATION,
+        final_norm=config.final_norm,
+        dynamic_img_size=any_size(config),
         dynamic_img_pad=config.dynamic_img_pad,
         act_layer=ACTIVATIONS[config.hidden_act],
     )
@@ -146,8 +187,26 @@ def timm_arguments(config):
     return architecture, args
 
 
-def export_notes(config):
+def divides(config):
+    return all(side % patch == 0 for side, patch in zip(config.image_size_2d, config.patch_size_2d))
+
+
+def any_size(config):
+    """Whether timm's model may run at any size (`dynamic_img_size=True`): only where it resizes as hubvit does, and
+    the native size is whole patches (timm's dynamic patch embedding refuses a remainder that hubvit leaves out)."""
+    return timm_interpolation(config) == TIMM_INTERPOLATION and divides(config)
+
+
+def export_notes(config, timm_model):
     notes = []
+    if not divides(config):
+        (height, width), (ph, pw) = config.image_size_2d, config.patch_size_2d
+        notes.append(
+            f"{height}x{width} is not whole {ph}x{pw} patches: timm's model runs at its native size only "
+            "(dynamic_img_size=False), where its patch embedding leaves the last pixels out as hubvit does"
+        )
+    elif not hasattr(timm_model, "dynamic_img_size"):
+        notes.append(f"timm's {type(timm_model).__name__} has no dynamic_img_size: it runs at its native size only")
     if timm_interpolation(config) != TIMM_INTERPOLATION:
         mode, antialias, align_corners = timm_interpolation(config)
         notes.append(
@@ -240,6 +299,130 @@ def card_text(args, architecture, config, lines, notes):
     return ModelCard(f"---\n{data}\n---\n\n" + "\n\n".join(body) + "\n")
 
 
+def effective_settings(config):
+    """The structural fields of `config` as the model uses them (defaults resolved, fields that only matter beside
+    another left out), for comparing two configs of one model."""
+    from ..modeling import HubViTConfig
+
+    values = {name: getattr(config, name) for name in HubViTConfig.__annotations__ if name not in NOT_STRUCTURAL}
+    values.update(image_size=tuple(config.image_size_2d), patch_size=tuple(config.patch_size_2d))
+    values["layer_scale_init_value"] = config.layer_scale_init_value is not None
+    values["final_layer_norm_eps"] = config.final_layer_norm_eps or config.layer_norm_eps
+    kind = config.rotary_kind
+    if kind is None:
+        values = {k: v for k, v in values.items() if not k.startswith("rope_") or k == "rope_type"}
+    else:
+        values["rope_temperature"] = float(config.rope_temperature or kind.default_temperature)
+        half = config.rope_rotate_half
+        values["rope_rotate_half"] = kind.default_rotate_half if half is None else half
+        values["rope_reference_grid"] = list(config.rope_reference_grid) if config.rope_reference_grid else None
+    if config.pooling == "map":
+        values["map_num_heads"] = config.map_num_heads or config.num_attention_heads
+        values["map_intermediate_size"] = config.map_intermediate_size or config.intermediate_size
+    else:
+        del values["map_num_heads"], values["map_intermediate_size"]
+    if config.position_embedding_type != "relative_2d_mlp":
+        del values["relative_position_hidden_size"]
+    if not config.distillation_token:
+        del values["distillation_head"]
+    if not config.qkv_bias:
+        del values["key_bias"]
+    return values
+
+
+def read_back_problems(config, settings, name):
+    """Each structural field on which `settings` (timm's model as `hubvit convert timm` reads it) differs from
+    `config`."""
+    from ..modeling import HubViTConfig
+
+    ours = effective_settings(config)
+    theirs = effective_settings(HubViTConfig(**settings, num_labels=config.num_labels))
+    return [
+        f"{key}={ours.get(key)!r} ({name} built from model_args reads back as {theirs.get(key)!r})"
+        for key in sorted(set(ours) | set(theirs))
+        if ours.get(key) != theirs.get(key)
+    ]
+
+
+def create(timm, architecture, model_args, num_labels, device="cpu"):
+    """timm's model from an entry point, with a bare pretrained_cfg: the entry point's own (tag, license, hub id of
+    its default weights) is not ours."""
+    import torch
+
+    default = timm.models.get_pretrained_cfg(architecture)
+    bare = dict(num_classes=num_labels, first_conv=default.first_conv, classifier=default.classifier)
+    with torch.device(device):
+        return timm.create_model(architecture, pretrained=False, pretrained_cfg=bare, **model_args).eval()
+
+
+def constructor_arguments(config):
+    """([(candidate entry point, model_args)], why not) for timm's `VisionTransformer` with every block setting it
+    takes as a JSON argument; the entry point supplies what only code can (norm layer, MLP class, block class)."""
+    if config.hidden_act not in ACTIVATIONS or config.pooling not in POOLS or config.distillation_token:
+        return [], f"hidden_act={config.hidden_act!r}, pooling={config.pooling!r} or a distillation token"
+    args = timm_arguments(config, entry_point=False)[1]
+    args.update(
+        mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
+        qk_norm=config.qk_norm,
+        proj_bias=config.proj_bias,
+        scale_attn_norm=config.attention_inner_norm,
+        scale_mlp_norm=config.mlp_inner_norm,
+    )
+    packed = dict(args, mlp_ratio=mlp_ratio(config.hidden_size, 2 * config.intermediate_size))
+    return [(entry, packed if entry in PACKED_GATED_MLP else args) for entry in CONSTRUCTOR_ENTRY_POINTS], None
+
+
+def family_candidates(config):
+    """(reader's read_settings, [(entry point, model_args)], why none) of each timm class to try, in order."""
+    from .timm import read_settings
+
+    def pairs(entries, args):
+        return ([(entry, args) for entry in entries], None) if entries else ([], args)
+
+    family = FAMILY_BY_POSITION.get(config.position_embedding_type)
+    if family is not None:
+        return [(family.read_settings, *pairs(*family.export_arguments(config)))]
+    entries, eva_args = timm_eva.export_arguments(config)
+    if entries:
+        eva_args["dynamic_img_size"] = any_size(config)
+    return [(read_settings, *constructor_arguments(config)), (timm_eva.read_settings, *pairs(entries, eva_args))]
+
+
+def family_build(timm, config):
+    """(entry point, model_args, timm model) for a folder `VisionTransformer`'s JSON arguments cannot express: the
+    first candidate that `hubvit convert timm`'s reader reads back as `config` (tried on the meta device, then
+    built); else the list of what the last family tried reads back differently."""
+    problems = []
+    for read_settings, candidates, why_none in family_candidates(config):
+        problems = [] if candidates else [why_none]
+        for architecture, model_args in candidates:
+            try:
+                trial = create(timm, architecture, model_args, config.num_labels, device="meta")
+            except (TypeError, AssertionError, ValueError, RuntimeError, KeyError) as error:
+                found = [f"timm's {architecture} cannot be built from model_args {model_args}: {error}"]
+            else:
+                settings, found = read_settings(trial, architecture)
+                found = found or read_back_problems(config, settings, f"timm's {architecture}")
+            if not found:
+                return architecture, model_args, create(timm, architecture, model_args, config.num_labels)
+            problems = problems or found
+    return problems
+
+
+def family_weights(timm_model, config, hubvit_weights, description):
+    """timm's state dict for `hubvit_weights`: `hubvit convert timm`'s mapping for the family, run backwards."""
+
+    def forward(source):
+        return map_weights(source, description, timm_model).finish(expected_shapes(config))
+
+    target = {key: hubvit_weights[key] for key in expected_shapes(config)}
+    state, filled = inverse(forward, timm_model.state_dict(), target, description)
+    unfilled = sorted(name for name, _ in timm_model.named_parameters() if name not in filled)
+    if unfilled:
+        raise ConversionError(f"{description}: timm parameters no hubvit tensor fills: {', '.join(unfilled)}")
+    return state, [f"mapped {len(target)} hubvit tensors onto {len(filled)} timm tensors ({type(timm_model).__name__})"]
+
+
 def export(args):
     """Write the hubvit folder `args.src` (read with `from_pretrained`) as a timm folder at `args.out`; `args` is an
     `Options`."""
@@ -248,23 +431,28 @@ def export(args):
 
     config, _ = read_hubvit_config(args.src)
     problems = export_problems(config)
-    if problems:
+    built = family_build(timm, config) if problems or config.position_embedding_type in FAMILY_BY_POSITION else None
+    if isinstance(built, list):
         raise ConversionError(
-            "timm's VisionTransformer cannot express this hubvit model; nothing was written. Offending settings:\n"
-            + "\n".join(f"    {p}" for p in problems)
+            "no timm class can express this hubvit model; nothing was written. Offending settings:\n"
+            + "".join(f"    timm's VisionTransformer: {p}\n" for p in problems)
+            + "\n".join(f"    {p}" for p in built)
         )
     model = load_hubvit(args.src)
-    architecture, model_args = timm_arguments(config)
-    # A bare pretrained_cfg: the entry point's own (tag, license, hub id of its default weights) is not ours.
-    default = timm.models.get_pretrained_cfg(architecture)
-    bare = dict(num_classes=config.num_labels, first_conv=default.first_conv, classifier=default.classifier)
-    timm_model = timm.create_model(architecture, pretrained=False, pretrained_cfg=bare, **model_args).eval()
     hubvit_weights = {key.removeprefix("hubvit."): value for key, value in model.state_dict().items()}
-    timm_shapes = {key: tuple(value.shape) for key, value in timm_model.state_dict().items()}
-    state_dict, mapping = map_to_timm(hubvit_weights, timm_shapes, f"hubvit folder ({args.src})")
+    if built is None:
+        architecture, model_args = timm_arguments(config)
+        timm_model = create(timm, architecture, model_args, config.num_labels)
+        timm_shapes = {key: tuple(value.shape) for key, value in timm_model.state_dict().items()}
+        state_dict, mapping = map_to_timm(hubvit_weights, timm_shapes, f"hubvit folder ({args.src})")
+        report = mapping.report()
+    else:
+        architecture, model_args, timm_model = built
+        description = f"timm {architecture} folder for the hubvit folder ({args.src})"
+        state_dict, report = family_weights(timm_model, config, hubvit_weights, description)
     timm_model.load_state_dict(state_dict, strict=True)
 
-    notes = export_notes(config)
+    notes = export_notes(config, timm_model)
     description = f"the exported timm {import_timm().__version__} `{architecture}`"
     exported = timm_reference(timm_model, description, args.tolerance)
     result = verify(exported, model)
@@ -280,4 +468,4 @@ def export(args):
         )
         card_text(args, architecture, config, lines, notes).save(staging / "README.md")
     logger.info("wrote %s (timm %s with model_args, timm %s)", args.out, architecture, timm.__version__)
-    return ExportResult(Path(args.out), result.max_abs_diff, tuple(lines), tuple(mapping.report() + notes))
+    return ExportResult(Path(args.out), result.max_abs_diff, tuple(lines), tuple(report + notes))

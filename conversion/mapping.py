@@ -114,3 +114,52 @@ class StrictMapping:
         for key, reason in sorted(self.created.items()):
             lines.append(f"created {key} ({reason})")
         return lines
+
+
+LABEL_BASE = 4096  # element positions travel as (position // base, position % base): float32 holds both exactly
+
+
+def inverse(forward, source, target, description):
+    """The source state dict that `forward` (source dict -> target dict, built from renames, slices,
+    concatenations and reshapes, as every converter's mapping is) turns into `target`: an export by running the
+    converter itself backwards. `forward` runs on source tensors whose elements are their own labels (tensor,
+    position), so each target element says which source element it is; `source` (a state dict of the right
+    shapes) keeps its values where nothing maps (buffers a converter drops). Refused, listing keys: a target
+    element that is no label (arithmetic in `forward`), one source element given two different values."""
+    names, result = list(source), {name: value.detach().clone() for name, value in source.items()}
+    written = {name: torch.zeros(value.numel(), dtype=torch.bool) for name, value in source.items()}
+
+    def labelled(label):
+        return {
+            name: label(index, value.numel()).reshape(value.shape) for index, (name, value) in enumerate(source.items())
+        }
+
+    ids = forward(labelled(lambda index, size: torch.full((size,), float(index + 1))))
+    high = forward(labelled(lambda index, size: (torch.arange(size) // LABEL_BASE + 1).float()))
+    low = forward(labelled(lambda index, size: (torch.arange(size) % LABEL_BASE + 1).float()))
+    unlabelled, conflicting = [], set()
+    for key, value in target.items():
+        parts = [ids[key].flatten(), high[key].flatten(), low[key].flatten()]
+        if any(((p != p.round()) | (p < 1)).any() for p in parts) or (parts[0] > len(names)).any():
+            unlabelled.append(key)
+            continue
+        tensor_ids, positions = parts[0].long() - 1, (parts[1].long() - 1) * LABEL_BASE + parts[2].long() - 1
+        values = value.detach().flatten()
+        for index in tensor_ids.unique().tolist():
+            name, chosen = names[index], tensor_ids == index
+            flat = result[name].view(-1)
+            where, new = positions[chosen], values[chosen].to(flat.dtype)
+            again = written[name][where]
+            if (flat[where][again] != new[again]).any():
+                conflicting.add(name)
+            flat[where] = new
+            written[name][where] = True
+    problems = []
+    if unlabelled:
+        problems.append(_list("tensors the mapping computes rather than moves", unlabelled))
+    if conflicting:
+        problems.append(_list("source tensors that would need two different values", conflicting))
+    if problems:
+        raise ConversionError(f"cannot write {description}; nothing was written.\n" + "\n".join(problems))
+    filled = {name for name, mask in written.items() if mask.all()}
+    return result, filled

@@ -12,8 +12,10 @@ from torch import nn
 from .timm_layers import (
     COMMON_RENAMES,
     GATED_MLP_KEYS,
+    POOLS,
     common_settings,
     final_norm_problems,
+    mlp_ratio,
     mlp_settings,
     norm_settings,
     pack_gated_mlps,
@@ -110,3 +112,34 @@ def read_settings(model, architecture):
         **{k: v for k, v in block.items() if k not in ("layer_scale", "relative")},
     )
     return settings, []
+
+
+EXPORT_ENTRY_POINTS = {("layer_norm", 1e-6): ["beit_base_patch16_224"]}
+"""Entry points by the norm layer their code sets; every other argument is given explicitly."""
+
+
+def export_arguments(config):
+    """(candidate entry points, model_args) building timm's `Beit` for `config` with a table per block (never the shared one:
+    hubvit keeps one per block), or ([], why); decided by reading it back (`read_settings`)."""
+    entries = EXPORT_ENTRY_POINTS.get((config.norm_type, config.layer_norm_eps))
+    if entries is None:
+        return [], f"norm_type={config.norm_type!r} with eps {config.layer_norm_eps:g} (timm's BEiT: LayerNorm 1e-6)"
+    return entries, dict(
+        img_size=list(config.image_size_2d),
+        patch_size=list(config.patch_size_2d),
+        in_chans=config.num_channels,
+        num_classes=config.num_labels,
+        global_pool=POOLS.get(config.pooling, config.pooling),
+        embed_dim=config.hidden_size,
+        depth=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        qkv_bias=config.qkv_bias,
+        mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
+        swiglu_mlp=config.mlp_type == "gated",
+        scale_mlp=config.mlp_inner_norm,
+        init_values=config.layer_scale_init_value,
+        use_abs_pos_emb=config.position_embedding_type == "learned",
+        use_rel_pos_bias=config.position_embedding_type == "relative_2d_class",
+        use_shared_rel_pos_bias=False,
+        use_fc_norm=config.fc_norm,
+    )

@@ -11,9 +11,11 @@ from torch import nn
 from .timm_layers import (
     COMMON_RENAMES,
     GATED_MLP_KEYS,
+    POOLS,
     common_settings,
     final_norm_problems,
     map_settings,
+    mlp_ratio,
     mlp_settings,
     norm_settings,
     pack_gated_mlps,
@@ -174,3 +176,78 @@ def read_settings(model, architecture):
         **pool_settings,
     )
     return settings, []
+
+
+EXPORT_ENTRY_POINTS = {
+    ("layer_norm", 1e-6): ["eva_giant_patch14_224", "eva02_tiny_patch14_224", "vit_base_patch16_rope_224"],
+    ("layer_norm", 1e-5): ["vit_small_patch16_dinov3", "vit_pe_core_tiny_patch16_384", "vit_pe_lang_large_patch14_448"],
+    ("rms_norm", 1e-6): ["vit_base_patch16_sapiens2"],
+}
+"""Entry points by the norm layer their code sets (config.json's `model_args` cannot carry a norm layer). Every
+other argument is given explicitly, but timm's `create_model` drops arguments that are None, so what an entry point
+sets (layer scale, EVA's reference grid) cannot be unset: the candidates of a norm cover those on and off, and the
+first that reads back as the folder's config is taken."""
+
+ROPE_TYPES = {"axial": "cat", "dinov3": "dinov3", "mixed": "mixed"}
+
+
+def export_arguments(config):
+    """(candidate entry points, model_args) building timm's `Eva` for `config`, or ([], why) for a norm no entry
+    point has. Whether a candidate gives the same model is decided by reading it back (`read_settings`)."""
+    entries = EXPORT_ENTRY_POINTS.get((config.norm_type, config.layer_norm_eps))
+    if entries is None:
+        return [], f"norm_type={config.norm_type!r} with eps {config.layer_norm_eps:g} (timm's Eva entry points " + (
+            "set " + ", ".join(f"{kind} {eps:g}" for kind, eps in EXPORT_ENTRY_POINTS) + ")"
+        )
+    rotary = config.rotary_kind
+    width = config.map_intermediate_size or config.intermediate_size
+    args = dict(
+        img_size=list(config.image_size_2d),
+        patch_size=list(config.patch_size_2d),
+        in_chans=config.num_channels,
+        num_classes=config.num_labels,
+        global_pool=POOLS.get(config.pooling, config.pooling),
+        embed_dim=config.hidden_size,
+        depth=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=None if config.norm_placement == "residual_post" else config.num_attention_heads,
+        qkv_bias=config.qkv_bias,
+        qkv_fused=config.qkv_fused,
+        qk_norm=config.qk_norm,
+        mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
+        swiglu_mlp=config.mlp_type == "gated",
+        swiglu_align_to=0,
+        scale_mlp=config.mlp_inner_norm,
+        scale_attn_inner=config.attention_inner_norm,
+        attn_type="rope" if config.qkv_bias and config.key_bias else "eva",
+        init_values=config.layer_scale_init_value,
+        attn_only_layer_scale=config.scale_attention_branch_only,
+        class_token=config.class_token,
+        num_reg_tokens=config.num_register_tokens,
+        no_embed_class=not config.position_embedding_includes_prefix,
+        use_abs_pos_emb=config.position_embedding_type == "learned",
+        use_rot_pos_emb=rotary is not None,
+        use_post_norm=config.norm_placement == "residual_post",
+        use_pre_transformer_norm=config.pre_norm,
+        use_post_transformer_norm=config.final_norm and not config.fc_norm,
+        use_fc_norm=config.fc_norm,
+        attn_pool_num_heads=config.map_num_heads or config.num_attention_heads,
+        attn_pool_mlp_ratio=mlp_ratio(config.hidden_size, width),
+        dynamic_img_pad=config.dynamic_img_pad,
+    )
+    if rotary is not None:
+        args.update(
+            rope_type=ROPE_TYPES[config.rope_type],
+            rope_temperature=config.rope_temperature or rotary.default_temperature,
+            rope_rotate_half=bool(
+                rotary.default_rotate_half if config.rope_rotate_half is None else config.rope_rotate_half
+            ),
+            rope_grid_offset=config.rope_grid_offset,
+            rope_grid_indexing=config.rope_grid_indexing,
+            ref_feat_shape=config.rope_reference_grid,
+            **{
+                f"rope_{name}": getattr(config, f"rope_{name}")
+                for name in ("shift_coords", "jitter_coords", "rescale_coords")
+            },
+        )
+    return entries, args

@@ -173,3 +173,14 @@ def map_settings(model, block, problems):
     if width != block.get("intermediate_size") or block.get("mlp_type") != "mlp":
         settings["map_intermediate_size"] = width
     return settings
+
+
+POOLS = {"cls": "token", "mean": "avg", "map": "map", "none": ""}
+"""hubvit's `pooling` as timm's `global_pool`."""
+
+
+def mlp_ratio(hidden_size, width):
+    """The `mlp_ratio` for which timm's `int(hidden_size * mlp_ratio)` is `width` (the plain quotient can land a hair
+    below it in floating point)."""
+    ratio = width / hidden_size
+    return ratio if int(hidden_size * ratio) == width else (width + 0.5) / hidden_size

@@ -10,8 +10,10 @@ from torch import nn
 
 from .timm_layers import (
     COMMON_RENAMES,
+    POOLS,
     common_settings,
     final_norm_problems,
+    mlp_ratio,
     mlp_settings,
     norm_settings,
     patch_problems,
@@ -110,3 +112,40 @@ def read_settings(model, architecture):
         **{k: v for k, v in block.items() if k != "layer_scale"},
     )
     return settings, []
+
+
+EXPORT_ENTRY_POINTS = {
+    ("layer_norm", 1e-6, "pre"): ["vit_relpos_base_patch16_224"],
+    ("layer_norm", 1e-6, "residual_post"): ["vit_relpos_base_patch16_rpn_224"],
+}
+"""Entry points by the norm layer and block class their code sets (neither fits in `model_args`)."""
+
+
+def export_arguments(config):
+    """(candidate entry points, model_args) building timm's `VisionTransformerRelPos` for `config` with a bias MLP per block,
+    or ([], why); decided by reading it back (`read_settings`)."""
+    entries = EXPORT_ENTRY_POINTS.get((config.norm_type, config.layer_norm_eps, config.norm_placement))
+    if entries is None:
+        return [], (
+            f"norm_type={config.norm_type!r} with eps {config.layer_norm_eps:g}, norm_placement="
+            f"{config.norm_placement!r} (timm's relpos ViTs: LayerNorm 1e-6, pre or residual_post blocks)"
+        )
+    return entries, dict(
+        img_size=list(config.image_size_2d),
+        patch_size=list(config.patch_size_2d),
+        in_chans=config.num_channels,
+        num_classes=config.num_labels,
+        global_pool=POOLS.get(config.pooling, config.pooling),
+        embed_dim=config.hidden_size,
+        depth=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
+        qkv_bias=config.qkv_bias,
+        qk_norm=config.qk_norm,
+        init_values=config.layer_scale_init_value,
+        class_token=config.class_token,
+        fc_norm=config.fc_norm,
+        rel_pos_type="mlp",
+        rel_pos_dim=config.relative_position_hidden_size,
+        shared_rel_pos=False,
+    )

@@ -121,3 +121,54 @@ def distance_only_stripe(grid=(7, 7)):
     from hubvit.analysis import position
 
     return position.stripe_score(position.cosine_similarity_grid(position.distance_only_table(grid), grid))
+
+
+def bias_magnitude(model):
+    """Largest |bias| over the relative_2d tables of every block (None without them)."""
+    from hubvit.analysis.attention import body
+
+    tables = [getattr(layer.attention, "relative_position_bias", None) for layer in body(model).encoder.layers]
+    values = [table.detach().abs().max().item() for table in tables if table is not None]
+    return max(values) if values else None
+
+
+def stripe(model):
+    """The stripe score of the model's position table, or of its rotation where it has no table (the rotary arm:
+    fixed by DINOv3's frequencies, so the same at every seed)."""
+    from hubvit.analysis import position
+
+    table = position.position_table(model)
+    table = position.rotary_table(model) if table is None else table
+    grid = tuple(model.config.grid_size)
+    return position.stripe_score(position.cosine_similarity_grid(table, grid)) if table is not None else None
+
+
+def rotary_verdict(runs, arm, reference, margin):
+    """The rotary arm against the paper's default, on the same margin and the same paired interval as the
+    equality claim; with the rotation's stripe score (fixed by its frequencies) beside the learned table's."""
+    from scripts.experiments import common
+
+    diff = common.paired(runs, arm, reference)
+    outcome = common.equivalence(diff, margin)
+    if outcome == "equivalent":
+        verdict = f"holds: the 95% interval lies within ±{100 * margin:.1f} points"
+    elif outcome == "different":
+        better = "better" if diff["low"] > 0 else "worse"
+        verdict = (
+            f"does not hold: the rotation does {better} than the learned table by more than {100 * margin:.1f} points"
+        )
+    else:
+        verdict = (
+            f"not resolved at ±{100 * margin:.1f} points: these seeds show equality only within "
+            f"±{100 * common.resolvable_margin(diff):.2f}"
+            + ("" if diff["high"] < 0 or diff["low"] > 0 else " (and show no difference either)")
+            + ("; the rotation is worse (interval below 0)" if diff["high"] < 0 else "")
+            + ("; the rotation is better (interval above 0)" if diff["low"] > 0 else "")
+        )
+    scores = [s for s in runs[arm]["stripe_score"] if s is not None]
+    stripes = f"; stripe score of the rotation {scores[0]:.3f} (fixed by its frequencies)" if scores else ""
+    return {
+        "claim": "a rotary embedding (DINOv3's, no table) reaches the learned 1D table's accuracy (within 0.2%)",
+        "measured": f"{arm} - {reference}: {common.interval_text(diff)}{stripes}",
+        "verdict": verdict,
+    }

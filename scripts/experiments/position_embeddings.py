@@ -26,7 +26,10 @@ from hubvit.modeling.positions_hubvit import POSITION_KINDS  # noqa: E402
 from scripts.experiments import common  # noqa: E402
 from scripts.experiments.position_controls import (  # noqa: E402
     accuracy_figure,
+    bias_magnitude,
     distance_only_stripe,
+    rotary_verdict,
+    stripe,
     quadrant_verdict,
     CANVAS,
     QUADRANTS,
@@ -89,28 +92,7 @@ NONE_REFERENCE = REFERENCE = "learned"  # the arm every other is compared with: 
 STRIPE_TYPES = ["learned", "learned_2d", "sincos_2d"]
 
 
-def bias_magnitude(model):
-    """Largest |bias| over the relative_2d tables of every block (None without them)."""
-    from hubvit.analysis.attention import body
-
-    tables = [getattr(layer.attention, RELATIVE_BIAS, None) for layer in body(model).encoder.layers]
-    values = [table.detach().abs().max().item() for table in tables if table is not None]
-    return max(values) if values else None
-
-
-def stripe(model):
-    """The stripe score of the model's position table, or of its rotation where it has no table (the rotary arm:
-    fixed by DINOv3's frequencies, so the same at every seed)."""
-    from hubvit.analysis import position
-
-    table = position.position_table(model)
-    table = position.rotary_table(model) if table is None else table
-    grid = tuple(model.config.grid_size)
-    return position.stripe_score(position.cosine_similarity_grid(table, grid)) if table is not None else None
-
-
-# The rotary arm (issue 47): DINOv3's rotation (patch centres in [-1, 1], periods from base 100) and no table, the
-# kind a 2026 user would pick, compared with the paper's default like every other arm.
+# The rotary arm (issue 47): DINOv3's rotation and no table, compared with the paper's default like every other arm.
 ROTARY_ARM = "rope"
 ROTARY_FIELDS = {"position_embedding_type": "none", "rope_type": "dinov3"}
 ARMS = [*TYPES, ROTARY_ARM]
@@ -439,36 +421,9 @@ def summarise(runs):
             "measured": quadrant,
             "verdict": quadrant_verdict(summary, [k for k in ARMS if positional(k)]),
         },
-        rotary_verdict(runs),
+        rotary_verdict(runs, ROTARY_ARM, REFERENCE, EQUALITY_MARGIN),
     ]
     return summary, verdicts
-
-
-def rotary_verdict(runs):
-    """The rotary arm against the paper's default, on the same margin and the same paired interval as the
-    equality claim; with the rotation's stripe score (fixed by its frequencies) beside the learned table's."""
-    diff = common.paired(runs, ROTARY_ARM, REFERENCE)
-    outcome = common.equivalence(diff, EQUALITY_MARGIN)
-    if outcome == "equivalent":
-        verdict = f"holds: the 95% interval lies within ±{100 * EQUALITY_MARGIN:.1f} points"
-    elif outcome == "different":
-        better = "better" if diff["low"] > 0 else "worse"
-        verdict = f"does not hold: the rotation does {better} than the learned table by more than {100 * EQUALITY_MARGIN:.1f} points"
-    else:
-        verdict = (
-            f"not resolved at ±{100 * EQUALITY_MARGIN:.1f} points: these seeds show equality only within "
-            f"±{100 * common.resolvable_margin(diff):.2f}"
-            + ("" if diff["high"] < 0 or diff["low"] > 0 else " (and show no difference either)")
-            + ("; the rotation is worse (interval below 0)" if diff["high"] < 0 else "")
-            + ("; the rotation is better (interval above 0)" if diff["low"] > 0 else "")
-        )
-    scores = [s for s in runs[ROTARY_ARM]["stripe_score"] if s is not None]
-    stripes = f"; stripe score of the rotation {scores[0]:.3f} (fixed by its frequencies)" if scores else ""
-    return {
-        "claim": "a rotary embedding (DINOv3's, no table) reaches the learned 1D table's accuracy (within 0.2%)",
-        "measured": f"rope - {REFERENCE}: {common.interval_text(diff)}{stripes}",
-        "verdict": verdict,
-    }
 
 
 def figure(results):
