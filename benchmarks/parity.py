@@ -12,6 +12,7 @@ with `interpolate_pos_encoding=True`; JAX at the native size only, the Flax mode
     python benchmarks/parity.py                   # both tables, about 7 minutes on 2 cores
     python benchmarks/parity.py --only timm       # or: --only transformers, --only jax
     python benchmarks/parity.py --only torchvision   # or: --only pytorch, --only export-timm
+    python benchmarks/parity.py --only timm-families # EVA-02, DINOv3, PE, RoPE-ViT, BEiT, relpos: in and back out
 
 torchvision's ViT is compared at a second size through its own `interpolate_embeddings`; the plain PyTorch ViT on
 `nn.TransformerEncoder` is the reference class of `tests/test_convert_pytorch.py`; `export timm` runs timm's model
@@ -32,7 +33,7 @@ from transformers import AutoModel, AutoModelForImageClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_convert_timm import FAMILIES, randomize_timm_  # noqa: E402
+from test_convert_timm import FAMILIES  # noqa: E402
 from test_transformers_interop import CASES  # noqa: E402
 from utils import randomize_  # noqa: E402
 
@@ -68,7 +69,7 @@ def timm_row(family, root):
     args = {k: v for k, v in args.items() if k not in ("img_size", "patch_size")}
     if "dinov2" in name:
         args["img_size"] = 224
-    source = randomize_timm_(timm.create_model(name, pretrained=False, **args), seed=len(family))
+    source = randomize_(timm.create_model(name, pretrained=False, **args), seed=len(family)).eval()
     dynamic = timm.create_model(name, pretrained=False, dynamic_img_size=True, **args).eval()
     dynamic.load_state_dict(source.state_dict())
     save_for_hf(source, root / family)
@@ -202,6 +203,51 @@ def export_timm_row(label, fields, root):
     return label, errors
 
 
+MODERN_FAMILIES = (  # timm entry points at their own (base) size, random weights; Sapiens2 at a 256 x 192 input
+    ("EVA-02 B/14", "eva02_base_patch14_224", dict(num_classes=1000)),
+    ("EVA-02 CLIP B/16 tower", "eva02_base_patch16_clip_224", dict(num_classes=0)),
+    ("DINOv3 B/16", "vit_base_patch16_dinov3", dict(num_classes=0)),
+    ("PE core B/16", "vit_pe_core_base_patch16_224", dict(num_classes=0)),
+    ("RoPE-Mixed ViT-B/16", "vit_base_patch16_rope_mixed_224", dict(num_classes=1000)),
+    ("Sapiens2 0.1B", "vit_base_patch16_sapiens2", dict(num_classes=0, img_size=(256, 192))),
+    ("BEiT B/16", "beit_base_patch16_224", dict(num_classes=1000)),
+    ("BEiT v2 B/16", "beitv2_base_patch16_224", dict(num_classes=1000)),
+    ("relpos ViT-B/16", "vit_relpos_base_patch16_224", dict(num_classes=1000)),
+)
+
+
+@torch.no_grad()
+def modern_family_row(label, name, args, root):
+    """One timm family converted (hubvit against timm at the native and, where timm's class runs at any size, a
+    non-square size) and exported back (timm's class from the exported folder against the original, native)."""
+    import timm
+    from timm.models import save_for_hf
+
+    source = randomize_(timm.create_model(name, pretrained=False, **args), seed=len(label)).eval()
+    folder = root / name
+    save_for_hf(source, folder)
+    assert quietly(cli, ["convert", "timm", str(folder), str(root / f"{name}-hubvit")]) == 0
+    assert quietly(cli, ["export", "timm", str(root / f"{name}-hubvit"), str(root / f"{name}-back")]) == 0
+    headless = source.num_classes == 0
+    model = load(root / f"{name}-hubvit", headless)
+    back = timm.create_model(f"local-dir:{root / name}-back", pretrained=True).eval()
+    (height, width), (ph, pw) = model.config.image_size_2d, model.config.patch_size_2d
+    references = [(source, (height, width))]
+    if hasattr(source, "dynamic_img_size"):
+        dynamic = timm.create_model(name, pretrained=False, dynamic_img_size=True, **args).eval()
+        dynamic.load_state_dict(source.state_dict())
+        references.append((dynamic, (height - ph, width + pw)))
+    errors = []
+    for reference, (h, w) in references:
+        x = pixels(h, w)
+        ours = model(pixel_values=x)
+        errors.append(relative_error(ours.pooler_output if headless else ours.logits, reference(x)))
+    x = pixels(height, width)
+    exported = relative_error(back(x), source(x))
+    label = f"{label} (`{name}`, {height}x{width} px) -> `{type(back).__name__}`"
+    return label, errors + ([float("nan")] if len(references) == 1 else []) + [exported]
+
+
 EXPORT_TIMM_CASES = (
     ("ViT-B/16, [CLS], 1000 classes", dict(num_labels=1000)),
     (
@@ -215,7 +261,8 @@ EXPORT_TIMM_CASES = (
 
 
 def print_table(title, rows, sizes=2, second="non-square size"):
-    print(f"\n{title}: max |Δ| / max |source|" + (f", native / {second}" if sizes == 2 else ", native size"))
+    columns = {1: ", native size", 2: f", native / {second}", 3: f", native / {second} / exported back, native"}
+    print(f"\n{title}: max |Δ| / max |source|" + columns[sizes])
     print("| source | parity |")
     print("| --- | --- |")
     for label, errors in rows:
@@ -225,7 +272,9 @@ def print_table(title, rows, sizes=2, second="non-square size"):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--only", choices=("timm", "transformers", "jax", "torchvision", "pytorch", "export-timm"), default=None
+        "--only",
+        choices=("timm", "timm-families", "transformers", "jax", "torchvision", "pytorch", "export-timm"),
+        default=None,
     )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -254,6 +303,10 @@ def main(argv=None):
             print_table("torchvision", rows, second="64 px larger (torchvision via interpolate_embeddings)")
         if args.only in (None, "pytorch"):
             print_table("plain PyTorch", [pytorch_row(root)])
+        if args.only in (None, "timm-families"):
+            rows = [modern_family_row(*case, root) for case in MODERN_FAMILIES]
+            print("\nnan: timm's class runs at its native size only (no dynamic_img_size)")
+            print_table("timm families, converted and exported back", rows, sizes=3)
         if args.only in (None, "export-timm"):
             print_table("export timm (timm against hubvit)", [export_timm_row(*c, root) for c in EXPORT_TIMM_CASES])
 
