@@ -488,3 +488,56 @@ def test_export_onnx_int8_quantizes_the_encoder_and_agrees_on_99_percent_of_held
     assert agreement >= 0.99, f"top-1 agreement {agreement:.4f}"
     report = json.loads((tmp_path / "model.verification.json").read_text())
     assert report["int8"]["quantized_nodes"] == 4 * model.config.num_hidden_layers
+
+
+# Modern block components (the rotary kinds, gated MLPs with inner norm, separate projections, BEiT's bias) on the
+# int8 route: (config fields, linear layers per block that onnxruntime's dynamic quantization turns into MatMulInteger)
+INT8_FAMILIES = {
+    "dinov3_like": (
+        dict(position_embedding_type="none", rope_type="dinov3", layer_scale_init_value=1e-5, num_register_tokens=4),
+        4,
+    ),
+    "eva02_like": (
+        dict(
+            rope_type="axial",
+            mlp_type="gated",
+            hidden_act="silu",
+            mlp_inner_norm=True,
+            qkv_fused=False,
+            key_bias=False,
+            class_token=False,
+            pooling="mean",
+            fc_norm=True,
+        ),
+        6,
+    ),
+    "beit_like": (dict(position_embedding_type="relative_2d_class", key_bias=False, layer_scale_init_value=0.1), 4),
+}
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("family", list(INT8_FAMILIES))
+def test_export_onnx_int8_quantizes_every_encoder_matmul_of_the_modern_families(family, tmp_path):
+    """Every linear layer of every block becomes MatMulInteger and the graph runs in onnxruntime within 10% of the
+    float model's logit scale: dynamic int8 of weights and activations measured 2-4% on these random models (a
+    wrong rotation or a dropped bias moves logits by their whole scale)."""
+    onnx = pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from hubvit import HubViTForImageClassification
+    from hubvit.folder import write_folder
+    from hubvit.cli import main as cli
+    from utils import randomize_, tiny_config
+
+    fields, per_block = INT8_FAMILIES[family]
+    model = randomize_(HubViTForImageClassification(tiny_config(num_labels=5, image_size=32, **fields))).eval()
+    write_folder(model, tmp_path / "src")
+    assert cli(["export", "onnx", str(tmp_path / "src"), str(tmp_path / "model.onnx"), "--int8"]) == 0
+    operators = [node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node]
+    assert operators.count("MatMulInteger") == per_block * model.config.num_hidden_layers
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    pixels = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    (logits,) = session.run(None, {"pixel_values": pixels.numpy()})
+    with torch.no_grad():
+        expected = model(pixel_values=pixels).logits
+    assert (torch.from_numpy(logits) - expected).abs().max() <= 0.1 * expected.abs().max()

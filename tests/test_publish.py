@@ -184,3 +184,23 @@ def test_a_manifest_that_is_not_utf8_is_refused_naming_the_byte(tmp_path, capsys
     assert cli(["publish", str(tmp_path / "zoo.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert "byte 14 is not UTF-8" in err and "save the manifest as UTF-8" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.heavy
+def test_publish_a_modern_family_pushes_it_with_its_papers_citation(hub_server, tmp_path, capsys):
+    """A DINOv3 timm repo (rotary positions, registers, layer scale) published like any other entry: pushed with
+    the converter's parity figure, and the card cites the family's paper by title."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_base_patch16_dinov3", pretrained=False, **dict(utils.TINY_TIMM, num_classes=0))
+    save_for_hf(model, tmp_path / "dinov3")
+    hub_server.create_repo("timm/tiny_dinov3.lvd")
+    hub_server.commit("timm/tiny_dinov3.lvd", files_of(tmp_path / "dinov3"))
+    manifest = tmp_path / "one.yaml"
+    manifest.write_text("- {source: timm/tiny_dinov3.lvd, converter: timm, repo_id: test-user/dinov3}\n")
+    assert cli(["publish", str(manifest)]) == 0
+    result, parity, commit = table(capsys.readouterr().out)["test-user/dinov3"]
+    assert (
+        result == "pushed" and float(parity) <= 1e-5 and commit == hub_server.repo("test-user/dinov3").branches["main"]
+    )
+    card = ModelCard(hub_server.files("test-user/dinov3")["README.md"].decode())
+    assert "title = {DINOv3}" in card.content and "dinov3" in card.data.tags
