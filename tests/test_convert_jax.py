@@ -242,6 +242,24 @@ def test_image_size_matches_the_original_resize(reference, tmp_path, layout):
     assert relative_error(run(on_the_fly, images(size)), big.logits) <= TOL
 
 
+@pytest.mark.parametrize(
+    "size, patch, mlp_dim",
+    [(46, 8, MLP), (384, 14, 134)],  # So400m/14 at 384: 27 x 27 patches, 6 pixels left out, MLP 4304/1152 wide
+    ids=["46px-patch8", "so400m-shaped-384px-patch14"],
+)
+def test_a_siglip_image_tower_at_a_size_its_patches_do_not_divide(tmp_path, size, patch, mlp_dim):
+    """A SigLIP-style image tower (MAP head, no [CLS], `params/img/` beside a text tower) made at a size its
+    stride-P patch convolution does not divide: Flax's VALID convolution leaves the last pixels out, and the
+    converted folder runs the same images to the same numbers (as big_vision and timm run So400m/14 at 384)."""
+    model = VisionTransformerBV(**dict(BV, patch_size=patch, mlp_dim=mlp_dim, depth=1), pool_type="map", scan=False)
+    ref = Reference(model, seed=3, size=size, params=random_params(model, size, seed=3))
+    flat = flatten_params(ref.params, "params/img/") | {"params/txt/Embed_0/embedding": np.ones((7, 4), np.float32)}
+    np.savez(tmp_path / "w.npz", **flat)
+    converted = load(convert(tmp_path / "w.npz", tmp_path / "out", "--image-size", size))
+    assert converted.config.image_size == size and tuple(converted.config.grid_size) == (size // patch,) * 2
+    assert relative_error(run(converted, images(size)), ref.logits) <= TOL
+
+
 def test_drop_pre_logits_and_new_head(reference, tmp_path):
     ref = orig_reference(reference, "token", rep=16)
     src = ref.save(tmp_path / "w.npz")
