@@ -68,6 +68,7 @@ logger = logging.get_logger(__name__)
 
 
 POOLING_TYPES = ("cls", "mean", "map", "first", "cls_mean", "none")
+FC_NORM_POOLINGS = ("mean", "cls", "first")
 HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")
 
@@ -195,7 +196,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             (SigLIP, big_vision `map`), `first` token without a class token (big_vision `0`), `cls_mean`: [CLS]
             concatenated with the mean of the patch tokens, 2 x hidden_size wide (transformers'
             `Dinov2ForImageClassification`, DINOv2's linear probes), `none`.
-        fc_norm: with mean pooling, apply the final LayerNorm after pooling instead of before (timm `fc_norm`).
+        fc_norm: apply the final norm to the pooled vector instead of the tokens: after mean pooling (timm
+            `fc_norm`, BEiT) or to the [CLS] token alone (transformers' CLIP, whose `post_layernorm` leaves
+            `last_hidden_state` un-normed).
         map_num_heads, map_intermediate_size: the MAP head's own head count and MLP width (Perception Encoder);
             None: the blocks'.
         representation_size: Dense + tanh before the head (ImageNet-21k checkpoints of the original repo).
@@ -504,8 +507,10 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             raise ValueError(f"map_num_heads={self.map_num_heads} does not divide hidden_size={self.hidden_size}")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True is the final norm applied after pooling; it needs final_norm=True")
-        if self.fc_norm and self.pooling != "mean":
-            raise ValueError(f"fc_norm=True applies to pooling='mean' only, got pooling={self.pooling!r}")
+        if self.fc_norm and self.pooling not in FC_NORM_POOLINGS:
+            raise ValueError(
+                f"fc_norm=True norms the pooled vector of pooling in {FC_NORM_POOLINGS}, got pooling={self.pooling!r}"
+            )
         self.position_kind.check(self)
         if self.rotary_kind is not None:
             self.rotary_kind.check(self)

@@ -96,11 +96,12 @@ class HubViTPooler(nn.Module):
             return None
         if self.pooling == "map":
             return self.map_head(hidden_states)
-        if self.pooling == "mean":
-            pooled = hidden_states[:, self.num_prefix_tokens :].mean(dim=1)
-            return self.fc_norm(pooled) if self.fc_norm is not None else pooled
         if self.pooling == "cls_mean":
             return torch.cat([hidden_states[:, 0], hidden_states[:, self.num_prefix_tokens :].mean(dim=1)], dim=-1)
-        if self.distillation_token:
-            return (hidden_states[:, 0] + hidden_states[:, 1]) / 2
-        return hidden_states[:, 0]
+        if self.pooling == "mean":
+            pooled = hidden_states[:, self.num_prefix_tokens :].mean(dim=1)
+        elif self.distillation_token:
+            pooled = (hidden_states[:, 0] + hidden_states[:, 1]) / 2
+        else:
+            pooled = hidden_states[:, 0]
+        return self.fc_norm(pooled) if self.fc_norm is not None else pooled

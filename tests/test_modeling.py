@@ -51,7 +51,7 @@ def test_defaults_are_vit_b16_at_224():
         (dict(pooling="max"), ["pooling='max'", "mean"]),
         (dict(hidden_act="swish2"), ["hidden_act='swish2'"]),
         (dict(interpolation_mode="area"), ["interpolation_mode='area'", "bicubic"]),
-        (dict(fc_norm=True, pooling="cls"), ["fc_norm", "pooling='cls'"]),
+        (dict(fc_norm=True, pooling="map"), ["fc_norm", "pooling='map'"]),
         (dict(distillation_token=True, class_token=False, pooling="mean"), ["distillation_token", "class_token"]),
         (dict(num_register_tokens=-1), ["num_register_tokens"]),
         (dict(distillation_token=True, pooling="map"), ["distillation_token", "pooling='map'"]),
@@ -357,6 +357,16 @@ def test_pooler_output_is_what_the_classifier_reads():
         expected_pool = model.hubvit.pooler.fc_norm(tokens.mean(1))
     assert_close(out.pooler_output, expected_pool)
     assert_close(logits, model.classifier(out.pooler_output))
+
+
+def test_fc_norm_with_cls_pooling_norms_the_cls_token_alone():
+    """transformers' CLIP: `post_layernorm` on the pooled [CLS], `last_hidden_state` not normed."""
+    model = make(tiny_config(num_labels=5, pre_norm=True, fc_norm=True)).eval()
+    x = pixels()
+    with torch.no_grad():
+        out = model.hubvit(x, output_hidden_states=True)
+    assert_close(out.last_hidden_state, out.hidden_states[-1])
+    assert_close(out.pooler_output, model.hubvit.pooler.fc_norm(out.last_hidden_state[:, 0]))
 
 
 def test_cls_mean_pooling_concatenates_cls_and_patch_mean():
