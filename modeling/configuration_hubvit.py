@@ -411,7 +411,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         output = super().to_dict()
         for name in ("out_features", "out_indices"):
             output.pop(f"_{name}", None)
-            output[name] = list(getattr(self, f"_{name}"))
+            value = getattr(self, f"_{name}", None)  # None while `__post_init__` runs transformers' validators
+            if value is not None:
+                output[name] = list(value)
         return output
 
     @property

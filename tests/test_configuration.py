@@ -116,3 +116,10 @@ def test_a_changed_depth_still_moves_the_stages():
     config = HubViTConfig(num_hidden_layers=4)
     config.num_hidden_layers = 6
     assert (config.stage_names[-1], config.out_features, config.out_indices) == ("stage6", ["stage6"], [6])
+
+
+def test_an_encoder_decoder_flag_is_accepted_while_the_backbone_stages_are_not_yet_set():
+    """transformers' validators call `to_dict` inside `__post_init__`, before the backbone's stages exist (its common
+    config test passes `is_encoder_decoder=True`); the saved config still names the stages."""
+    config = HubViTConfig(is_encoder_decoder=True)
+    assert config.is_encoder_decoder and config.to_dict()["out_features"] == ["stage12"]

@@ -147,7 +147,6 @@ def common_config_kwargs():
         "_attn_implementation_internal",
         "_experts_implementation_internal",
         "transformers_version",
-        "is_encoder_decoder",
     }
     kwargs = {}
     for key, value in vars(base).items():
