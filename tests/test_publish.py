@@ -104,7 +104,7 @@ def test_publish_a_zoo(hub_server, tmp_path, capsys):
     result = rows["test-user/zoo-broken"][0]
     assert result.startswith("failed (cannot convert this timm") and "shape mismatches" not in result  # one line
     assert "test-user/zoo-broken" not in server.repos
-    assert "1 of 3 entries failed: test-user/zoo-broken" in captured.err
+    assert "1 of 3 entries failed: test-user/zoo-broken (cannot convert this timm" in captured.err  # with its cause
 
     card = ModelCard(server.files("test-user/zoo-timm")["README.md"].decode())
     record = card.data.to_dict()["hubvit"]

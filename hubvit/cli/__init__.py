@@ -90,8 +90,8 @@ def show_push(result, args):
 def show_publish(result, args):
     print(result.table())
     if result.failed:
-        names = ", ".join(outcome.entry.repo_id for outcome in result.failed)
-        raise HubViTError(f"{len(result.failed)} of {len(result.outcomes)} entries failed: {names}")
+        causes = "; ".join(f"{outcome.entry.repo_id} ({outcome.detail})" for outcome in result.failed)
+        raise HubViTError(f"{len(result.failed)} of {len(result.outcomes)} entries failed: {causes}")
 
 
 def show_info(result, args):
