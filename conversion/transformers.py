@@ -32,6 +32,8 @@ from .common import (
 from ..folder import expected_shapes
 from .folder import run_conversion
 from .preprocessing import from_transformers
+from . import transformers_clip, transformers_towers
+from .transformers_towers import map_tower, prefix_of, vision_config
 
 # architecture -> (family, head); the family names transformers' config class and interpolation.
 ARCHITECTURES = {
@@ -69,6 +71,8 @@ DEFAULT_PREPROCESSING = {
     "dinov2_with_registers": (*IMAGENET, "bicubic"),
 }
 CITATION_KEYS = {"deit": "deit", "dinov2": "dinov2", "dinov2_with_registers": "dinov2"}
+TOWERS = {**transformers_towers.TOWERS, **transformers_clip.TOWERS}
+"""The vision towers read through a `Tower` (transformers_towers.py), by architecture."""
 """The key of `card.CITATIONS` for each family's paper."""
 
 # Per-layer tensors: hubvit name -> (legacy on-disk name, v5 in-memory name), under `encoder.layer.{i}.` or
@@ -134,7 +138,8 @@ def read_folder_weights(src):
 
 
 def read_source_config(src):
-    """(architecture, family, head, config dict with the transformers class defaults filled in)."""
+    """(architecture, family, head, config dict with the transformers class defaults filled in); for a vision tower
+    (`TOWERS`), (architecture, None, None, config.json as it is)."""
     path = Path(src) / "config.json"
     if not path.is_file():
         raise ConversionError(f"{src}: no config.json; expected a folder written by transformers' save_pretrained")
@@ -143,10 +148,12 @@ def read_source_config(src):
         raise ConversionError(f"{path}: expected a JSON object of config fields, got a JSON {type(raw).__name__}")
     architectures = raw.get("architectures") or []
     architecture = architectures[0] if architectures else None
+    if architecture in TOWERS:
+        return architecture, None, None, raw
     if architecture not in ARCHITECTURES:
         raise ConversionError(
             f"{path}: architectures={architectures!r} (model_type={raw.get('model_type')!r}) is not a transformers "
-            f"class this converter reads; expected one of {sorted(ARCHITECTURES)}"
+            f"class this converter reads; expected one of {sorted({*ARCHITECTURES, *TOWERS})}"
         )
     family, head = ARCHITECTURES[architecture]
     import transformers
@@ -227,6 +234,13 @@ def preprocessing(src, family):
     if not path.is_file():
         note = f"No preprocessor_config.json in SRC: {family} defaults (mean {mean}, std {std}, {resample})"
         return Preprocessing(mean, std, resample, notes=[note])
+    return preprocessing_of(src, mean, std, resample)
+
+
+def preprocessing_of(src, mean, std, resample):
+    """SRC's own image processor, its mean, std and resample read from preprocessor_config.json (the given ones
+    where it has none)."""
+    path = Path(src) / "preprocessor_config.json"
     raw = read_json(path)
     resample = resample_name(raw.get("resample", resample), f"{path}: resample")
     return Preprocessing(
@@ -349,6 +363,71 @@ def reference(args, src, architecture, family, head, config):
 # ---------------------------------------------------------------------------------------------------------- convert
 
 
+def tower_reference(args, src, tower, architecture, config):
+    """The tower's own transformers class loaded from SRC: `last_hidden_state` and `pooler_output` at the native
+    size, and where the class runs at other sizes (`tower.resize_kwargs`), at one two patches larger."""
+    import transformers
+
+    if not args.verify:
+        return Reference.unavailable("skipped (--no-verify)")
+    model = tower.reference(src)
+    native = tuple(config.image_size_2d)
+
+    def forward(pixels):
+        kwargs = tower.resize_kwargs if tuple(pixels.shape[-2:]) != native else {}
+        outputs = model(pixel_values=pixels, **kwargs)
+        pooled = {} if outputs.pooler_output is None else {"pooler_output": outputs.pooler_output}
+        return {"last_hidden_state": outputs.last_hidden_state, **pooled}
+
+    return Reference(
+        f"transformers {transformers.__version__} `{type(model).__name__}` loaded from the source folder",
+        forward,
+        sizes=(None,) if tower.resize_kwargs is None else (None, off_native_size(config)),
+        tolerance=args.tolerance,
+    )
+
+
+def convert_tower(args, source, architecture, raw):
+    """The `Conversion` of a vision tower folder (`transformers_towers.TOWERS`: DINOv3, SigLIP, CLIP, AIMv2, I-JEPA,
+    BEiT, Data2Vec-vision; a dual encoder's vision tower)."""
+    import transformers
+
+    from ..limits import check_config_sizes
+
+    tower, src = TOWERS[architecture], source.path
+    cfg = vision_config(tower, raw)
+    check_config_sizes(cfg, str(Path(src) / "config.json"))
+    if args.drop_head:
+        raise ConversionError(f"{architecture} has no classification head; --drop-head applies to classifiers")
+    weights, weights_path = read_folder_weights(src)
+    p = prefix_of(tower, weights)
+    settings = tower.settings(cfg, {key[len(p) :] for key in weights if key.startswith(p)})
+    config = HubViTConfig(**settings, num_labels=0)
+    mapping = map_tower(tower, weights, config, cfg, f"transformers {architecture} folder ({weights_path})")
+    mean, std, resample = tower.preprocessing
+    if (Path(src) / "preprocessor_config.json").is_file():
+        preprocessed = preprocessing_of(src, mean, std, resample)
+    else:
+        note = f"No preprocessor_config.json in SRC: {tower.family} defaults (mean {mean}, std {std}, {resample})"
+        preprocessed = Preprocessing(mean, std, resample, notes=[note])
+    name = Path(str(args.src)).name
+    return Conversion(
+        weights=mapping.finish(expected_shapes(config)),
+        config=settings,
+        preprocessing=preprocessed,
+        labels={},
+        reference=tower_reference(args, src, tower, architecture, config),
+        provenance=f"Converted from a transformers {transformers.__version__} `{architecture}` folder"
+        + (f" (its vision tower, `{p.rstrip('.')}`)." if p else "."),
+        command=shlex.join(["hubvit", "convert", "transformers", str(args.src), str(args.out)]),
+        family=tower.family,
+        dropped=mapping.report(),
+        citation_key=tower.citation_key,
+        title=f"hubvit {name}" + ("" if name == architecture else f" ({architecture})"),
+        source=source.record(),
+    )
+
+
 def convert(args):
     """The `Conversion` of a folder saved by transformers; `args` is an `Options`."""
     import transformers
@@ -356,6 +435,8 @@ def convert(args):
     source = sources.resolve(args.src, revision=args.revision)
     src = source.path
     architecture, family, head, cfg = read_source_config(src)
+    if architecture in TOWERS:
+        return convert_tower(args, source, architecture, cfg)
     if args.drop_head:
         head = None
     settings = hubvit_settings(family, head, cfg)

@@ -33,6 +33,14 @@ CITATIONS = {
     "  year = {2024}\n}",
     "openclip": "@inproceedings{cherti2023reproducible,\n  title = {Reproducible Scaling Laws for Contrastive "
     "Language-Image Learning},\n  author = {Cherti, Mehdi and others},\n  booktitle = {CVPR},\n  year = {2023}\n}",
+    "ijepa": "@inproceedings{assran2023self,\n  title = {Self-Supervised Learning from Images with a Joint-Embedding "
+    "Predictive Architecture},\n  author = {Assran, Mahmoud and others},\n  booktitle = {CVPR},\n  year = {2023}\n}",
+    "data2vec": "@inproceedings{baevski2022data2vec,\n  title = {data2vec: A General Framework for Self-supervised "
+    "Learning in Speech, Vision and Language},\n  author = {Baevski, Alexei and others},\n  booktitle = {ICML},\n"
+    "  year = {2022}\n}",
+    "siglip2": "@article{tschannen2025siglip,\n  title = {SigLIP 2: Multilingual Vision-Language Encoders with Improved "
+    "Semantic Understanding, Localization, and Dense Features},\n  author = {Tschannen, Michael and others},\n  "
+    "journal = {arXiv preprint arXiv:2502.14786},\n  year = {2025}\n}",
     "big_vision": "@article{beyer2022better,\n  title = {Better plain ViT baselines for ImageNet-1k},\n  author = "
     "{Beyer, Lucas and Zhai, Xiaohua and Kolesnikov, Alexander},\n  journal = {arXiv preprint arXiv:2205.01580},\n"
     "  year = {2022}\n}",

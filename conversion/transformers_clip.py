@@ -1,0 +1,126 @@
+"""transformers' CLIP and SigLIP vision towers (`CLIPVisionModel`, `SiglipVisionModel`, and the vision tower of the
+dual encoders `CLIPModel` and `SiglipModel`, which fixed-resolution SigLIP 2 checkpoints use too) as `Tower`s.
+
+Both run the same encoder layers (`self_attn.{q,k,v,out}_proj`, `layer_norm1/2`, `mlp.fc1/fc2`). SigLIP has no
+[CLS]: a patch-only table, every token normed by `post_layernorm`, then a MAP head (`nn.MultiheadAttention` with one
+learned probe, then a residual MLP), hubvit's `map` pooling. CLIP has [CLS] and a table row for it, a norm before the
+encoder (`pre_layrnorm`), no patch bias, and `post_layernorm` on the pooled [CLS] alone (`last_hidden_state` is not
+normed): hubvit's `fc_norm` with `cls` pooling.
+"""
+
+from .transformers_towers import HALF, OPENAI_CLIP, Tower, loader, map_params, map_qkv
+
+
+def encoder_settings(cfg):
+    """The fields both towers read the same way from their vision config."""
+    return dict(
+        image_size=cfg["image_size"],
+        patch_size=cfg["patch_size"],
+        num_channels=cfg["num_channels"],
+        hidden_size=cfg["hidden_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"],
+        intermediate_size=cfg["intermediate_size"],
+        hidden_act=cfg["hidden_act"],
+        layer_norm_eps=cfg["layer_norm_eps"],
+        interpolation_mode="bicubic",
+        interpolation_antialias=False,
+        interpolation_align_corners=False,
+    )
+
+
+def map_encoder(mapping, config, p):
+    for i in range(config.num_hidden_layers):
+        source, target = f"{p}encoder.layers.{i}.", f"encoder.layers.{i}."
+        map_params(mapping, f"{target}norm1", f"{source}layer_norm1")
+        map_params(mapping, f"{target}norm2", f"{source}layer_norm2")
+        map_qkv(mapping, f"{target}attention", [f"{source}self_attn.{n}_proj" for n in "qkv"], config)
+        map_params(mapping, f"{target}attention.proj", f"{source}self_attn.out_proj")
+        map_params(mapping, f"{target}mlp.fc1", f"{source}mlp.fc1")
+        map_params(mapping, f"{target}mlp.fc2", f"{source}mlp.fc2")
+
+
+# ----------------------------------------------------------------------------------------------------------- SigLIP
+
+
+def siglip_settings(cfg, keys):
+    head = cfg.get("vision_use_head", True)
+    return dict(**encoder_settings(cfg), class_token=False, pooling="map" if head else "none")
+
+
+def siglip_weights(mapping, config, p, cfg):
+    e = f"{p}embeddings."
+    map_params(mapping, "embeddings.patch_embedding", f"{e}patch_embedding")
+    mapping.map("embeddings.position_embedding", f"{e}position_embedding.weight", lambda t: t[None])
+    map_encoder(mapping, config, p)
+    map_params(mapping, "norm", f"{p}post_layernorm")
+    if config.pooling != "map":
+        return
+    h, dim = f"{p}head.", config.hidden_size
+    mapping.map("pooler.map_head.probe", f"{h}probe")
+    for part in ("weight", "bias"):
+        mapping.map(f"pooler.map_head.q.{part}", f"{h}attention.in_proj_{part}", lambda t: t[:dim])
+        mapping.map(f"pooler.map_head.kv.{part}", f"{h}attention.in_proj_{part}", lambda t: t[dim:])
+    map_params(mapping, "pooler.map_head.proj", f"{h}attention.out_proj")
+    map_params(mapping, "pooler.map_head.norm", f"{h}layernorm")
+    map_params(mapping, "pooler.map_head.mlp.fc1", f"{h}mlp.fc1")
+    map_params(mapping, "pooler.map_head.mlp.fc2", f"{h}mlp.fc2")
+
+
+def siglip(reference, nested=None):
+    return Tower(
+        family="siglip",
+        config_class="SiglipVisionConfig",
+        settings=siglip_settings,
+        map_weights=siglip_weights,
+        marker="embeddings.patch_embedding.weight",
+        reference=reference,
+        preprocessing=(*HALF, "bicubic"),
+        nested=nested,
+        resize_kwargs={"interpolate_pos_encoding": True},
+        citation_key=["siglip", "siglip2"],
+        prefixes=("", "vision_model."),
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------- CLIP
+
+
+def clip_settings(cfg, keys):
+    return dict(**encoder_settings(cfg), patch_bias=False, pre_norm=True, pooling="cls", fc_norm=True)
+
+
+def clip_weights(mapping, config, p, cfg):
+    e = f"{p}embeddings."
+    mapping.map("embeddings.class_token", f"{e}class_embedding", lambda t: t.reshape(1, 1, -1))
+    mapping.map("embeddings.patch_embedding.weight", f"{e}patch_embedding.weight")
+    mapping.map("embeddings.position_embedding", f"{e}position_embedding.weight", lambda t: t[None])
+    mapping.drop(rf"{e}position_ids", "index buffer")
+    map_params(mapping, "pre_norm", f"{p}pre_layrnorm")
+    map_encoder(mapping, config, p)
+    map_params(mapping, "pooler.fc_norm", f"{p}post_layernorm")
+
+
+def clip(reference, nested=None):
+    return Tower(
+        family="clip",
+        config_class="CLIPVisionConfig",
+        settings=clip_settings,
+        map_weights=clip_weights,
+        marker="embeddings.class_embedding",
+        reference=reference,
+        preprocessing=(*OPENAI_CLIP, "bicubic"),
+        nested=nested,
+        resize_kwargs={"interpolate_pos_encoding": True},
+        citation_key="clip",
+        prefixes=("", "vision_model."),
+    )
+
+
+TOWERS = {
+    "SiglipVisionModel": siglip(loader("SiglipVisionModel")),
+    "SiglipModel": siglip(loader("SiglipModel", "vision_model"), nested="vision_config"),
+    "CLIPVisionModel": clip(loader("CLIPVisionModel")),
+    "CLIPVisionModelWithProjection": clip(loader("CLIPVisionModelWithProjection", "vision_model")),
+    "CLIPModel": clip(loader("CLIPModel", "vision_model"), nested="vision_config"),
+}
