@@ -32,7 +32,7 @@ from .common import (
 from ..folder import expected_shapes
 from .folder import run_conversion
 from .preprocessing import from_transformers
-from . import transformers_clip, transformers_towers
+from . import transformers_beit, transformers_clip, transformers_towers
 from .transformers_towers import map_tower, prefix_of, vision_config
 
 # architecture -> (family, head); the family names transformers' config class and interpolation.
@@ -71,7 +71,7 @@ DEFAULT_PREPROCESSING = {
     "dinov2_with_registers": (*IMAGENET, "bicubic"),
 }
 CITATION_KEYS = {"deit": "deit", "dinov2": "dinov2", "dinov2_with_registers": "dinov2"}
-TOWERS = {**transformers_towers.TOWERS, **transformers_clip.TOWERS}
+TOWERS = {**transformers_towers.TOWERS, **transformers_clip.TOWERS, **transformers_beit.TOWERS}
 """The vision towers read through a `Tower` (transformers_towers.py), by architecture."""
 """The key of `card.CITATIONS` for each family's paper."""
 
