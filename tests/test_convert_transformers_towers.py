@@ -1,0 +1,200 @@
+"""`hubvit convert transformers` on the vision towers beyond ViT: DINOv3 ViT (and its backbone), SigLIP and CLIP (vision
+models and the dual encoders' towers), AIMv2, I-JEPA, BEiT and Data2Vec-vision.
+
+Each folder is written by transformers' own `save_pretrained` from a randomised model and converted through the CLI;
+the converted folder, loaded as remote code, is compared with the transformers model itself on the same batch:
+`last_hidden_state` and `pooler_output`, at the native size and (where the class runs at other sizes) at one two
+patches larger. Tolerance: float32 parity, 1e-5 of the output scale (the same operations grouped differently:
+fused q/k/v, DINOv3's angles from periods rather than inverse frequencies, about 1e-7 apart).
+"""
+
+import json
+
+import pytest
+import torch
+import transformers
+from transformers import AutoImageProcessor, AutoModel
+
+from hubvit import HubViTBackbone
+from hubvit.cli import main as cli
+from utils import randomize_, relative_error
+
+SMALL = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+)
+TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=99)
+
+# name: (architecture, config fields on top of SMALL, hubvit fields the conversion must produce, sizes to compare)
+TOWERS = {
+    "dinov3_registers": (
+        "DINOv3ViTModel",
+        dict(num_register_tokens=2),
+        dict(rope_type="dinov3", num_register_tokens=2, key_bias=False, position_embedding_type="none"),
+        (32, 48),
+    ),
+    "dinov3_gated_key_bias": (
+        "DINOv3ViTModel",
+        dict(use_gated_mlp=True, hidden_act="silu", key_bias=True),
+        dict(mlp_type="gated", key_bias=True),
+        (32, 48),
+    ),
+    "siglip": ("SiglipVisionModel", {}, dict(class_token=False, pooling="map"), (32, 48)),
+    "clip": (
+        "CLIPVisionModel",
+        {},
+        dict(pre_norm=True, patch_bias=False, fc_norm=True, hidden_act="quick_gelu"),
+        (32, 48),
+    ),
+    "aimv2": (
+        "Aimv2VisionModel",
+        {},
+        dict(norm_type="rms_norm", patch_norm=True, mlp_type="gated", pooling="map"),
+        (32,),
+    ),
+    "aimv2_biases": (
+        "Aimv2VisionModel",
+        dict(qkv_bias=True, mlp_bias=True),
+        dict(proj_bias=True, mlp_bias=True),
+        (32,),
+    ),
+    "ijepa": ("IJepaModel", {}, dict(class_token=False, pooling="none", interpolation_antialias=False), (32, 48)),
+    "beit_relative_mean": (
+        "BeitModel",
+        dict(use_relative_position_bias=True),
+        dict(position_embedding_type="relative_2d_class", pooling="mean", fc_norm=True),
+        (32, 48),
+    ),
+    "beit_shared_and_own_tables_cls": (
+        "BeitModel",
+        dict(use_relative_position_bias=True, use_shared_relative_position_bias=True, use_mean_pooling=False),
+        dict(position_embedding_type="relative_2d_class", pooling="cls"),
+        (32, 48),
+    ),
+    "beit_absolute_no_layer_scale": (
+        "BeitModel",
+        dict(use_absolute_position_embeddings=True, layer_scale_init_value=0.0),
+        dict(position_embedding_type="learned", layer_scale_init_value=None),
+        (32, 48),
+    ),
+    "data2vec_without_pooler": (
+        "Data2VecVisionModel",
+        dict(use_relative_position_bias=True),
+        dict(pooling="none", final_norm=False),
+        (32, 48),
+    ),
+}
+DUAL = {  # the dual encoders: (architecture, config class, vision config class)
+    "siglip_model": ("SiglipModel", "SiglipConfig", "SiglipVisionConfig"),
+    "clip_model": ("CLIPModel", "CLIPConfig", "CLIPVisionConfig"),
+}
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def source_model(architecture, **fields):
+    cls = getattr(transformers, architecture)
+    return randomize_(cls(cls.config_class(**SMALL, **fields)), seed=len(architecture)).eval()
+
+
+def dual_model(architecture, config_class, vision_class):
+    vision = getattr(transformers, vision_class)(**SMALL).to_dict()
+    config = getattr(transformers, config_class)(vision_config=vision, text_config=TEXT)
+    return randomize_(getattr(transformers, architecture)(config), seed=1).eval()
+
+
+@torch.no_grad()
+def assert_same_outputs(vision, converted, sizes, resize):
+    """Both outputs of `converted` against the transformers vision model, at every size (1e-5 of the scale)."""
+    for size in sizes:
+        pixels = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(size))
+        theirs = vision(pixel_values=pixels, **(resize if size != 32 else {}))
+        ours = converted(pixel_values=pixels)
+        assert relative_error(ours.last_hidden_state, theirs.last_hidden_state) <= 1e-5, size
+        if theirs.pooler_output is None:
+            assert ours.pooler_output is None
+        else:
+            assert relative_error(ours.pooler_output, theirs.pooler_output) <= 1e-5, size
+
+
+@pytest.mark.parametrize("name", list(TOWERS))
+def test_a_tower_converts_and_matches_transformers(name, tmp_path):
+    architecture, fields, expected, sizes = TOWERS[name]
+    source = source_model(architecture, **fields)
+    source.save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    converted = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    for field, value in expected.items():
+        assert getattr(converted.config, field) == value, (field, getattr(converted.config, field))
+    resize = {} if architecture.startswith("DINOv3") else {"interpolate_pos_encoding": True}
+    assert_same_outputs(source, converted, sizes, resize)
+
+
+@pytest.mark.parametrize("name", list(DUAL))
+def test_a_dual_encoder_folder_gives_its_vision_tower(name, tmp_path, capsys):
+    source = dual_model(*DUAL[name])
+    source.save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    assert "outside the vision tower under 'vision_model.'" in capsys.readouterr().out
+    converted = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    assert_same_outputs(source.vision_model, converted, (32, 48), {"interpolate_pos_encoding": True})
+
+
+@torch.no_grad()
+def test_a_converted_dinov3_backbone_gives_transformers_feature_maps(tmp_path):
+    """transformers' `DINOv3ViTBackbone` folder, converted: hubvit's `AutoBackbone` returns the same maps (normed,
+    prefix tokens removed, (batch, hidden, rows, columns)) for the same stages. (transformers 5.10 to 5.25 cannot
+    read a local folder through `AutoBackbone.from_pretrained`: tests/test_backbone.py covers that route.)"""
+    source = randomize_(
+        transformers.DINOv3ViTBackbone(transformers.DINOv3ViTConfig(**SMALL, num_register_tokens=1, out_indices=[1, 2]))
+    ).eval()
+    source.save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    ours = HubViTBackbone.from_pretrained(tmp_path / "out", out_indices=[1, 2]).eval()
+    pixels = torch.randn(2, 3, 40, 48, generator=torch.Generator().manual_seed(0))
+    theirs, mine = source(pixels).feature_maps, ours(pixels).feature_maps
+    assert len(theirs) == len(mine) == 2
+    for expected, got in zip(theirs, mine):
+        assert got.shape == expected.shape == (2, 64, 5, 6)
+        assert relative_error(got, expected) <= 1e-5
+
+
+def test_the_image_processor_and_the_papers_travel_with_the_folder(tmp_path):
+    """A SigLIP folder's own processor (bicubic, mean = std = 0.5) is the converted folder's; its card cites SigLIP
+    and SigLIP 2 by title."""
+    source_model("SiglipVisionModel").save_pretrained(tmp_path / "src")
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    processor = AutoImageProcessor.from_pretrained(tmp_path / "out")
+    assert list(processor.image_mean) == [0.5, 0.5, 0.5] and processor.size["height"] == 32
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "Sigmoid Loss for Language Image Pre-Training" in card and "SigLIP 2: Multilingual" in card
+
+
+@pytest.mark.parametrize(
+    "architecture, fields, message",
+    [
+        ("Aimv2VisionModel", dict(is_native=True, use_head=False), "is_native=True"),
+        (
+            "BeitModel",
+            dict(use_absolute_position_embeddings=True, use_relative_position_bias=True),
+            "use_absolute_position_embeddings=True beside a relative position bias",
+        ),
+        ("DINOv3ViTModel", dict(query_bias=True, value_bias=False), "query_bias=True, value_bias=False"),
+    ],
+)
+def test_what_hubvit_cannot_express_is_refused_by_name(tmp_path, capsys, architecture, fields, message):
+    source_model(architecture, **fields).save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_of_another_class_names_every_class_read(tmp_path, capsys):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text(json.dumps({"architectures": ["SwinModel"], "model_type": "swin"}))
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "SwinModel" in error and all(name in error for name in ("DINOv3ViTModel", "SiglipModel", "BeitModel"))
