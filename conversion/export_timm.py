@@ -338,7 +338,7 @@ def read_back_problems(config, settings, name):
     ours = effective_settings(config)
     theirs = effective_settings(HubViTConfig(**settings, num_labels=config.num_labels))
     return [
-        f"{key}={ours.get(key)!r} ({name} built from model_args reads back as {theirs.get(key)!r})"
+        f"{key}={ours.get(key)!r} ({name} reads back as {theirs.get(key)!r})"
         for key in sorted(set(ours) | set(theirs))
         if ours.get(key) != theirs.get(key)
     ]
@@ -402,7 +402,7 @@ def family_build(timm, config):
                 found = [f"timm's {architecture} cannot be built from model_args {model_args}: {error}"]
             else:
                 settings, found = read_settings(trial, architecture)
-                found = found or read_back_problems(config, settings, f"timm's {architecture}")
+                found = found or read_back_problems(config, settings, f"timm's {architecture} built from model_args")
             if not found:
                 return architecture, model_args, create(timm, architecture, model_args, config.num_labels)
             problems = problems or found

@@ -1,8 +1,11 @@
-"""`hubvit export transformers`: a hubvit folder as transformers' built-in `ViTForImageClassification`.
+"""`hubvit export transformers`: a hubvit folder as transformers' built-in `ViTForImageClassification`, or as the
+vision tower class it came from.
 
 A hubvit folder that transformers' ViT can express becomes a `ViTForImageClassification` (or `ViTModel` without
-pooler when headless) folder written by transformers' own `save_pretrained`, after both models agree on one batch;
-anything else is refused with the list of offending settings.
+pooler when headless) folder written by transformers' own `save_pretrained`, after both models agree on one batch.
+A headless folder ViT cannot express becomes the first of DINOv3 ViT, SigLIP, CLIP, AIMv2, I-JEPA and BEiT whose
+config the converter reads back as the folder's (export_transformers_towers.py); anything else is refused with the
+list of offending settings.
 """
 
 import logging
@@ -24,6 +27,7 @@ from .common import (
     verify,
 )
 from ..folder import check_output_path, make_image_processor, staged_folder
+from . import export_transformers_towers as towers
 
 logger = logging.getLogger(__name__)
 
@@ -173,23 +177,42 @@ def export(args):
     """Export `args.src` (read with `from_pretrained`) as transformers' ViT at `args.out`, checked against the hubvit
     model first; `args` is an `Options`."""
     import transformers
-    from transformers import ViTImageProcessor
+    from transformers import AutoImageProcessor, ViTImageProcessor
 
     src, out = Path(args.src), Path(args.out)
     config, _ = read_hubvit_config(src)
     problems = export_problems(config)
-    if problems:
+    tower = towers.choose(config) if problems else None
+    if isinstance(tower, list) or (tower is not None and config.num_labels):
+        reason = (
+            [f"{tower[0]} is a vision model without a classification head; this folder has {config.num_labels} classes"]
+            if isinstance(tower, tuple)
+            else tower
+        )
         raise ConversionError(
-            "transformers' ViT cannot express this hubvit model; nothing was written. Offending settings:\n"
-            + "\n".join(f"    {p}" for p in problems)
+            "no transformers class can express this hubvit model; nothing was written. Offending settings:\n"
+            + "".join(f"    transformers' ViT: {p}\n" for p in problems)
+            + "\n".join(f"    {p}" for p in reason)
         )
     hubvit_model = load_hubvit(src)
-    model, mapping = build_vit(config, hubvit_model.state_dict(), f"hubvit folder ({src})")
-    notes = tuple(mapping.report() + export_notes(config))
+    if tower is None:
+        model, mapping = build_vit(config, hubvit_model.state_dict(), f"hubvit folder ({src})")
+        notes = tuple(mapping.report() + export_notes(config))
+    else:
+        weights = {key.removeprefix("hubvit."): value for key, value in hubvit_model.state_dict().items()}
+        model, report = towers.build(*tower, config, weights, f"{tower[0]} folder for the hubvit folder ({src})")
+        notes = tuple(report)
 
     def forward(pixels):
         outputs = model(pixel_values=pixels)
-        return {"logits": outputs.logits} if config.num_labels else {"last_hidden_state": outputs.last_hidden_state}
+        if config.num_labels:
+            return {"logits": outputs.logits}
+        pooled = (
+            {}
+            if getattr(outputs, "pooler_output", None) is None or tower is None
+            else {"pooler_output": outputs.pooler_output}
+        )
+        return {"last_hidden_state": outputs.last_hidden_state, **pooled}
 
     exported = Reference(
         f"the exported transformers {transformers.__version__} `{type(model).__name__}`",
@@ -201,7 +224,9 @@ def export(args):
     with staged_folder(out, args.overwrite) as staging:
         model.save_pretrained(staging)
         if (src / "preprocessor_config.json").is_file():
-            ViTImageProcessor.from_pretrained(str(src)).save_pretrained(staging)
+            (ViTImageProcessor if tower is None else AutoImageProcessor).from_pretrained(str(src)).save_pretrained(
+                staging
+            )
         else:
             make_image_processor(config).save_pretrained(staging)
     logger.info("wrote %s (%s)", out, type(model).__name__)

@@ -198,3 +198,32 @@ def test_a_folder_of_another_class_names_every_class_read(tmp_path, capsys):
     assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert "SwinModel" in error and all(name in error for name in ("DINOv3ViTModel", "SiglipModel", "BeitModel"))
+
+
+@pytest.mark.parametrize("name", [name for name in TOWERS if name != "data2vec_without_pooler"])
+@torch.no_grad()
+def test_a_converted_tower_exports_back_to_its_transformers_class(name, tmp_path):
+    """transformers model -> `hubvit convert transformers` -> `hubvit export transformers` -> `from_pretrained`: the
+    exported folder is the source's class and computes what the source computed (1e-5 of the output scale)."""
+    architecture, fields, _, _ = TOWERS[name]
+    source = source_model(architecture, **fields)
+    source.save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "hubvit")]) == 0
+    assert cli(["export", "transformers", str(tmp_path / "hubvit"), str(tmp_path / "back")]) == 0
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == [architecture]
+    exported = getattr(transformers, architecture).from_pretrained(tmp_path / "back").eval()
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    theirs, ours = source(pixel_values=pixels), exported(pixel_values=pixels)
+    assert relative_error(ours.last_hidden_state, theirs.last_hidden_state) <= 1e-5
+    if theirs.pooler_output is not None:
+        assert relative_error(ours.pooler_output, theirs.pooler_output) <= 1e-5
+
+
+def test_a_folder_no_transformers_class_reads_back_is_refused_naming_the_closest(tmp_path, capsys):
+    """Data2Vec saved without its pooler has no final norm; BEiT, the closest class, always has one."""
+    source_model("Data2VecVisionModel", use_relative_position_bias=True).save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "hubvit")]) == 0
+    assert cli(["export", "transformers", str(tmp_path / "hubvit"), str(tmp_path / "back")]) == 2
+    error = capsys.readouterr().err
+    assert "final_norm=False (transformers' BeitModel built from its config reads back as True)" in error
+    assert not (tmp_path / "back").exists()
