@@ -13,6 +13,7 @@ with `interpolate_pos_encoding=True`; JAX at the native size only, the Flax mode
     python benchmarks/parity.py --only timm       # or: --only transformers, --only jax
     python benchmarks/parity.py --only torchvision   # or: --only pytorch, --only export-timm
     python benchmarks/parity.py --only timm-families # EVA-02, DINOv3, PE, RoPE-ViT, BEiT, relpos: in and back out
+    python benchmarks/parity.py --only transformers-towers  # DINOv3, SigLIP, CLIP, AIMv2, I-JEPA, BEiT: in and out
 
 torchvision's ViT is compared at a second size through its own `interpolate_embeddings`; the plain PyTorch ViT on
 `nn.TransformerEncoder` is the reference class of `tests/test_convert_pytorch.py`; `export timm` runs timm's model
@@ -22,6 +23,7 @@ built from the exported folder (`local-dir:`) against the hubvit folder it came 
 import argparse
 import contextlib
 import io
+import json
 import os
 import sys
 import tempfile
@@ -248,6 +250,60 @@ def modern_family_row(label, name, args, root):
     return label, errors + ([float("nan")] if len(references) == 1 else []) + [exported]
 
 
+TOWER_CASES = (  # transformers class, its fields at ViT-B/16 (AIMv2 at its own patch 14), export expected
+    ("DINOv3ViTModel", dict(num_register_tokens=4), True),
+    ("SiglipVisionModel", {}, True),
+    ("SiglipModel", {}, False),
+    ("CLIPVisionModel", dict(patch_size=16), True),
+    ("CLIPModel", dict(patch_size=16), False),
+    ("Aimv2VisionModel", dict(patch_size=14), True),
+    ("IJepaModel", {}, True),
+    ("BeitModel", dict(use_relative_position_bias=True), True),
+    ("Data2VecVisionModel", dict(use_relative_position_bias=True, use_mean_pooling=False), True),
+)
+
+
+@torch.no_grad()
+def tower_row(architecture, fields, exports, root):
+    """One transformers vision tower at ViT-B size: converted (its last_hidden_state and pooler_output against the
+    source's, native and, where the class resizes, 224 -> 256) and exported back (`hubvit export transformers`)."""
+    cls = getattr(transformers, architecture)
+    sizes = dict(VIT_B, intermediate_size=3072, **fields)
+    if architecture in ("SiglipModel", "CLIPModel"):
+        vision = getattr(transformers, architecture.replace("Model", "VisionConfig"))(**sizes).to_dict()
+        text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, vocab_size=99)
+        source = randomize_(cls(cls.config_class(vision_config=vision, text_config=text))).eval()
+    else:
+        source = randomize_(cls(cls.config_class(**sizes))).eval()
+    folder = root / architecture
+    source.save_pretrained(folder)
+    assert quietly(cli, ["convert", "transformers", str(folder), str(root / f"{architecture}-hubvit")]) == 0
+    model = load(root / f"{architecture}-hubvit", True)
+    vision = getattr(source, "vision_model", source) if architecture in ("SiglipModel", "CLIPModel") else source
+    resizes = architecture not in ("Aimv2VisionModel",)
+    errors = []
+    for size in (224, 256) if resizes else (224,):
+        x = pixels(size, size)
+        kwargs = {} if size == 224 or architecture.startswith("DINOv3") else {"interpolate_pos_encoding": True}
+        theirs, ours = vision(pixel_values=x, **kwargs), model(pixel_values=x)
+        error = relative_error(ours.last_hidden_state, theirs.last_hidden_state)
+        if theirs.pooler_output is not None:
+            error = max(error, relative_error(ours.pooler_output, theirs.pooler_output))
+        errors.append(error)
+    errors += [float("nan")] * (2 - len(errors))
+    if exports:
+        out = root / f"{architecture}-back"
+        assert quietly(cli, ["export", "transformers", str(root / f"{architecture}-hubvit"), str(out)]) == 0
+        back = getattr(transformers, json.loads((out / "config.json").read_text())["architectures"][0])
+        back = back.from_pretrained(out).eval()
+        x = pixels(224, 224)
+        errors.append(relative_error(back(pixel_values=x).last_hidden_state, vision(pixel_values=x).last_hidden_state))
+        architecture = f"{architecture} -> `{type(back).__name__}`"
+    else:
+        errors.append(float("nan"))
+    return architecture, errors
+
+
 EXPORT_TIMM_CASES = (
     ("ViT-B/16, [CLS], 1000 classes", dict(num_labels=1000)),
     (
@@ -273,7 +329,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--only",
-        choices=("timm", "timm-families", "transformers", "jax", "torchvision", "pytorch", "export-timm"),
+        choices=(
+            "timm",
+            "timm-families",
+            "transformers",
+            "transformers-towers",
+            "jax",
+            "torchvision",
+            "pytorch",
+            "export-timm",
+        ),
         default=None,
     )
     parser.add_argument("--threads", type=int, default=2)
@@ -307,6 +372,12 @@ def main(argv=None):
             rows = [modern_family_row(*case, root) for case in MODERN_FAMILIES]
             print("\nnan: timm's class runs at its native size only (no dynamic_img_size)")
             print_table("timm families, converted and exported back", rows, sizes=3)
+        if args.only in (None, "transformers-towers"):
+            rows = [tower_row(*case, root) for case in TOWER_CASES]
+            print(
+                "\nnan: the class runs at its native size only (AIMv2), or a dual encoder (exported as its tower's class)"
+            )
+            print_table("transformers towers, converted and exported back", rows, sizes=3, second="256 px")
         if args.only in (None, "export-timm"):
             print_table("export timm (timm against hubvit)", [export_timm_row(*c, root) for c in EXPORT_TIMM_CASES])
 
