@@ -65,6 +65,46 @@ def test_validation_classes_that_differ_from_training_are_refused(tmp_path, caps
     assert status == 2 and "only in training ['b']" in line and "only in validation ['c']" in line
 
 
+def test_a_class_folder_without_images_is_named_not_dropped(tmp_path, capsys):
+    """Issue 50: a class folder of text files used to vanish (three folders, a two-label model)."""
+    train = folders(tmp_path, ["a", "b"])
+    (train / "c").mkdir()
+    (train / "c" / "notes.txt").write_text("not an image")
+    status, err = run(tmp_path, capsys, "--train_dir", train)
+    line = one_error(err)
+    assert status == 2 and "class folder 'c' holds no images" in line and "train_dir/<class>/<image>" in line
+
+
+def test_an_image_in_a_subfolder_of_a_class_is_named(tmp_path, capsys):
+    from PIL import Image
+
+    train = folders(tmp_path, ["a", "b"])
+    (train / "b" / "deep").mkdir()
+    Image.new("RGB", (20, 20)).save(train / "b" / "deep" / "x.png")
+    status, err = run(tmp_path, capsys, "--train_dir", train)
+    line = one_error(err)
+    assert status == 2 and "b/deep/x.png is in a subfolder of class 'b'" in line and "--label_column_name" not in line
+
+
+def test_an_image_beside_the_class_folders_is_named(tmp_path, capsys):
+    from PIL import Image
+
+    train = folders(tmp_path, ["a", "b"])
+    Image.new("RGB", (20, 20)).save(train / "stray.png")
+    status, err = run(tmp_path, capsys, "--train_dir", train)
+    assert status == 2 and "image stray.png sits beside the class folders" in one_error(err)
+
+
+def test_the_python_api_refuses_the_same_layout(tmp_path):
+    import hubvit
+    from hubvit.training.checks import TrainingInputError
+
+    train = folders(tmp_path, ["a", "b"])
+    (train / "c").mkdir()
+    with pytest.raises(TrainingInputError, match="class folder 'c' holds no images"):
+        hubvit.train(train_dir=str(train), output_dir=str(tmp_path / "out"), max_train_steps=1)
+
+
 def test_a_decompression_bomb_image_is_refused_by_name(tmp_path, capsys, monkeypatch):
     from PIL import Image
 

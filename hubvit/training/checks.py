@@ -35,8 +35,30 @@ def class_folders(folder):
     return sorted(p.name for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def is_image(path):
+    return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
+
+
+def check_layout(flag, folder):
+    """The image-folder layout `<folder>/<class>/<image>`: no image beside the class folders, none deeper than one
+    level, no class folder without images; the first offending path named."""
+    expected = f"expected {flag.lstrip('-')}/<class>/<image>"
+    beside = sorted(p.name for p in folder.iterdir() if is_image(p))
+    if beside and class_folders(folder):
+        raise TrainingInputError(f"{flag} {folder}: image {beside[0]} sits beside the class folders; {expected}")
+    for name in class_folders(folder):
+        deeper = sorted(p for p in (folder / name).rglob("*") if is_image(p) and p.parent != folder / name)
+        if deeper:
+            raise TrainingInputError(
+                f"{flag} {folder}: {deeper[0].relative_to(folder)} is in a subfolder of class {name!r}; {expected}"
+            )
+        if not any(is_image(p) for p in (folder / name).iterdir()):
+            raise TrainingInputError(f"{flag} {folder}: class folder {name!r} holds no images; {expected}")
+
+
 def check_image_folders(train_dir, validation_dir=None):
-    """--train_dir (and --validation_dir) exist, hold image files, at least two class folders, the same classes."""
+    """--train_dir (and --validation_dir) exist, hold image files in the layout `<split>/<class>/<image>`, at
+    least two class folders, the same classes."""
     found = {}
     for flag, folder in (("--train_dir", train_dir), ("--validation_dir", validation_dir)):
         if folder is None:
@@ -49,6 +71,7 @@ def check_image_folders(train_dir, validation_dir=None):
                 f"{flag} {folder} holds no image files ({', '.join(IMAGE_SUFFIXES)}); expected one folder of "
                 "images per class"
             )
+        check_layout(flag, path)
         found[flag] = class_folders(path)
     classes = found.get("--train_dir", [])
     if len(classes) < 2:
