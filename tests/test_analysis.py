@@ -388,6 +388,17 @@ def test_cli_attention_distance_writes_decodable_png_json_and_csv(model_folder, 
     assert rows[0] == "layer,head_0,head_1,head_2,head_3" and len(rows) == 3
 
 
+def test_cli_attention_distance_refuses_a_loading_script_in_one_line(model_folder, tmp_path, capsys):
+    """Issue 50: `hubvit analyze` ended in datasets' RuntimeError traceback where `hubvit train` said what to give."""
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    (folder / "digits.py").write_text("import datasets\n")
+    argv = ["analyze", "attention-distance", str(model_folder), "--dataset", str(folder), "--output-dir", str(tmp_path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--dataset" in err and "digits.py is a datasets loading script" in err and "Traceback" not in err
+
+
 def test_cli_attention_distance_reads_a_saved_dataset(model_folder, photo_folder, tmp_path):
     import datasets
 

@@ -103,7 +103,9 @@ def open_dataset(name, split, image_column):
     if Path(name).is_dir() and ((Path(name) / "dataset_info.json").exists() or (Path(name) / "state.json").exists()):
         data = datasets.load_from_disk(name)
     else:
-        data = datasets.load_dataset(name, split=split) if split else datasets.load_dataset(name)
+        from ..training.checks import load_dataset
+
+        data = load_dataset(name, flag="--dataset", **({"split": split} if split else {}))
     if isinstance(data, datasets.DatasetDict):
         chosen = split or ("validation" if "validation" in data else "test" if "test" in data else next(iter(data)))
         if chosen not in data:

@@ -115,30 +115,30 @@ def dataset_script(name):
     return script if script is not None and path.is_dir() and script.is_file() else None
 
 
-def script_refused(name, script):
+def script_refused(name, script, flag="--dataset_name"):
     import datasets
 
     return TrainingInputError(
-        f"--dataset_name {name}: {script} is a datasets loading script, and the installed datasets "
+        f"{flag} {name}: {script} is a datasets loading script, and the installed datasets "
         f"{datasets.__version__} does not run loading scripts. Give instead a folder of data files (parquet "
         "files, or images in one folder per class), the folder `Dataset.save_to_disk` wrote, or --train_dir"
     )
 
 
-def load_dataset(name, *args, **kwargs):
-    """`datasets.load_dataset(name, ...)`, a loading script (local, or in a Hub repo) refused in one line: datasets
-    raises RuntimeError for it."""
+def load_dataset(name, *args, flag="--dataset_name", **kwargs):
+    """`datasets.load_dataset(name, ...)`, a loading script (local, or in a Hub repo) refused in one line naming
+    `flag`: datasets raises RuntimeError for it."""
     import datasets
 
     script = dataset_script(name)
     if script is not None:
-        raise script_refused(name, script)
+        raise script_refused(name, script, flag)
     try:
         return datasets.load_dataset(name, *args, **kwargs)
     except RuntimeError as error:
         if SCRIPTS_REFUSED not in str(error):
             raise
-        raise script_refused(name, str(error).rpartition("found ")[2] or "it") from None
+        raise script_refused(name, str(error).rpartition("found ")[2] or "it", flag) from None
 
 
 def check_split(dataset, label_column, name="train"):
