@@ -106,7 +106,7 @@ def test_a_validation_shard_naming_the_classes_differently_from_train_is_refused
 
 
 @pytest.mark.parametrize("writer", ["pyarrow", "pandas"])
-def test_integer_labels_written_by_pandas_or_pyarrow_stream_as_classes_named_by_their_values(tmp_path, writer):
+def test_integer_labels_written_by_pandas_or_pyarrow_stream_as_classes_named_label_i(tmp_path, writer):
     for index in range(2):
         ids = list(range(index * 6, index * 6 + 6))
         if writer == "pyarrow":
@@ -116,7 +116,7 @@ def test_integer_labels_written_by_pandas_or_pyarrow_stream_as_classes_named_by_
             frame["label"] = frame["label"] % 3
             frame.to_parquet(shard(tmp_path, index))
     assert pq.read_schema(shard(tmp_path, 0)).field("label").type == pa.int64()
-    assert streaming.open_stream(str(tmp_path)).features["label"].names == ["0", "1", "2"]
+    assert streaming.open_stream(str(tmp_path)).features["label"].names == ["LABEL_0", "LABEL_1", "LABEL_2"]
     ids, labels, _ = read_ids(tmp_path)
     assert ids == list(range(12)) and labels == [i % 3 for i in range(12)]
 
@@ -281,4 +281,57 @@ def test_two_processes_train_six_epochs_on_integer_label_shards_of_unequal_sizes
     results = json.loads((tmp_path / "out" / "all_results.json").read_text())
     assert (results["num_processes"], results["global_step"], results["train_samples"]) == (2, 30, 50)
     config = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
-    assert config["id2label"] == {"0": "0", "1": "1", "2": "2"}
+    assert config["id2label"] == {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}
+
+
+def pyarrow_folder(folder, train_labels, validation_labels):
+    """A folder of shards as pyarrow writes them ({bytes, path} images, plain int64 labels): two train, one
+    validation."""
+    folder.mkdir()
+    half = len(train_labels) // 2
+    for index, labels in enumerate((train_labels[:half], train_labels[half:])):
+        write_pyarrow(shard(folder, index), range(len(labels)), labels=labels)
+    write_pyarrow(shard(folder, 0, "validation"), range(len(validation_labels)), labels=validation_labels)
+    return folder
+
+
+def train_once(folder, out, streamed, **options):
+    import json
+
+    from hubvit.training import train
+
+    train(
+        dataset_name=str(folder),
+        streaming=streamed,
+        output_dir=str(out),
+        image_size=16,
+        config_overrides="patch_size=4,hidden_size=32,num_hidden_layers=1,intermediate_size=64",
+        per_device_train_batch_size=4,
+        max_train_steps=1,
+        **options,
+    )
+    return json.loads((out / "model" / "config.json").read_text())["id2label"]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("names", [None, "cat,dog,owl"])
+def test_pyarrow_shards_train_the_same_model_streamed_or_loaded(tmp_path, names):
+    """Issue 50: the same folder trained when streamed and was refused when loaded (image struct, int64 labels).
+    Both paths now decode the bytes and name the classes by one rule: --label_names, else LABEL_i."""
+    folder = pyarrow_folder(tmp_path / "shards", [0, 1, 2, 0, 1, 2, 0, 1], [0, 1, 2, 2])
+    options = {"label_names": names} if names else {}
+    streamed = train_once(folder, tmp_path / "streamed", True, **options)
+    loaded = train_once(folder, tmp_path / "loaded", False, **options)
+    expected = names.split(",") if names else ["LABEL_0", "LABEL_1", "LABEL_2"]
+    assert streamed == loaded == {str(i): name for i, name in enumerate(expected)}
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_label_beyond_the_given_names_is_refused_naming_its_row(tmp_path, streamed):
+    """Streamed, the row within its shard (`train-00001`, row 3); loaded, within the train split (row 7)."""
+    from hubvit.errors import HubViTError
+
+    folder = pyarrow_folder(tmp_path / "shards", [0, 1, 0, 1, 0, 1, 0, 5], [0, 1])
+    where = r"train-00001-of-00004\.parquet, row 3" if streamed else r"split 'train', row 7"
+    with pytest.raises(HubViTError, match=where + r": label 5 is not a class; expected 0\.\.1 \(2 classes"):
+        train_once(folder, tmp_path / "out", streamed, label_names="a,b")

@@ -107,6 +107,9 @@ class DataArguments(SharedDataArguments):
     train_dir: Optional[str] = option(None, help="imagefolder of training images (one subfolder per class)")
     validation_dir: Optional[str] = option(None, help="imagefolder of validation images")
     label_column_name: str = option("label")
+    label_names: Optional[str] = option(
+        None, help="comma-separated class names for integer labels (default LABEL_0, LABEL_1, ...)"
+    )
 
 
 @dataclass

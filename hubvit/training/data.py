@@ -17,6 +17,8 @@ from ..preprocessing import Preprocessing, resample_name
 
 from . import checks
 from .arguments import UsageError, is_embedded
+from .shard_survey import integer_names
+from .streaming import label_names_of
 
 # torchvision's tensor kernels for PIL's resample filters (lanczos has none: bicubic is the closest).
 TORCHVISION_INTERPOLATION = {
@@ -86,6 +88,7 @@ def load_splits(args):
     raw, source = load_raw(args)
     if "train" not in raw:
         raise UsageError(f"the dataset has no 'train' split; found {sorted(raw)}")
+    raw = decode_columns(raw, args)
     check_columns(raw["train"], args)
     checks.check_split(raw["train"], args.label_column_name)
     eval_name = next((name for name in ("validation", "test", "val") if name in raw), None)
@@ -122,6 +125,36 @@ def held_out_split(train, args):
             f"cannot hold out {args.train_val_split:.0%} of {len(train)} training images stratified by class over "
             f"{len(names)} classes: {detail}. Add images, change --train_val_split or pass --validation_dir"
         ) from None
+
+
+def is_encoded(feature):
+    """Image bytes not marked as images: a `{bytes, path}` struct (pyarrow's image column) or plain binary."""
+    if isinstance(feature, datasets.Value):
+        return feature.dtype in ("binary", "large_binary")
+    return isinstance(feature, dict) and set(feature) == {"bytes", "path"}
+
+
+def decode_columns(raw, args):
+    """The rule the streamed path follows (shard_survey.py), for a map-style dataset: encoded image bytes become
+    images, and integer labels classes named by `integer_names` (--label_names, else LABEL_i) over the training
+    split's labels; a label outside them is refused naming its split and row."""
+    image, label = args.image_column_name, args.label_column_name
+    features = raw["train"].features
+    if image in features and is_encoded(features[image]):
+        raw = raw.cast_column(image, datasets.Image())
+    if label in features and isinstance(features[label], datasets.Value) and "int" in features[label].dtype:
+        given = label_names_of(args)
+        count = len(given) if given else int(np.max(raw["train"][label])) + 1 if len(raw["train"]) else 0
+        for name, split in raw.items():
+            values = np.asarray(split[label])
+            bad = np.flatnonzero((values < 0) | (values >= count))
+            if bad.size:
+                raise UsageError(
+                    f"split {name!r}, row {int(bad[0])}: label {int(values[bad[0]])} is not a class; expected "
+                    f"0..{count - 1} ({count} classes{', --label_names' if given else ' in the training split'})"
+                )
+        raw = raw.cast_column(label, datasets.ClassLabel(names=list(integer_names(count, given))))
+    return raw
 
 
 def check_columns(dataset, args):

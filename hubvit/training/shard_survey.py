@@ -110,12 +110,24 @@ def check_label_values(split: str, file: Path, label_column: str, names: tuple[s
     return int(labels.max())
 
 
+def integer_names(count: int, given: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The class names of integer labels 0..count-1, on both data paths: `given` (--label_names) or `LABEL_i`, as
+    transformers names classes it has no names for."""
+    return tuple(given) if given else tuple(f"LABEL_{i}" for i in range(count))
+
+
 def survey_parquet(
-    folder: Path, split: str, image_column: str, label_column: str, names: tuple[str, ...] | None = None
+    folder: Path,
+    split: str,
+    image_column: str,
+    label_column: str,
+    names: tuple[str, ...] | None = None,
+    given: tuple[str, ...] | None = None,
 ) -> ParquetShards:
     """The shards of `split` that hold examples, checked from their footers and label column: every one readable,
     with both columns, labels that are class ids of the same classes (`names`: those of the training shards).
-    Integer labels without names get "0".."max" (each label is its class id, as a `ClassLabel` cast keeps it)."""
+    Integer labels without names are named by `integer_names` (each label is its class id, as a `ClassLabel` cast
+    keeps it); with `given` names, a label beyond them is refused with its shard and row."""
     _, files = shard_files(folder, split)
     surveyed = [(file, *read_footer(file, split)) for file in files]
     full = [(file, rows, features) for file, rows, features in surveyed if rows]
@@ -136,27 +148,32 @@ def survey_parquet(
             f"{split} shard {full[0][0]} names its classes {list(found)}, the train shards {list(names)}; "
             "expected the same class names, in the same order"
         )
-    known = found or names
+    known = found or names or (tuple(given) if given else None)
     largest = max(check_label_values(split, file, label_column, known) for file, _, _ in full)
     return ParquetShards(
         tuple(f for f, _, _ in full),
         tuple(r for _, r, _ in full),
-        known or tuple(str(i) for i in range(largest + 1)),
+        known or integer_names(largest + 1),
     )
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_survey(key: tuple, folder: Path, split: str, image_column: str, label_column: str, names):
-    return survey_parquet(folder, split, image_column, label_column, names)
+def _cached_survey(key: tuple, folder: Path, split: str, image_column: str, label_column: str, names, given):
+    return survey_parquet(folder, split, image_column, label_column, names, given)
 
 
 def parquet_shards(
-    folder: Path, split: str, image_column: str, label_column: str, names: tuple[str, ...] | None = None
+    folder: Path,
+    split: str,
+    image_column: str,
+    label_column: str,
+    names: tuple[str, ...] | None = None,
+    given: tuple[str, ...] | None = None,
 ) -> ParquetShards:
     """`survey_parquet`, done once per process for unchanged files (the splits and the loader both need it)."""
     _, files = shard_files(folder, split)
     key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    return _cached_survey(key, folder, split, image_column, label_column, names)
+    return _cached_survey(key, folder, split, image_column, label_column, names, given)
 
 
 def locate(files: list[Path] | None, image_column: str, payload: bytes | None) -> str:

@@ -52,6 +52,7 @@ def open_stream(
     config_name: str | None = None,
     label_column: str = "label",
     image_column: str = "image",
+    label_names: tuple[str, ...] | None = None,
 ) -> datasets.IterableDataset:
     """An `IterableDataset` over `source`: a local folder of parquet or webdataset shards, or any name or path
     `datasets.load_dataset` takes. Its label column is a `ClassLabel` (webdataset labels get their names from
@@ -65,7 +66,7 @@ def open_stream(
         builder, files = shard_files(folder, split)
         names = None
         if builder == "parquet":
-            surveyed = parquet_shards(folder, split, image_column, label_column)
+            surveyed = parquet_shards(folder, split, image_column, label_column, given=label_names)
             files, names = list(surveyed.files), surveyed.names
         stream = datasets.load_dataset(
             builder, data_files={split: [str(f) for f in files]}, split=split, streaming=True
@@ -345,6 +346,12 @@ def streaming_loader(
     return StreamingLoader(images, batch_size, batches[rank], sum(counts), num_workers, counts[rank])
 
 
+def label_names_of(args: Any) -> tuple[str, ...] | None:
+    """--label_names as a tuple (None when not given)."""
+    text = getattr(args, "label_names", None)
+    return tuple(name.strip() for name in text.split(",")) if text else None
+
+
 def streaming_splits(args: Any):
     """(train stream, eval `Dataset`, provenance, eval split name) for `--streaming --dataset_name SOURCE`: training
     examples are streamed; the validation split (`validation-*` shards) is loaded as a map-style dataset, which
@@ -353,7 +360,8 @@ def streaming_splits(args: Any):
     if not source:
         raise StreamingError("--streaming needs --dataset_name (a folder of shards or a datasets source)")
     image_column, label_column = args.image_column_name, args.label_column_name
-    train = open_stream(source, "train", args.dataset_config_name, label_column, image_column)
+    given = label_names_of(args)
+    train = open_stream(source, "train", args.dataset_config_name, label_column, image_column, given)
     names = tuple(train.features[label_column].names)
     folder = Path(source)
     try:
