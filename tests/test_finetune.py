@@ -529,12 +529,15 @@ def test_bad_arguments_fail_before_training(digits_like, tmp_path, capsys, extra
     assert not (out / "checkpoints").exists() and not (out / "all_results.json").exists()
 
 
-def test_integer_labels_are_refused_with_a_cast_hint(tmp_path, capsys):
+def test_integer_labels_train_as_classes_named_label_i(tmp_path):
+    """Issue 50: plain integer labels are classes 0..max named LABEL_i, as the streamed path names them (they were
+    refused with a hint to cast them)."""
+    from hubvit.training import train
+
     data = saved_dataset(tmp_path / "ints", n=6, class_label=False, image="image", label="label")
-    with pytest.raises(SystemExit):
-        run_in_process(["--dataset_name", str(data), "--output_dir", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert "'label' is Value(" in err and "not a class label" in err and "ClassLabel(names=" in err
+    train(dataset_name=str(data), output_dir=str(tmp_path / "out"), max_train_steps=1, train_val_split=0.5)
+    config = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
+    assert config["id2label"] == {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}
 
 
 @pytest.mark.heavy
