@@ -90,14 +90,7 @@ def vit_config(config):
         id2label = {int(k): v for k, v in config.id2label.items()}
         labels = dict(id2label=id2label, label2id=config.label2id or {v: k for k, v in id2label.items()})
     return ViTConfig(
-        image_size=config.image_size,
-        patch_size=config.patch_size,
-        num_channels=config.num_channels,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
+        **towers.sizes(config),
         layer_norm_eps=config.layer_norm_eps,
         qkv_bias=config.qkv_bias,
         hidden_dropout_prob=config.hidden_dropout_prob,

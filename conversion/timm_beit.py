@@ -12,7 +12,7 @@ from torch import nn
 from .timm_layers import (
     COMMON_RENAMES,
     GATED_MLP_KEYS,
-    POOLS,
+    size_arguments,
     common_settings,
     final_norm_problems,
     mlp_ratio,
@@ -125,14 +125,7 @@ def export_arguments(config):
     if entries is None:
         return [], f"norm_type={config.norm_type!r} with eps {config.layer_norm_eps:g} (timm's BEiT: LayerNorm 1e-6)"
     return entries, dict(
-        img_size=list(config.image_size_2d),
-        patch_size=list(config.patch_size_2d),
-        in_chans=config.num_channels,
-        num_classes=config.num_labels,
-        global_pool=POOLS.get(config.pooling, config.pooling),
-        embed_dim=config.hidden_size,
-        depth=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
+        **size_arguments(config),
         qkv_bias=config.qkv_bias,
         mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
         swiglu_mlp=config.mlp_type == "gated",

@@ -11,7 +11,7 @@ from torch import nn
 from .timm_layers import (
     COMMON_RENAMES,
     GATED_MLP_KEYS,
-    POOLS,
+    size_arguments,
     common_settings,
     final_norm_problems,
     map_settings,
@@ -202,14 +202,7 @@ def export_arguments(config):
     rotary = config.rotary_kind
     width = config.map_intermediate_size or config.intermediate_size
     args = dict(
-        img_size=list(config.image_size_2d),
-        patch_size=list(config.patch_size_2d),
-        in_chans=config.num_channels,
-        num_classes=config.num_labels,
-        global_pool=POOLS.get(config.pooling, config.pooling),
-        embed_dim=config.hidden_size,
-        depth=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
+        **size_arguments(config),
         num_kv_heads=None if config.norm_placement == "residual_post" else config.num_attention_heads,
         qkv_bias=config.qkv_bias,
         qkv_fused=config.qkv_fused,

@@ -184,3 +184,17 @@ def mlp_ratio(hidden_size, width):
     below it in floating point)."""
     ratio = width / hidden_size
     return ratio if int(hidden_size * ratio) == width else (width + 0.5) / hidden_size
+
+
+def size_arguments(config):
+    """The timm constructor arguments every family takes under the same names, from a hubvit config."""
+    return dict(
+        img_size=list(config.image_size_2d),
+        patch_size=list(config.patch_size_2d),
+        in_chans=config.num_channels,
+        num_classes=config.num_labels,
+        global_pool=POOLS.get(config.pooling, config.pooling),
+        embed_dim=config.hidden_size,
+        depth=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+    )

@@ -10,7 +10,7 @@ from torch import nn
 
 from .timm_layers import (
     COMMON_RENAMES,
-    POOLS,
+    size_arguments,
     common_settings,
     final_norm_problems,
     mlp_ratio,
@@ -131,14 +131,7 @@ def export_arguments(config):
             f"{config.norm_placement!r} (timm's relpos ViTs: LayerNorm 1e-6, pre or residual_post blocks)"
         )
     return entries, dict(
-        img_size=list(config.image_size_2d),
-        patch_size=list(config.patch_size_2d),
-        in_chans=config.num_channels,
-        num_classes=config.num_labels,
-        global_pool=POOLS.get(config.pooling, config.pooling),
-        embed_dim=config.hidden_size,
-        depth=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
+        **size_arguments(config),
         mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
         qkv_bias=config.qkv_bias,
         qk_norm=config.qk_norm,

@@ -9,7 +9,7 @@ patch tokens (hubvit's `fc_norm`); a Data2Vec model saved without its pooler has
 
 from .common import ConversionError
 from .timm_beit import split_table
-from .transformers_towers import HALF, MASK_TOKEN, Tower, loader, map_params, map_qkv
+from .transformers_towers import HALF, MASK_TOKEN, Tower, loader, map_params, map_qkv, vit_sizes
 
 LAYER = {  # hubvit name -> BEiT's on-disk name under encoder.layer.{i}.
     "norm1": "layernorm_before",
@@ -24,7 +24,7 @@ TABLE = "relative_position_bias.relative_position_bias_table"
 def beit_settings(cfg, keys):
     relative = cfg["use_relative_position_bias"] or cfg["use_shared_relative_position_bias"]
     absolute = cfg["use_absolute_position_embeddings"]
-    size, patch = cfg["image_size"], cfg["patch_size"]
+    size = cfg["image_size"]
     if relative and absolute:
         raise ConversionError(
             "use_absolute_position_embeddings=True beside a relative position bias: transformers resizes the two "
@@ -47,15 +47,7 @@ def beit_settings(cfg, keys):
         pooling = dict(pooling="none", final_norm=False)
     scale = cfg["layer_scale_init_value"]
     return dict(
-        image_size=size,
-        patch_size=patch,
-        num_channels=cfg["num_channels"],
-        hidden_size=cfg["hidden_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"],
-        hidden_act=cfg["hidden_act"],
-        layer_norm_eps=cfg["layer_norm_eps"],
+        **vit_sizes(cfg),
         key_bias=False,
         layer_scale_init_value=scale if scale and scale > 0 else None,
         drop_path_rate=cfg.get("drop_path_rate", 0.0),

@@ -8,21 +8,13 @@ encoder (`pre_layrnorm`), no patch bias, and `post_layernorm` on the pooled [CLS
 normed): hubvit's `fc_norm` with `cls` pooling.
 """
 
-from .transformers_towers import HALF, OPENAI_CLIP, Tower, loader, map_params, map_qkv
+from .transformers_towers import HALF, OPENAI_CLIP, Tower, loader, map_params, map_qkv, vit_sizes
 
 
 def encoder_settings(cfg):
     """The fields both towers read the same way from their vision config."""
     return dict(
-        image_size=cfg["image_size"],
-        patch_size=cfg["patch_size"],
-        num_channels=cfg["num_channels"],
-        hidden_size=cfg["hidden_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"],
-        hidden_act=cfg["hidden_act"],
-        layer_norm_eps=cfg["layer_norm_eps"],
+        **vit_sizes(cfg),
         interpolation_mode="bicubic",
         interpolation_antialias=False,
         interpolation_align_corners=False,

@@ -69,6 +69,17 @@ def prefix_of(tower, weights):
     )
 
 
+def vit_sizes(cfg, eps="layer_norm_eps"):
+    """The fields every tower's vision config gives under the same names: sizes, activation and norm eps."""
+    names = ("image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    return dict(
+        **{name: cfg[name] for name in names},
+        intermediate_size=cfg["intermediate_size"],
+        hidden_act=cfg["hidden_act"],
+        layer_norm_eps=cfg[eps],
+    )
+
+
 def same(*flags, names):
     """One value for flags hubvit holds as one (e.g. the query and value biases); refused naming them otherwise."""
     if len(set(flags)) != 1:
@@ -122,15 +133,7 @@ def dinov3_settings(cfg, keys):
     if cfg["key_bias"] and not qkv_bias:
         raise ConversionError("key_bias=True without query and value biases: hubvit has no key bias alone")
     return dict(
-        image_size=cfg["image_size"],
-        patch_size=cfg["patch_size"],
-        num_channels=cfg["num_channels"],
-        hidden_size=cfg["hidden_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"],
-        hidden_act=cfg["hidden_act"],
-        layer_norm_eps=cfg["layer_norm_eps"],
+        **vit_sizes(cfg),
         qkv_bias=qkv_bias,
         key_bias=bool(cfg["key_bias"]),
         proj_bias=cfg["proj_bias"],
@@ -199,15 +202,7 @@ def aimv2_settings(cfg, keys):
             "sincos_2d divides by D/4 - 1; only the fixed-resolution AIMv2 converts"
         )
     return dict(
-        image_size=cfg["image_size"],
-        patch_size=cfg["patch_size"],
-        num_channels=cfg["num_channels"],
-        hidden_size=cfg["hidden_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"],
-        hidden_act=cfg["hidden_act"],
-        layer_norm_eps=cfg["rms_norm_eps"],
+        **vit_sizes(cfg, "rms_norm_eps"),
         norm_type="rms_norm",
         qkv_bias=cfg["qkv_bias"],
         proj_bias=cfg["qkv_bias"],
@@ -283,15 +278,7 @@ AIMV2 = Tower(
 
 def ijepa_settings(cfg, keys):
     return dict(
-        image_size=cfg["image_size"],
-        patch_size=cfg["patch_size"],
-        num_channels=cfg["num_channels"],
-        hidden_size=cfg["hidden_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        intermediate_size=cfg["intermediate_size"],
-        hidden_act=cfg["hidden_act"],
-        layer_norm_eps=cfg["layer_norm_eps"],
+        **vit_sizes(cfg),
         qkv_bias=cfg["qkv_bias"],
         class_token=False,
         position_embedding_includes_prefix=False,
