@@ -1,6 +1,6 @@
 """Eager inference throughput of hubvit against timm on the modern families' own architectures, in one process.
 
-    python benchmarks/families.py                       # EVA-02 B/14 and DINOv3 B/16 at 224, batch 8
+    python benchmarks/families.py                       # EVA-02 B/14, B/16 and DINOv3 B/16 (two poolings), batch 8
     python benchmarks/families.py --quick               # one block, one round (a smoke test)
 
 timm builds each architecture (random weights, its own initialisation); `hubvit.convert_timm` converts it, checking
@@ -24,9 +24,12 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = {
+ARCHITECTURES = {  # mean pooling (EVA-02 B/14, DINOv3 as timm pools it) and [CLS] pooling (EVA-02 B/16 CLIP tower,
+    # DINOv3 as its authors classify), where `optimize_for_cpu` runs the last block for the [CLS] token alone
     "eva02_b14": ("eva02_base_patch14_224", {}),
+    "eva02_b16_clip": ("eva02_base_patch16_clip_224", {"num_classes": 1000}),
     "dinov3_b16": ("vit_base_patch16_dinov3", {"num_classes": 1000}),
+    "dinov3_b16_token": ("vit_base_patch16_dinov3", {"num_classes": 1000, "global_pool": "token"}),
 }
 
 

@@ -468,7 +468,11 @@ def markdown(results):
         "Digits upsampled from 28 to 56 contain no new detail, so the fine-tune can only recover, not gain, "
         "accuracy; the paper's gain from higher resolution needs images with detail to spare. Upsampling a 7 x 7 "
         "table by exactly two makes the modes differ little (nearest copies each row into a 2 x 2 block), and "
-        "the fine-tune's learning rate was fixed in advance, not tuned. The verdicts speak for a 0.14M-parameter "
+        "the fine-tune's learning rate was fixed in advance, not tuned. The two rotary arms answer different "
+        "questions: DINOv3 normalises patch centres to [-1, 1], so at 56 px it sees the same span of angles sampled "
+        "twice as finely (an interpolation, as a resized table is); the axial kind's integer coordinates run to 13 "
+        "where training saw 0 to 6, so its rotations at 56 px were never seen (an extrapolation; EVA-02 avoids it "
+        "with `ref_feat_shape`, hubvit's `rope_reference_grid`). The verdicts speak for a 0.14M-parameter "
         "ViT on a 7 x 7 grid doubled to 14 x 14, not for ImageNet-scale models.",
     ]
     return "\n".join(lines)
