@@ -174,6 +174,23 @@ def test_the_image_processor_and_the_papers_travel_with_the_folder(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "architecture, title",
+    [
+        ("DINOv3ViTModel", "title = {DINOv3}"),
+        ("CLIPVisionModel", "Learning Transferable Visual Models From Natural Language Supervision"),
+        ("Aimv2VisionModel", "Multimodal Autoregressive Pre-training of Large Vision Encoders"),
+        ("IJepaModel", "Self-Supervised Learning from Images with a Joint-Embedding Predictive Architecture"),
+        ("BeitModel", "BEiT: BERT Pre-Training of Image Transformers"),
+        ("Data2VecVisionModel", "data2vec: A General Framework for Self-supervised Learning"),
+    ],
+)
+def test_the_card_of_each_tower_cites_its_paper_by_title(tmp_path, architecture, title):
+    source_model(architecture).save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out"), "--no-verify"]) == 0
+    assert title in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
     "architecture, fields, message",
     [
         ("Aimv2VisionModel", dict(is_native=True, use_head=False), "is_native=True"),
