@@ -156,9 +156,10 @@ def build_vit(config, weights, description):
 @dataclass(frozen=True)
 class Options(ExportOptions):
     """Write the hubvit folder SRC as transformers' built-in `ViTForImageClassification` (`ViTModel` when headless)
-    at OUT, after both agree within `tolerance`; settings ViT cannot express are refused, all listed."""
+    at OUT, or a headless folder ViT cannot express as the vision tower class it reads back as (DINOv3 ViT, SigLIP,
+    CLIP, AIMv2, I-JEPA, BEiT), after both agree within `tolerance`; what no class expresses is refused, listed."""
 
-    out: str = argument("OUT", "folder for transformers' ViTForImageClassification / ViTModel")
+    out: str = argument("OUT", "folder for transformers' ViTForImageClassification / ViTModel or the tower's class")
 
 
 def run(options: Options) -> ExportResult:
