@@ -321,7 +321,7 @@ def effective_settings(config):
         values["map_intermediate_size"] = config.map_intermediate_size or config.intermediate_size
     else:
         del values["map_num_heads"], values["map_intermediate_size"]
-    if config.position_embedding_type != "relative_2d_mlp":
+    if not config.position_kind.bias_mlp:
         del values["relative_position_hidden_size"]
     if not config.distillation_token:
         del values["distillation_head"]

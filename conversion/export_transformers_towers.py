@@ -67,8 +67,8 @@ def beit_fields(config):
     return dict(
         **sizes(config),
         layer_norm_eps=config.layer_norm_eps,
-        use_relative_position_bias=config.position_embedding_type == "relative_2d_class",
-        use_absolute_position_embeddings=config.position_embedding_type == "learned",
+        use_relative_position_bias=config.position_kind.beit_bias,
+        use_absolute_position_embeddings=config.position_kind.transformers_vit,
         layer_scale_init_value=config.layer_scale_init_value or 0.0,
         use_mean_pooling=config.pooling == "mean",
     )

@@ -131,8 +131,8 @@ def export_arguments(config):
         swiglu_mlp=config.mlp_type == "gated",
         scale_mlp=config.mlp_inner_norm,
         init_values=config.layer_scale_init_value,
-        use_abs_pos_emb=config.position_embedding_type == "learned",
-        use_rel_pos_bias=config.position_embedding_type == "relative_2d_class",
+        use_abs_pos_emb=config.position_kind.timm_pos_embed == "learn",
+        use_rel_pos_bias=config.position_kind.beit_bias,
         use_shared_rel_pos_bias=False,
         use_fc_norm=config.fc_norm,
     )

@@ -218,7 +218,7 @@ def export_arguments(config):
         class_token=config.class_token,
         num_reg_tokens=config.num_register_tokens,
         no_embed_class=not config.position_embedding_includes_prefix,
-        use_abs_pos_emb=config.position_embedding_type == "learned",
+        use_abs_pos_emb=config.position_kind.timm_pos_embed == "learn",
         use_rot_pos_emb=rotary is not None,
         use_post_norm=config.norm_placement == "residual_post",
         use_pre_transformer_norm=config.pre_norm,

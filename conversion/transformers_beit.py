@@ -64,7 +64,7 @@ def beit_weights(mapping, config, p, cfg):
     mapping.drop(r".*relative_position_index", "index buffer, rebuilt from the grid")
     mapping.map("embeddings.class_token", f"{e}cls_token")
     map_params(mapping, "embeddings.patch_embedding", f"{e}patch_embeddings.projection")
-    if config.position_embedding_type == "learned":
+    if config.position_kind.transformers_vit:
         mapping.map("embeddings.position_embedding", f"{e}position_embeddings")
     grid = tuple(config.grid_size)
     shared = f"{p}encoder.{TABLE}"
@@ -77,7 +77,7 @@ def beit_weights(mapping, config, p, cfg):
         if config.layer_scale_init_value is not None:
             mapping.map(f"{target}layer_scale1", f"{source}lambda_1")
             mapping.map(f"{target}layer_scale2", f"{source}lambda_2")
-        if config.position_embedding_type == "relative_2d_class":
+        if config.position_kind.beit_bias:
             tables = [key for key in (f"{source}attention.attention.{TABLE}", shared) if mapping.has(key)]
             bias = f"{target}attention.relative_position_"
             mapping.combine(f"{bias}bias", tables, lambda *t: split_table(sum(t), grid)[0])

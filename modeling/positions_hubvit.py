@@ -35,6 +35,8 @@ class PositionKind:
     attention_bias = False  # adds a bias over patch offsets to the attention logits of every block
     rotates = False  # rotates the patch tokens' queries and keys in every block (rotary position embeddings)
     timm_pos_embed = None  # timm `VisionTransformer(pos_embed=...)` building the same kind, None where none does
+    beit_bias = False  # BEiT's relative bias with its class-token rows (timm `Beit`, transformers' BEiT, Data2Vec)
+    bias_mlp = False  # the bias comes from an MLP of the offsets (timm's relpos ViTs; `relative_position_hidden_size`)
     big_vision_posemb = None  # big_vision `posemb=` naming the same kind, None where it has none
     transformers_vit = False  # transformers' `ViTModel` has this kind (a learned 1D table)
 
@@ -256,6 +258,7 @@ class RelativeBias2DWithClass(RelativeBias2D):
     as BEiT and BEiT v2 learn them in every block."""
 
     name = "relative_2d_class"
+    beit_bias = True
     description = "learned bias per head and 2D offset, plus the class token's (BEiT)"
 
     @classmethod
@@ -306,6 +309,7 @@ class RelativeBiasMLP(RelativeBias2D):
     continuous bias. Any grid has its biases, so there is nothing to resize; prefix tokens get none."""
 
     name = "relative_2d_mlp"
+    bias_mlp = True
     description = "bias per head from an MLP of log-spaced 2D offsets (timm relpos ViT)"
 
     @classmethod

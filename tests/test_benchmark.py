@@ -111,14 +111,21 @@ def test_activation_checkpointing_benchmark_measures_both_settings_in_their_own_
 
 
 def test_the_families_benchmark_times_timm_and_hubvit_on_one_function(tmp_path):
-    """benchmarks/families.py --quick: EVA-02 and DINOv3 converted through the converter, every route computing
+    """benchmarks/families.py --quick: EVA-02 (B/14, B/16 CLIP) and DINOv3 (mean- and [CLS]-pooled) converted through
+    the converter, every route computing
     timm's logits (float32: hubvit eager exactly or to 1e-4 absolute; optimize_for_cpu's kernels round
     differently), the CPU ISA named with the figures."""
     record = tmp_path / "families.json"
     out = run_benchmark("families.py", "--quick", "--threads", "1", "--json", str(record)).stdout
     assert "CPU ISA" in out
     report = json.loads(record.read_text())
-    assert [r["architecture"] for r in report["records"]] == ["eva02_base_patch14_224", "vit_base_patch16_dinov3"]
+    assert [r["architecture"] for r in report["records"]] == [
+        "eva02_base_patch14_224",
+        "eva02_base_patch16_clip_224",
+        "vit_base_patch16_dinov3",
+        "vit_base_patch16_dinov3",
+    ]
+    assert report["records"][-1]["model_args"]["global_pool"] == "token"
     for r in report["records"]:
         assert set(r["images_per_second"]) == {"timm", "hubvit", "hubvit optimize_for_cpu"}
         assert max(r["max_abs_logit_difference_vs_timm"].values()) <= 1e-4, r
