@@ -244,3 +244,33 @@ def test_a_folder_no_transformers_class_reads_back_is_refused_naming_the_closest
     error = capsys.readouterr().err
     assert "final_norm=False (transformers' BeitModel built from its config reads back as True)" in error
     assert not (tmp_path / "back").exists()
+
+
+def test_an_aimv2_folder_whose_head_query_was_trained_is_not_exported_as_aimv2(tmp_path, capsys):
+    """The converter creates AIMv2's identity query projection; a folder where it no longer is one (fine-tuned)
+    computes what `Aimv2VisionModel` cannot, and the export says which tensor."""
+    from safetensors.torch import load_file, save_file
+
+    source_model("Aimv2VisionModel").save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "hubvit")]) == 0
+    weights = load_file(tmp_path / "hubvit" / "model.safetensors")
+    key = next(k for k in weights if k.endswith("pooler.map_head.q.weight"))
+    weights[key] = weights[key] * 1.5
+    save_file(weights, tmp_path / "hubvit" / "model.safetensors", metadata={"format": "pt"})
+    assert cli(["export", "transformers", str(tmp_path / "hubvit"), str(tmp_path / "back")]) == 2
+    assert "pooler.map_head.q.weight must hold what Aimv2VisionModel implies" in capsys.readouterr().err
+    assert not (tmp_path / "back").exists()
+
+
+def test_a_tower_folder_with_a_classifier_is_refused_by_the_tower_export(tmp_path, capsys):
+    """A converted DINOv3 fine-tuned with a head: `DINOv3ViTModel` has none, so nothing is written."""
+    from hubvit import HubViTForImageClassification
+    from hubvit.folder import write_folder
+
+    source_model("DINOv3ViTModel").save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "hubvit")]) == 0
+    body = AutoModel.from_pretrained(tmp_path / "hubvit", trust_remote_code=True)
+    classifier = HubViTForImageClassification(body.config.__class__(**{**body.config.to_dict(), "num_labels": 3}))
+    write_folder(classifier, tmp_path / "headed")
+    assert cli(["export", "transformers", str(tmp_path / "headed"), str(tmp_path / "back")]) == 2
+    assert "DINOv3ViTModel is a vision model without a classification head" in capsys.readouterr().err
