@@ -261,3 +261,65 @@ def block_component_problems(config, target):
         if value != getattr(paper, name) and not (name == "key_bias" and not config.qkv_bias):
             problems.append(f"{name}={value!r} ({target} builds {name}={getattr(paper, name)!r} only)")
     return problems
+
+
+NOT_STRUCTURAL = {
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "drop_path_rate",
+    "initializer_range",
+    "_out_features",
+    "_out_indices",
+    "apply_layernorm",
+    "reshape_hidden_states",
+    "interpolation_mode",
+    "interpolation_antialias",
+    "interpolation_align_corners",
+}
+"""Config fields a read-back need not reproduce: training-only rates, the backbone's outputs, and the resize mode
+(the target's own, said in the export's notes)."""
+
+
+def effective_settings(config):
+    """The structural fields of `config` as the model uses them (defaults resolved, fields that only matter beside
+    another left out), for comparing two configs of one model."""
+    from ..modeling import HubViTConfig
+
+    values = {name: getattr(config, name) for name in HubViTConfig.__annotations__ if name not in NOT_STRUCTURAL}
+    values.update(image_size=tuple(config.image_size_2d), patch_size=tuple(config.patch_size_2d))
+    values["layer_scale_init_value"] = config.layer_scale_init_value is not None
+    values["final_layer_norm_eps"] = config.final_layer_norm_eps or config.layer_norm_eps
+    kind = config.rotary_kind
+    if kind is None:
+        values = {k: v for k, v in values.items() if not k.startswith("rope_") or k == "rope_type"}
+    else:
+        values["rope_temperature"] = float(config.rope_temperature or kind.default_temperature)
+        half = config.rope_rotate_half
+        values["rope_rotate_half"] = kind.default_rotate_half if half is None else half
+        values["rope_reference_grid"] = list(config.rope_reference_grid) if config.rope_reference_grid else None
+    if config.pooling == "map":
+        values["map_num_heads"] = config.map_num_heads or config.num_attention_heads
+        values["map_intermediate_size"] = config.map_intermediate_size or config.intermediate_size
+    else:
+        del values["map_num_heads"], values["map_intermediate_size"]
+    if not config.position_kind.bias_mlp:
+        del values["relative_position_hidden_size"]
+    if not config.distillation_token:
+        del values["distillation_head"]
+    if not config.qkv_bias:
+        del values["key_bias"]
+    return values
+
+
+def read_back_problems(config, settings, name):
+    """Each structural field on which `settings` (an exported model as its converter reads it back) differs from
+    `config`; `name` says which model."""
+    from ..modeling import HubViTConfig
+
+    ours = effective_settings(config)
+    theirs = effective_settings(HubViTConfig(**settings, num_labels=config.num_labels))
+    return [
+        f"{key}={ours.get(key)!r} ({name} reads back as {theirs.get(key)!r})"
+        for key in sorted(set(ours) | set(theirs))
+        if ours.get(key) != theirs.get(key)
+    ]

@@ -23,6 +23,7 @@ from .common import (
     ExportResult,
     StrictMapping,
     load_hubvit,
+    read_back_problems,
     read_hubvit_config,
     verify,
 )
@@ -63,21 +64,6 @@ CONSTRUCTOR_ENTRY_POINTS = [
 1e-5 norms, DINOv2's packed SwiGLU, AIMv2's RMSNorm with a patch norm and SwiGLU, residual post-norm blocks."""
 PACKED_GATED_MLP = {"vit_giant_patch14_dinov2"}
 """Entry points whose MLP (`SwiGLUPacked`) counts both gated halves in `mlp_ratio`."""
-NOT_STRUCTURAL = {
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "drop_path_rate",
-    "initializer_range",
-    "_out_features",
-    "_out_indices",
-    "apply_layernorm",
-    "reshape_hidden_states",
-    "interpolation_mode",
-    "interpolation_antialias",
-    "interpolation_align_corners",
-}
-"""Config fields a read-back need not reproduce: training-only rates, the backbone's outputs, and the resize mode
-(timm's own, said in the export's notes)."""
 
 
 @dataclass(frozen=True)
@@ -299,51 +285,6 @@ def card_text(args, architecture, config, lines, notes):
     return ModelCard(f"---\n{data}\n---\n\n" + "\n\n".join(body) + "\n")
 
 
-def effective_settings(config):
-    """The structural fields of `config` as the model uses them (defaults resolved, fields that only matter beside
-    another left out), for comparing two configs of one model."""
-    from ..modeling import HubViTConfig
-
-    values = {name: getattr(config, name) for name in HubViTConfig.__annotations__ if name not in NOT_STRUCTURAL}
-    values.update(image_size=tuple(config.image_size_2d), patch_size=tuple(config.patch_size_2d))
-    values["layer_scale_init_value"] = config.layer_scale_init_value is not None
-    values["final_layer_norm_eps"] = config.final_layer_norm_eps or config.layer_norm_eps
-    kind = config.rotary_kind
-    if kind is None:
-        values = {k: v for k, v in values.items() if not k.startswith("rope_") or k == "rope_type"}
-    else:
-        values["rope_temperature"] = float(config.rope_temperature or kind.default_temperature)
-        half = config.rope_rotate_half
-        values["rope_rotate_half"] = kind.default_rotate_half if half is None else half
-        values["rope_reference_grid"] = list(config.rope_reference_grid) if config.rope_reference_grid else None
-    if config.pooling == "map":
-        values["map_num_heads"] = config.map_num_heads or config.num_attention_heads
-        values["map_intermediate_size"] = config.map_intermediate_size or config.intermediate_size
-    else:
-        del values["map_num_heads"], values["map_intermediate_size"]
-    if not config.position_kind.bias_mlp:
-        del values["relative_position_hidden_size"]
-    if not config.distillation_token:
-        del values["distillation_head"]
-    if not config.qkv_bias:
-        del values["key_bias"]
-    return values
-
-
-def read_back_problems(config, settings, name):
-    """Each structural field on which `settings` (timm's model as `hubvit convert timm` reads it) differs from
-    `config`."""
-    from ..modeling import HubViTConfig
-
-    ours = effective_settings(config)
-    theirs = effective_settings(HubViTConfig(**settings, num_labels=config.num_labels))
-    return [
-        f"{key}={ours.get(key)!r} ({name} reads back as {theirs.get(key)!r})"
-        for key in sorted(set(ours) | set(theirs))
-        if ours.get(key) != theirs.get(key)
-    ]
-
-
 def create(timm, architecture, model_args, num_labels, device="cpu"):
     """timm's model from an entry point, with a bare pretrained_cfg: the entry point's own (tag, license, hub id of
     its default weights) is not ours."""
@@ -412,10 +353,12 @@ def family_build(timm, config):
 def family_weights(timm_model, config, hubvit_weights, description):
     """timm's state dict for `hubvit_weights`: `hubvit convert timm`'s mapping for the family, run backwards."""
 
-    def forward(source):
-        return map_weights(source, description, timm_model).finish(expected_shapes(config))
+    shapes = expected_shapes(config)
 
-    target = {key: hubvit_weights[key] for key in expected_shapes(config)}
+    def forward(source):
+        return map_weights(source, description, timm_model).finish(shapes)
+
+    target = {key: hubvit_weights[key] for key in shapes}
     state, filled = inverse(forward, timm_model.state_dict(), target, description)
     unfilled = sorted(name for name, _ in timm_model.named_parameters() if name not in filled)
     if unfilled:

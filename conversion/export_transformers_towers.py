@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 
 from ..folder import expected_shapes
-from .common import ConversionError
-from .export_timm import read_back_problems
+from .common import ConversionError, read_back_problems
 from .mapping import inverse
 from .transformers_beit import TOWERS as BEIT
 from .transformers_clip import TOWERS as CLIP
@@ -128,18 +127,18 @@ def build(architecture, tower, theirs, config, hubvit_weights, description):
 
     model_class = getattr(transformers, architecture)
     cfg = theirs.to_dict()
-    created = {}
+    created, shapes = {}, expected_shapes(config)
 
     def forward(source):
         mapping = map_tower(tower, source, config, cfg, description)
-        weights = mapping.finish(expected_shapes(config))
+        weights = mapping.finish(shapes)
         created.update({key: weights[key] for key in mapping.created})
         return {key: value for key, value in weights.items() if key not in mapping.created}
 
     with tempfile.TemporaryDirectory() as folder:
         model_class(theirs).save_pretrained(folder)
         template, path = read_folder_weights(folder)
-        target = {key: hubvit_weights[key] for key in expected_shapes(config) if key in hubvit_weights}
+        target = {key: hubvit_weights[key] for key in shapes if key in hubvit_weights}
         forward(template)  # learns which tensors the converter creates
         target = {key: value for key, value in target.items() if key not in created}
         state, filled = inverse(forward, template, target, description)

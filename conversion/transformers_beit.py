@@ -9,15 +9,8 @@ patch tokens (hubvit's `fc_norm`); a Data2Vec model saved without its pooler has
 
 from .common import ConversionError
 from .timm_beit import split_table
-from .transformers_towers import HALF, MASK_TOKEN, Tower, loader, map_params, map_qkv, vit_sizes
+from .transformers_towers import HALF, MASK_TOKEN, VIT_LAYER, Tower, loader, map_params, map_qkv, vit_sizes
 
-LAYER = {  # hubvit name -> BEiT's on-disk name under encoder.layer.{i}.
-    "norm1": "layernorm_before",
-    "attention.proj": "attention.output.dense",
-    "norm2": "layernorm_after",
-    "mlp.fc1": "intermediate.dense",
-    "mlp.fc2": "output.dense",
-}
 TABLE = "relative_position_bias.relative_position_bias_table"
 
 
@@ -72,7 +65,7 @@ def beit_weights(mapping, config, p, cfg):
         source, target = f"{p}encoder.layer.{i}.", f"encoder.layers.{i}."
         attention = [f"{source}attention.attention.{n}" for n in ("query", "key", "value")]
         map_qkv(mapping, f"{target}attention", attention, config)
-        for ours, theirs in LAYER.items():
+        for ours, theirs in VIT_LAYER.items():
             map_params(mapping, f"{target}{ours}", f"{source}{theirs}")
         if config.layer_scale_init_value is not None:
             mapping.map(f"{target}layer_scale1", f"{source}lambda_1")

@@ -289,7 +289,7 @@ def ijepa_settings(cfg, keys):
     )
 
 
-IJEPA_LAYER = {  # hubvit name -> I-JEPA's (transformers ViT's) on-disk name under encoder.layer.{i}.
+VIT_LAYER = {  # hubvit name -> the on-disk name under encoder.layer.{i}. of transformers' ViT, I-JEPA and BEiT
     "norm1": "layernorm_before",
     "attention.proj": "attention.output.dense",
     "norm2": "layernorm_after",
@@ -310,7 +310,7 @@ def ijepa_weights(mapping, config, p, cfg):
         source, target = f"{p}encoder.layer.{i}.", f"encoder.layers.{i}."
         attention = [f"{source}attention.attention.{n}" for n in ("query", "key", "value")]
         map_qkv(mapping, f"{target}attention", attention, config)
-        for ours, theirs in IJEPA_LAYER.items():
+        for ours, theirs in VIT_LAYER.items():
             map_params(mapping, f"{target}{ours}", f"{source}{theirs}", True)
     map_params(mapping, "norm", f"{p}layernorm")
 

@@ -144,9 +144,9 @@ def decode_columns(raw, args):
         raw = raw.cast_column(image, datasets.Image())
     if label in features and isinstance(features[label], datasets.Value) and "int" in features[label].dtype:
         given = label_names_of(args)
-        count = len(given) if given else int(np.max(raw["train"][label])) + 1 if len(raw["train"]) else 0
-        for name, split in raw.items():
-            values = np.asarray(split[label])
+        labels = {name: np.asarray(split[label]) for name, split in raw.items()}
+        count = len(given) if given else int(labels["train"].max()) + 1 if labels["train"].size else 0
+        for name, values in labels.items():
             bad = np.flatnonzero((values < 0) | (values >= count))
             if bad.size:
                 raise UsageError(
