@@ -43,7 +43,6 @@ field is such a key. A folder saved on 5.25 loads with the same values on 4.46.
 
 import dataclasses
 import inspect
-import math
 import types
 import typing
 
@@ -61,7 +60,7 @@ from .compat_hubvit import check_kwargs  # noqa: F401
 from .layers_hubvit import MLP_KINDS, NORM_KINDS
 from .patch_resize_hubvit import patch_pair  # noqa: F401
 from .positions_hubvit import POSITION_KINDS
-from .rotary_hubvit import ROTARY_KINDS
+from .rotary_hubvit import ROTARY_KINDS, check_rope_settings
 from .resize_hubvit import resize_as_configured  # noqa: F401
 
 logger = logging.get_logger(__name__)
@@ -143,6 +142,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         key_bias: with `qkv_bias`, the key projection has one too; False: queries and values only (EVA, BEiT,
             DINOv3 `_qkvb`), stored as `q_bias` / `v_bias` beside a fused `qkv`.
         qkv_fused: one `qkv` projection (the paper, timm); False: separate `q`, `k`, `v` (transformers, EVA-02).
+        num_key_value_heads: key/value heads shared by groups of query heads (grouped-query attention, with
+            separate projections): one count for every block, or one per block (Sapiens2 groups its middle blocks
+            only); None: one per query head.
         qk_norm: a norm over each head's queries and keys before the product (timm `qk_norm`).
         proj_bias, mlp_bias: biases on the attention output projection and the MLP's layers (AIMv2 has none).
         norm_type: every norm's kind (`modeling/layers_hubvit.py` `NORM_KINDS`): `layer_norm` (the paper),
@@ -227,6 +229,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     qkv_bias: bool = True
     key_bias: bool = True
     qkv_fused: bool = True
+    num_key_value_heads: int | list[int] | None = None
     qk_norm: bool = False
     proj_bias: bool = True
     mlp_bias: bool = True
@@ -455,6 +458,28 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     def num_prefix_tokens(self):
         return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
 
+    def key_value_heads(self, index):
+        """The key/value head count of block `index`."""
+        counts = self.num_key_value_heads
+        return self.num_attention_heads if counts is None else counts if isinstance(counts, int) else counts[index]
+
+    def check_key_value_heads(self):
+        counts = self.num_key_value_heads
+        if isinstance(counts, list) and len(counts) != self.num_hidden_layers:
+            raise ValueError(
+                f"num_key_value_heads={counts} has {len(counts)} entries; expected one per block "
+                f"(num_hidden_layers={self.num_hidden_layers}) or a single int"
+            )
+        heads = self.num_attention_heads
+        for count in [] if counts is None else [counts] if isinstance(counts, int) else counts:
+            if count <= 0 or heads % count:
+                raise ValueError(
+                    f"num_key_value_heads={counts!r}; expected counts that divide num_attention_heads={heads}"
+                )
+        grouped = any(self.key_value_heads(i) != heads for i in range(self.num_hidden_layers))
+        if grouped and self.qkv_fused:
+            raise ValueError(f"num_key_value_heads={counts!r} groups keys and values; needs qkv_fused=False")
+
     def validate_architecture(self):
         """Refuse values of the wrong type and combinations no model can run, naming the fields involved."""
         # `_out_features` / `_out_indices` are checked, with the stages named, by `set_output_features_output_indices`
@@ -486,6 +511,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
             )
+        self.check_key_value_heads()
         (h, w), (ph, pw) = self.image_size_2d, self.patch_size_2d
         if h < ph or w < pw:
             raise ValueError(
@@ -516,7 +542,10 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         self.position_kind.check(self)
         if self.rotary_kind is not None:
             self.rotary_kind.check(self)
-        self.check_rope_settings()
+        rope_fields = [
+            name for name in HubViTConfig.__annotations__ if name.startswith("rope_") and name != "rope_type"
+        ]
+        check_rope_settings(self, {name: getattr(HubViTConfig, name) for name in rope_fields})
         if self.scale_attention_branch_only and self.layer_scale_init_value is None:
             raise ValueError(
                 "scale_attention_branch_only=True scales the attention branch; needs layer_scale_init_value"
@@ -543,37 +572,6 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-
-    def check_rope_settings(self):
-        """The rotary options name a grid of two positive sides, a positive temperature and augmentation factors
-        each source accepts, and are given only with `rope_type`."""
-        rope_fields = [
-            name for name in HubViTConfig.__annotations__ if name.startswith("rope_") and name != "rope_type"
-        ]
-        if self.rope_type is None:
-            defaults = {name: getattr(HubViTConfig, name) for name in rope_fields}
-            changed = sorted(name for name, value in defaults.items() if getattr(self, name) != value)
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} set without rope_type; expected rope_type in {list(ROTARY_KINDS)}"
-                )
-            return
-        grid = self.rope_reference_grid
-        if grid is not None and (len(grid) != 2 or min(grid) <= 0):
-            raise ValueError(f"rope_reference_grid={grid!r}; expected [rows, columns], both positive")
-        limits = {
-            "rope_temperature": 0.0,
-            "rope_shift_coords": 0.0,
-            "rope_jitter_coords": 1.0,
-            "rope_rescale_coords": 1.0,
-        }
-        for name, low in limits.items():
-            value = getattr(self, name)
-            strict = name == "rope_temperature"
-            if value is not None and not (math.isfinite(value) and (value > low if strict else value >= low)):
-                raise ValueError(f"{name}={value!r}; expected a finite number {'>' if strict else '>='} {low:g}")
-        if not math.isfinite(self.rope_grid_offset):
-            raise ValueError(f"rope_grid_offset={self.rope_grid_offset!r}; expected a finite number")
 
 
 if not DATACLASS_CONFIGS:  # what `inspect.signature` and `help` show on 5.10+ (from the dataclass), before 5.10 too

@@ -187,12 +187,15 @@ class HubViTAttention(nn.Module):
     """Multi-head self-attention. Projections fused (`qkv`, rows [q; k; v], each head-major: the paper, timm) or
     separate (`q`, `k`, `v`: transformers, EVA-02); biases on all three (`qkv_bias`), or on q and v only
     (`key_bias=False`: EVA, BEiT, DINOv3, stored as `q_bias` / `v_bias` beside a fused `qkv`); an optional norm of
-    each head's queries and keys (`qk_norm`); the position kind's bias on the logits."""
+    each head's queries and keys (`qk_norm`); the position kind's bias on the logits. Block `index` may have fewer
+    key/value heads than query heads (`num_key_value_heads`), each shared by a group of neighbouring query heads."""
 
-    def __init__(self, config, position):
+    def __init__(self, config, position, index=0):
         super().__init__()
         dim = config.hidden_size
         split_into_heads(self, config)
+        self.key_value_heads = config.key_value_heads(index)
+        kv_dim = self.key_value_heads * self.head_dim
         key_bias = config.qkv_bias and config.key_bias
         beside_fused = config.qkv_fused and config.qkv_bias and not config.key_bias
         self.q_bias = nn.Parameter(torch.zeros(dim)) if beside_fused else None
@@ -201,8 +204,8 @@ class HubViTAttention(nn.Module):
             self.qkv = nn.Linear(dim, 3 * dim, bias=key_bias)
         else:
             self.q = nn.Linear(dim, dim, bias=config.qkv_bias)
-            self.k = nn.Linear(dim, dim, bias=key_bias)
-            self.v = nn.Linear(dim, dim, bias=config.qkv_bias)
+            self.k = nn.Linear(dim, kv_dim, bias=key_bias)
+            self.v = nn.Linear(dim, kv_dim, bias=config.qkv_bias)
         self.q_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.k_norm = make_norm(config, self.head_dim) if config.qk_norm else None
         self.norm = make_norm(config) if config.attention_inner_norm else None
@@ -222,7 +225,7 @@ class HubViTAttention(nn.Module):
         return config.qkv_fused and not (extra or kind.attention_bias or turned)
 
     @classmethod
-    def parameter_parts(cls, config):
+    def parameter_parts(cls, config, index=0):
         d = config.hidden_size
         key_bias = config.qkv_bias and config.key_bias
         if config.qkv_fused:
@@ -230,7 +233,8 @@ class HubViTAttention(nn.Module):
             if config.qkv_bias and not config.key_bias:
                 parts.append(("attention.q_bias, v_bias", 2 * d))
         else:
-            parts = [("attention.q, k, v", 3 * d * d + d * (2 * config.qkv_bias + key_bias))]
+            kv = d * config.key_value_heads(index) // config.num_attention_heads
+            parts = [("attention.q, k, v", d * (d + 2 * kv) + (d + kv) * config.qkv_bias + kv * key_bias)]
         if config.qk_norm:
             parts.append(("attention.q_norm, k_norm", 2 * norm_parameters(config, d // config.num_attention_heads)))
         if config.attention_inner_norm:
@@ -248,11 +252,14 @@ class HubViTAttention(nn.Module):
             query, key, value = (part.transpose(1, 2) for part in qkv.unbind(2))
         else:
             query, key, value = (
-                projection(hidden_states).reshape(batch_size, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+                projection(hidden_states).reshape(batch_size, num_tokens, -1, self.head_dim).transpose(1, 2)
                 for projection in (self.q, self.k, self.v)
             )
         if self.q_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
+        if self.key_value_heads != self.num_heads:
+            groups = self.num_heads // self.key_value_heads
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         return query, key, value
 
     def forward(self, hidden_states, grid, num_queries=None, **kwargs):
@@ -390,11 +397,11 @@ class HubViTLayer(GradientCheckpointingLayer):
     with `norm_placement="residual_post"`, x + norm(attention(x)), then x + norm(mlp(x)) (Swin v2's residual
     post-norm: timm's `ResPostBlock`, EVA-02 enormous)."""
 
-    def __init__(self, config, position, drop_path_rate=0.0):
+    def __init__(self, config, position, drop_path_rate=0.0, index=0):
         super().__init__()
         dim = config.hidden_size
         self.norm1 = make_norm(config)
-        self.attention = HubViTAttention(config, position)
+        self.attention = HubViTAttention(config, position, index)
         self.norm2 = make_norm(config)
         self.mlp = MLP_KINDS[config.mlp_type](config)
         scale = config.layer_scale_init_value
@@ -405,10 +412,10 @@ class HubViTLayer(GradientCheckpointingLayer):
         self.post_norm = config.norm_placement == "residual_post"
 
     @classmethod
-    def parameter_parts(cls, config):
-        """(sub-layer, parameters) of one block, in forward order."""
+    def parameter_parts(cls, config, index=0):
+        """(sub-layer, parameters) of block `index`, in forward order."""
         norm = norm_parameters(config)
-        parts = [("norm1", norm), *HubViTAttention.parameter_parts(config)]
+        parts = [("norm1", norm), *HubViTAttention.parameter_parts(config, index)]
         parts += config.position_kind.block_parameters(config)
         if config.rotary_kind is not None:
             parts += config.rotary_kind.block_parameters(config)
@@ -441,7 +448,7 @@ class HubViTEncoder(nn.Module):
         super().__init__()
         depth = config.num_hidden_layers
         rates = [config.drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
-        self.layers = nn.ModuleList([HubViTLayer(config, position, rate) for rate in rates])
+        self.layers = nn.ModuleList([HubViTLayer(config, position, rate, i) for i, rate in enumerate(rates)])
 
     def forward(self, hidden_states, grid, num_output_tokens=None, last_block=None, states=None, **kwargs):
         """The one loop over the blocks. `num_output_tokens`: the last block updates (and returns) only the first

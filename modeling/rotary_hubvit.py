@@ -289,3 +289,24 @@ class Positions:
         for part in self.parts:
             query, key = part.rotate(attention, query, key, grid)
         return query, key
+
+
+def check_rope_settings(config, defaults):
+    """The rotary options (`defaults`: each `rope_*` field's default) name a grid of two positive sides, a positive
+    temperature and augmentation factors each source accepts, and are given only with `rope_type`."""
+    if config.rope_type is None:
+        changed = sorted(name for name, value in defaults.items() if getattr(config, name) != value)
+        if changed:
+            raise ValueError(f"{', '.join(changed)} set without rope_type; expected rope_type in {list(ROTARY_KINDS)}")
+        return
+    grid = config.rope_reference_grid
+    if grid is not None and (len(grid) != 2 or min(grid) <= 0):
+        raise ValueError(f"rope_reference_grid={grid!r}; expected [rows, columns], both positive")
+    limits = {"rope_temperature": 0.0, "rope_shift_coords": 0.0, "rope_jitter_coords": 1.0, "rope_rescale_coords": 1.0}
+    for name, low in limits.items():
+        value = getattr(config, name)
+        strict = name == "rope_temperature"
+        if value is not None and not (math.isfinite(value) and (value > low if strict else value >= low)):
+            raise ValueError(f"{name}={value!r}; expected a finite number {'>' if strict else '>='} {low:g}")
+    if not math.isfinite(config.rope_grid_offset):
+        raise ValueError(f"rope_grid_offset={config.rope_grid_offset!r}; expected a finite number")

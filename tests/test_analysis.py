@@ -37,6 +37,7 @@ VARIANTS = {
         key_bias=False, mlp_bias=False, proj_bias=False, pooling="map", class_token=False
     ),
     "separate_qkv_without_key_bias": dict(qkv_fused=False, key_bias=False, mlp_type="gated"),
+    "grouped_key_value_heads_per_block": dict(qkv_fused=False, num_key_value_heads=[1, 2]),
     "beit_relative_bias": dict(position_embedding_type="relative_2d_class", key_bias=False),
     "residual_post_norm": dict(norm_placement="residual_post", layer_scale_init_value=0.5),
     "attention_only_layer_scale": dict(layer_scale_init_value=0.5, scale_attention_branch_only=True),

@@ -192,13 +192,46 @@ def test_separate_projections_compute_what_the_fused_one_does_on_the_same_weight
     assert_close(separate(x, (4, 4))[0], fused(x, (4, 4))[0], "attention")
 
 
+def test_grouped_key_value_heads_equal_timms_attention():
+    """Sapiens2's grouped-query attention: two key/value heads for four query heads, each shared by two neighbours,
+    with a norm over each head's queries and keys."""
+    from timm.layers import AttentionRope
+
+    config = tiny_config(qkv_fused=False, num_key_value_heads=2, qk_norm=True, layer_norm_eps=1e-6)
+    theirs = AttentionRope(32, 4, num_kv_heads=2, qkv_fused=False, qk_norm=True, norm_layer=nn.LayerNorm)
+    randomize_(theirs.eval(), seed=8)
+    renames = {"q_proj.": "q.", "k_proj.": "k.", "v_proj.": "v."}
+    weights = {}
+    for name, value in theirs.state_dict().items():
+        prefix = next((old for old in renames if name.startswith(old)), None)
+        weights[renames[prefix] + name[len(prefix) :] if prefix else name] = value
+    ours = attention_of(config)
+    ours.load_state_dict(weights)
+    assert ours.k.weight.shape == (16, 32)
+    x = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(ours(x, (4, 4))[0], theirs(x), "attention")
+
+
+def test_grouped_key_value_heads_compute_full_attention_with_each_shared_head_copied():
+    """One key/value head for four query heads is multi-head attention whose four key/value heads are copies."""
+    grouped = randomize_(attention_of(tiny_config(qkv_fused=False, num_key_value_heads=1)), seed=9)
+    full = attention_of(tiny_config(qkv_fused=False))
+    weights = grouped.state_dict()
+    for name in ("k.weight", "k.bias", "v.weight", "v.bias"):
+        weights[name] = weights[name].repeat(4, *([1] * (weights[name].dim() - 1)))
+    full.load_state_dict(weights)
+    x = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(0))
+    assert_close(grouped(x, (4, 4))[0], full(x, (4, 4))[0], "attention")
+
+
 @pytest.mark.parametrize(
     "fields",
     [
         dict(mlp_type="gated", hidden_act="silu", norm_type="rms_norm", qk_norm=True),
         dict(key_bias=False, qkv_fused=False, proj_bias=False, mlp_bias=False, pooling="map", class_token=False),
+        dict(qkv_fused=False, num_key_value_heads=[1, 4]),
     ],
-    ids=["gated-rms-qk-norm", "separate-no-key-bias-map"],
+    ids=["gated-rms-qk-norm", "separate-no-key-bias-map", "grouped-key-value-heads-per-block"],
 )
 def test_a_model_of_new_components_saves_and_loads_as_remote_code_with_the_same_outputs(tmp_path, fields):
     model = randomize_(HubViTForImageClassification(tiny_config(num_labels=3, **fields)), seed=7).eval()

@@ -19,7 +19,7 @@ PUBLIC = {name: kind for name, kind in DECLARED.items() if not name.startswith("
 
 def test_every_field_is_declared_with_its_type_and_the_default_the_constructor_uses():
     config = HubViTConfig()
-    assert len(PUBLIC) == 59 and {"_out_features", "_out_indices"} <= set(DECLARED)
+    assert len(PUBLIC) == 60 and {"_out_features", "_out_indices"} <= set(DECLARED)
     assert DECLARED["hidden_size"] is int and HubViTConfig.hidden_size == 768
     assert DECLARED["image_size"] == int | list[int] | tuple[int, int] and HubViTConfig.image_size == 224
     assert DECLARED["qkv_bias"] is bool and DECLARED["final_layer_norm_eps"] == float | None
@@ -123,3 +123,29 @@ def test_an_encoder_decoder_flag_is_accepted_while_the_backbone_stages_are_not_y
     config test passes `is_encoder_decoder=True`); the saved config still names the stages."""
     config = HubViTConfig(is_encoder_decoder=True)
     assert config.is_encoder_decoder and config.to_dict()["out_features"] == ["stage12"]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            dict(num_key_value_heads=[4, 4], qkv_fused=False),
+            "num_key_value_heads=[4, 4] has 2 entries; expected one per block (num_hidden_layers=12) or a single int",
+        ),
+        (
+            dict(num_key_value_heads=5, qkv_fused=False),
+            "num_key_value_heads=5; expected counts that divide num_attention_heads=12",
+        ),
+        (dict(num_key_value_heads=4), "num_key_value_heads=4 groups keys and values; needs qkv_fused=False"),
+    ],
+)
+def test_key_value_head_counts_that_no_attention_can_use_are_refused(fields, message):
+    with pytest.raises(ValueError) as error:
+        HubViTConfig(**fields)
+    assert message in str(error.value)
+
+
+def test_key_value_heads_are_read_per_block():
+    config = HubViTConfig(num_hidden_layers=3, num_key_value_heads=[12, 6, 12], qkv_fused=False)
+    assert [config.key_value_heads(i) for i in range(3)] == [12, 6, 12]
+    assert HubViTConfig(num_key_value_heads=12).key_value_heads(5) == 12

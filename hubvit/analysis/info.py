@@ -107,8 +107,13 @@ def position_parameters(config):
 
 
 def block_parameters(config):
-    """(sub-layer, parameters) of one encoder block, in forward order, as the block's parts count themselves."""
-    return HubViTLayer.parameter_parts(config)
+    """(sub-layer, parameters) of all encoder blocks together, in forward order, as each block's parts count
+    themselves (blocks may differ: grouped key/value heads in some of them)."""
+    totals = {}
+    for index in range(config.num_hidden_layers):
+        for name, count in HubViTLayer.parameter_parts(config, index):
+            totals[name] = totals.get(name, 0) + count
+    return list(totals.items())
 
 
 def head_features(config):
@@ -129,7 +134,7 @@ def parameter_parts(config, head=True):
     if config.pre_norm:
         parts.append(("pre_norm", norm_parameters(config)))
     depth = config.num_hidden_layers
-    parts += [(f"blocks.{name} (x{depth})", depth * count) for name, count in block_parameters(config)]
+    parts += [(f"blocks.{name} (x{depth})", count) for name, count in block_parameters(config)]
     parts.append(("final_norm", norm_parameters(config) if config.final_norm else 0))
     if config.pooling == "map":
         parts.append(("pooler.map_head", HubViTMAPHead.parameters_of(config)))
@@ -147,7 +152,7 @@ def parameter_parts(config, head=True):
 
 
 def encoder_parameters(config):
-    return config.num_hidden_layers * sum(count for _, count in block_parameters(config))
+    return sum(count for _, count in block_parameters(config))
 
 
 def mac_parts(config, image_size=None, head=True):
@@ -158,7 +163,10 @@ def mac_parts(config, image_size=None, head=True):
     ph, pw = config.patch_size_2d
     parts = [
         ("patch_embedding", n * ph * pw * config.num_channels * d),
-        ("qkv", depth * seq * d * 3 * d),  # fused or separate: the same products
+        (
+            "qkv",
+            seq * d * sum(d + 2 * d * config.key_value_heads(i) // config.num_attention_heads for i in range(depth)),
+        ),
         ("attention_scores (QK^T)", depth * seq * seq * d),
         ("attention_weighted_sum (AV)", depth * seq * seq * d),
         ("attention_output_projection", depth * seq * d * d),
