@@ -212,6 +212,11 @@ MODERN_FAMILIES = (  # timm entry points at their own (base) size, random weight
     ("PE core B/16", "vit_pe_core_base_patch16_224", dict(num_classes=0)),
     ("RoPE-Mixed ViT-B/16", "vit_base_patch16_rope_mixed_224", dict(num_classes=1000)),
     ("Sapiens2 0.1B", "vit_base_patch16_sapiens2", dict(num_classes=0, img_size=(256, 192))),
+    (
+        "Sapiens2 0.4B, 8 key/value heads in blocks 8-15",
+        "vit_large_patch16_sapiens2",
+        dict(num_classes=0, img_size=(256, 192)),
+    ),
     ("BEiT B/16", "beit_base_patch16_224", dict(num_classes=1000)),
     ("BEiT v2 B/16", "beitv2_base_patch16_224", dict(num_classes=1000)),
     ("relpos ViT-B/16", "vit_relpos_base_patch16_224", dict(num_classes=1000)),
@@ -342,6 +347,7 @@ def main(argv=None):
         default=None,
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--family", default="", help="with --only timm-families: the families whose label has this")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -369,7 +375,7 @@ def main(argv=None):
         if args.only in (None, "pytorch"):
             print_table("plain PyTorch", [pytorch_row(root)])
         if args.only in (None, "timm-families"):
-            rows = [modern_family_row(*case, root) for case in MODERN_FAMILIES]
+            rows = [modern_family_row(*case, root) for case in MODERN_FAMILIES if args.family in case[0]]
             print("\nnan: timm's class runs at its native size only (no dynamic_img_size)")
             print_table("timm families, converted and exported back", rows, sizes=3)
         if args.only in (None, "transformers-towers"):

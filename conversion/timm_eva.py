@@ -96,8 +96,6 @@ def attention_settings(attn, where, problems):
         return {}
     if getattr(attn, "gate", None) is not None:
         problems.append(f"{where}.attn has a sigmoid gate on its output (gated attention)")
-    if getattr(attn, "num_kv_groups", 1) > 1:
-        problems.append(f"{where}.attn has grouped key/value heads (num_kv_heads)")
     if attn.proj.in_features != attn.proj.out_features or attn.head_dim * attn.num_heads != attn.proj.in_features:
         problems.append(f"{where}.attn has its own head width (attn_head_dim)")
     fused = attn.qkv is not None
@@ -120,13 +118,21 @@ def attention_settings(attn, where, problems):
     )
 
 
+def key_value_heads(counts, heads):
+    """`num_key_value_heads` for timm's per-block `num_kv_heads`: None where every block has one per query head, one
+    int where all blocks share a count, else the list (Sapiens2 groups its middle blocks only)."""
+    if all(count == heads for count in counts):
+        return None
+    return counts[0] if len(set(counts)) == 1 else list(counts)
+
+
 def read_settings(model, architecture):
     """(HubViTConfig kwargs, []) describing `model`, a timm `Eva` on the meta device, or (None, what hubvit lacks)."""
     from timm.models.eva import EvaBlock, EvaBlockPostNorm
 
     problems = patch_problems(model.patch_embed)
     blocks = list(model.blocks)
-    per_block = []
+    per_block, kv_heads = [], []
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"
         if type(block) not in (EvaBlock, EvaBlockPostNorm):
@@ -138,6 +144,7 @@ def read_settings(model, architecture):
         settings["norm_placement"] = "residual_post" if type(block) is EvaBlockPostNorm else "pre"
         settings["num_attention_heads"] = block.attn.num_heads
         per_block.append(settings)
+        kv_heads.append(getattr(block.attn, "num_kv_heads", block.attn.num_heads))
     if per_block and any(settings != per_block[0] for settings in per_block):
         problems.append("blocks differ from blocks.0 (attention, MLP, heads or layer scale)")
     block = per_block[0] if per_block else {}
@@ -168,6 +175,7 @@ def read_settings(model, architecture):
         num_register_tokens=int(model.reg_token.shape[1]) if model.reg_token is not None else 0,
         position_embedding_type="learned" if model.pos_embed is not None else "none",
         position_embedding_includes_prefix=not model.no_embed_class,
+        num_key_value_heads=key_value_heads(kv_heads, block["num_attention_heads"]),
         pooling=pooling,
         fc_norm=fc_norm,
         final_norm=fc_norm or not isinstance(model.norm, nn.Identity),
@@ -203,7 +211,9 @@ def export_arguments(config):
     width = config.map_intermediate_size or config.intermediate_size
     args = dict(
         **size_arguments(config),
-        num_kv_heads=None if config.norm_placement == "residual_post" else config.num_attention_heads,
+        num_kv_heads=None
+        if config.norm_placement == "residual_post"
+        else tuple(config.key_value_heads(i) for i in range(config.num_hidden_layers)),
         qkv_bias=config.qkv_bias,
         qkv_fused=config.qkv_fused,
         qk_norm=config.qk_norm,

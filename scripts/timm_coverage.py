@@ -8,7 +8,8 @@ Each tag is built by timm as the tag defines it (its `num_classes`, image and pa
 except `depth=1`, with timm's own random initialisation; `timm.models.save_for_hf` writes it, and
 `hubvit.convert_timm` converts the folder, checking the converted model against timm's forward on the same input
 (1e-5 of the output scale), or refuses, naming what hubvit lacks (a tag timm cannot build with one block is read
-whole on the meta device for what hubvit lacks). Tags whose architecture and head size are the same
+whole on the meta device for what hubvit lacks, then converted whole or, too large for this machine, with one
+block of each key/value head count: Sapiens2). Tags whose architecture and head size are the same
 share one conversion. The record is rewritten atomically after every tag, so a stopped walk resumes where it was.
 """
 
@@ -94,7 +95,8 @@ def convert_tag(timm, name: str, model_args: dict | None = None) -> dict:
 def read_whole(timm, name: str, detail: str, started: float) -> dict:
     """A tag timm cannot build with one block (per-block settings, as Sapiens2's key/value heads): its whole
     architecture on the meta device, read by the converter; what hubvit lacks is recorded as a refusal, and an
-    architecture hubvit expresses is built whole and converted when it is small enough (`WHOLE_LIMIT`)."""
+    architecture hubvit expresses is built whole and converted when it is small enough (`WHOLE_LIMIT`), else with
+    one block of each key/value head count, in order."""
     from hubvit.conversion.timm import read_settings
 
     try:
@@ -109,9 +111,13 @@ def read_whole(timm, name: str, detail: str, started: float) -> dict:
         }
     if problems:
         return {"status": "refused", "features": problems, "seconds": time.time() - started}
-    if sum(p.numel() for p in model.parameters()) > WHOLE_LIMIT:
+    if sum(p.numel() for p in model.parameters()) <= WHOLE_LIMIT:
+        return {**convert_tag(timm, name, model_args={}), "built": "whole (timm cannot build it with one block)"}
+    kinds = list(dict.fromkeys(getattr(block.attn, "num_kv_heads", None) for block in model.blocks))
+    if None in kinds:
         return {"status": "not built", "detail": detail, "seconds": time.time() - started}
-    return {**convert_tag(timm, name, model_args={}), "built": "whole (timm cannot build it with one block)"}
+    one_of_each = dict(depth=len(kinds), num_kv_heads=tuple(kinds))
+    return {**convert_tag(timm, name, model_args=one_of_each), "built": f"one block of each kind: {one_of_each}"}
 
 
 def markdown(record: dict, markdown_table) -> str:

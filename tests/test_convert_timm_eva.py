@@ -82,6 +82,16 @@ FAMILIES = {
         dict(num_classes=5, num_kv_heads=4, img_size=(32, 24)),
         dict(scale_attention_branch_only=True, norm_type="rms_norm", qk_norm=True, num_register_tokens=8),
     ),
+    "sapiens2_grouped_key_value_heads_per_block": (
+        "vit_base_patch16_sapiens2",
+        dict(num_classes=5, depth=3, num_kv_heads=(4, 1, 2), img_size=(32, 24)),
+        dict(num_key_value_heads=[4, 1, 2], qkv_fused=False),
+    ),
+    "rope_grouped_key_value_heads": (
+        "vit_base_patch16_rope_224",
+        dict(num_classes=0, qkv_fused=False, num_kv_heads=2),
+        dict(num_key_value_heads=2, rope_type="axial"),
+    ),
     "sbb_rope_registers": (
         "vit_base_patch16_rope_reg1_gap_256",
         dict(num_classes=5),
@@ -127,12 +137,12 @@ def test_eva_family_matches_timm(family, tmp_path):
 
 
 def test_an_eva_setting_hubvit_lacks_is_refused_by_name(tmp_path, capsys):
-    """Grouped key/value heads (Sapiens2) are not a hubvit attention: refused, the feature named, nothing written."""
-    source = timm_model("vit_base_patch16_rope_224", dict(num_classes=0, qkv_fused=False, num_kv_heads=2))
+    """Max-and-average pooling is not a hubvit pooler: refused, the setting named, nothing written."""
+    source = timm_model("vit_base_patch16_rope_224", dict(num_classes=0, global_pool="avgmax"))
     save_for_hf(source, tmp_path / "timm", safe_serialization=True)
     status = cli(["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out")])
     assert status == 2 and not (tmp_path / "out").exists()
-    assert "grouped key/value heads (num_kv_heads)" in capsys.readouterr().err
+    assert "global_pool='avgmax' (hubvit pools with 'token', 'avg', 'map' or none)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

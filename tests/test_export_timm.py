@@ -231,6 +231,11 @@ MODERN = {
     "rope_mixed_with_table": ("vit_base_patch16_rope_mixed_ape_224", dict(num_classes=5), "Eva"),
     "pe_core_map": ("vit_pe_core_base_patch16_224", dict(num_classes=0), "Eva"),
     "sapiens2_rms_norm": ("vit_base_patch16_sapiens2", dict(num_classes=5, num_kv_heads=4), "Eva"),
+    "sapiens2_grouped_key_value_heads": (
+        "vit_base_patch16_sapiens2",
+        dict(num_classes=5, depth=3, num_kv_heads=(4, 2, 4)),
+        "Eva",
+    ),
     "eva02_residual_post_norm": ("eva02_enormous_patch14_clip_224", dict(num_classes=5), "Eva"),
     "beit": ("beit_base_patch16_224", dict(num_classes=5), "Beit"),
     "beitv2_shared_table": (
