@@ -49,6 +49,16 @@ def deadline_seconds(kind="metadata"):
     return _env_float(_deadline_knob(kind), default)
 
 
+def transfer_deadline(size):
+    """(seconds, basis) for an operation moving `size` bytes: its requests' metadata deadline plus the bytes at the
+    minimum rate, so a trickle ends in a time that fits the size; at most the transfer deadline (basis None then)."""
+    ceiling, metadata, rate = deadline_seconds("transfer"), deadline_seconds("metadata"), min_rate()
+    fitted = metadata + size / rate
+    if fitted >= ceiling:
+        return ceiling, None
+    return fitted, f"{metadata:g} s for its requests + {size} bytes at the minimum rate of {rate:g} bytes/s"
+
+
 def _deadline_knob(kind):
     return "HUBVIT_METADATA_DEADLINE" if kind == "metadata" else "HUBVIT_TRANSFER_DEADLINE"
 
@@ -90,8 +100,8 @@ def max_download_bytes():
 class _Operation:
     """One bounded network operation: what it is, its deadline, and the first failure the transport saw."""
 
-    def __init__(self, what, deadline_s, endpoint=None, hub=True):
-        self.what, self.hub = what, hub
+    def __init__(self, what, deadline_s, endpoint=None, hub=True, basis=None):
+        self.what, self.hub, self.basis = what, hub, basis
         self.deadline_s = deadline_s
         self.deadline = time.monotonic() + deadline_s
         self.endpoint = endpoint
@@ -150,7 +160,10 @@ def describe(kind, url, operation=None, seconds=None, status=None, reason=""):
             "HUBVIT_CONNECT_TIMEOUT/HUBVIT_READ_TIMEOUT, --timeout for push)"
         )
     if kind == "slow":
-        return f"{where} is too slow: the operation did not finish within its {seconds:g} s deadline (HUBVIT_DEADLINE)"
+        basis = getattr(operation, "basis", None)
+        return f"{where} is too slow: the operation did not finish within its {round(seconds, 1):g} s deadline " + (
+            f"({basis}; HUBVIT_METADATA_DEADLINE, HUBVIT_MIN_RATE)" if basis else "(HUBVIT_DEADLINE)"
+        )
     if kind == "request_slow":  # reason: "metadata request GET /api/..." or "transfer GET /..."
         request_kind, _, call = reason.partition(" ")
         return (

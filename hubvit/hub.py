@@ -390,7 +390,8 @@ def push_folder(
     check_files(folder)
     api = HfApi(endpoint=endpoint, token=token)
     try:
-        with bounded(f"push to {repo_id}", endpoint=api.endpoint, kind="transfer", error=PushError):
+        size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+        with bounded(f"push to {repo_id}", endpoint=api.endpoint, kind="transfer", error=PushError, size=size):
             bound_network_timeouts(timeout)
             return _push(api, folder, repo_id, private, revision, create_pr, commit_message, load_check)
     except HfHubHTTPError as error:

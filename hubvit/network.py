@@ -37,6 +37,7 @@ from .deadlines import (
     describe,
     max_download_bytes,
     read_timeout,
+    transfer_deadline,
 )
 from .errors import HubViTError, NetworkError
 
@@ -342,13 +343,17 @@ def _http_status(error):
 
 
 @contextmanager
-def bounded(what, endpoint=None, kind="metadata", deadline=None, error=NetworkError):
+def bounded(what, endpoint=None, kind="metadata", deadline=None, error=NetworkError, size=None):
     """Run the Hub calls in this block under one total deadline; a network failure becomes `error` (one line).
 
-    `what` names the operation in the message (`model_info of x/y`, `download of x/y`, `push to x/y`).
+    `what` names the operation in the message (`model_info of x/y`, `download of x/y`, `push to x/y`); `size`: the
+    bytes it moves, which fit the deadline to them (`transfer_deadline`).
     """
     install()
-    operation = _Operation(what, deadline or deadline_seconds(kind), endpoint or _default_endpoint())
+    basis = None
+    if deadline is None and size is not None:
+        deadline, basis = transfer_deadline(size)
+    operation = _Operation(what, deadline or deadline_seconds(kind), endpoint or _default_endpoint(), basis=basis)
     with _LOCK:
         _ACTIVE.append(operation)
     try:
@@ -382,9 +387,10 @@ def classify(failure, operation):
         return (
             f"{_where(endpoint, operation)} rate-limited{what} (HTTP 429) after the client's retries; try again later"
         )
-    if operation.failure is not None and isinstance(
-        failure, (httpx.TransportError, LocalEntryNotFoundError, HfHubHTTPError, OSError)
-    ):
+    if operation.failure is not None and any(
+        isinstance(error, (httpx.TransportError, LocalEntryNotFoundError, HfHubHTTPError, OSError))
+        for error in _chain(failure)
+    ):  # the client may wrap the transport's error (an LFS upload's RuntimeError)
         return operation.failure
     if isinstance(failure, httpx.TimeoutException):
         return describe("silent", endpoint, operation, seconds=read_timeout())
@@ -399,6 +405,15 @@ def classify(failure, operation):
     if isinstance(failure, json.JSONDecodeError):
         return describe("not_json", endpoint, operation, reason=f"{failure.msg} at byte {failure.pos}")
     return None
+
+
+def _chain(error):
+    """`error` and the errors it was raised from."""
+    seen = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
 
 
 def _max_redirects():

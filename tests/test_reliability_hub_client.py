@@ -131,6 +131,36 @@ def test_a_429_asking_for_days_on_the_tree_listing_fails_that_publish_entry(hub_
     assert hub_server.endpoint in outcome.detail and elapsed < 10
 
 
+def test_a_push_whose_upload_answer_trickles_ends_at_a_deadline_fitted_to_the_folder(
+    hub_server, folder, monkeypatch, quick
+):
+    """The transfer ceiling is 2 h, but a push of this folder may take its requests' metadata deadline (2 s here)
+    plus its bytes at the minimum rate (set to move them in 2 s): 4 s, said with how it was reckoned."""
+    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    monkeypatch.setenv("HUBVIT_METADATA_DEADLINE", "2")
+    monkeypatch.setenv("HUBVIT_MIN_RATE", str(size / 2))
+
+    def trickled_answer(handler):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        for _ in range(150):
+            try:
+                handler.wfile.write(b"a")
+                handler.wfile.flush()
+            except OSError:
+                return
+            time.sleep(0.2)
+
+    answer(monkeypatch, "_lfs_put", trickled_answer)
+    push = functools.partial(push_folder, load_check=False)
+    finished, result, elapsed = within(30, push, folder, f"{hub_server.user}/tiny")
+    assert finished, "push still uploading after 30 s"
+    assert isinstance(result, PushError), repr(result)
+    message = str(result)
+    assert "\n" not in message and hub_server.endpoint in message and "too slow" in message
+    assert f"within its 4 s deadline (2 s for its requests + {size} bytes at the minimum rate" in message
+    assert elapsed < 8
+
+
 def test_a_429_that_outlasts_the_clients_retries_says_rate_limited(hub_server, folder, monkeypatch):
     answer(monkeypatch, "_preupload", too_many_requests(0))
     push = functools.partial(push_folder, load_check=False)
