@@ -5,7 +5,8 @@ environment's release).
 hubvit is hidden before anything is imported, so only the code copied into the folders can run. Every output the
 compatibility test compares is written to `out[name]` (safetensors); one JSON line on stdout says what else was seen
 per folder: where the model class came from, what it made of the config (`config_facts`), the warnings the
-folders' code raised, the pipeline's answer.
+folders' code raised, the pipeline's answer; and, once, what the release's own `ConfigTester.run_common_tests()`
+(from its source distribution, tests/transformers_sources.py) made of the folders' config class.
 `outputs()` is also what the test runs in its own process on the installed hubvit, so both sides do the same.
 """
 
@@ -103,9 +104,13 @@ def main(path):
                 pipeline=classify(request["image"]),
                 pipeline_needs_image_processor=needs_processor,
             )
+    from transformers_sources import run_config_tester  # the release's own ConfigTester, outside the warnings caught
+
+    config_tester = run_config_tester(type(config))
     print(
         json.dumps(
             dict(
+                config_tester=config_tester,
                 transformers=transformers.__version__,
                 transformers_path=transformers.__file__,
                 torch=torch.__version__,

@@ -184,10 +184,46 @@ def install_missing_modules():
     module("utils.test_configuration_utils", config_common_kwargs=common_config_kwargs())
 
 
-def import_common_tests():
-    """(test_modeling_common, test_configuration_common) of the installed transformers."""
+def import_common_tests(modules=MODULES):
+    """The common test `modules` of the installed transformers: (test_modeling_common, test_configuration_common)."""
     root = str(ensure_sources())
     if root not in sys.path:
         sys.path.insert(0, root)
     install_missing_modules()
-    return tuple(importlib.import_module(f"{PACKAGE}.{name}") for name in MODULES)
+    return tuple(importlib.import_module(f"{PACKAGE}.{name}") for name in modules)
+
+
+def run_config_tester(config_class):
+    """transformers' own `ConfigTester(...).run_common_tests()` of the installed release on `config_class`, as
+    tests/test_transformers_common.py runs it, then each check it calls alone (so one failing check does not hide the
+    others): {"run_common_tests": traceback or None, "checks": {check: last line of its error or None},
+    "common_kwargs": the names `check_config_arguments_init` passes}."""
+    import inspect
+    import re
+    import unittest
+
+    (configuration_common,) = import_common_tests(("test_configuration_common",))
+    ConfigTester = configuration_common.ConfigTester
+    checks = re.findall(r"self\.(\w+)\(", inspect.getsource(ConfigTester.run_common_tests))
+
+    def outcome(call):
+        class ConfigTest(unittest.TestCase):
+            def test_config(self):
+                tester = ConfigTester(
+                    self, config_class=config_class, has_text_modality=False, hidden_size=36, num_attention_heads=6
+                )
+                call(tester)
+
+        runner = unittest.TextTestRunner(stream=io.StringIO())
+        result = runner.run(unittest.defaultTestLoader.loadTestsFromTestCase(ConfigTest))
+        errors = [text for _, text in result.errors + result.failures]
+        return errors[0] if errors else None
+
+    return {
+        "run_common_tests": outcome(lambda tester: tester.run_common_tests()),
+        "checks": {
+            name: (lambda error: error and error.strip().splitlines()[-1])(outcome(lambda t, n=name: getattr(t, n)()))
+            for name in checks
+        },
+        "common_kwargs": sorted(configuration_common.config_common_kwargs),
+    }
