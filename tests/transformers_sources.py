@@ -15,7 +15,8 @@ The three names the modules import from the missing subfolders are supplied here
 - `generation.test_utils.GenerationTesterMixin` (only checked with `issubclass`): an empty class, which a ViT tester
   must not inherit, as a model that cannot `generate` must not.
 - `utils.test_configuration_utils.config_common_kwargs` (ConfigTester's non-default values for every attribute a
-  bare `PretrainedConfig` sets): built below from the installed `PretrainedConfig`, so it follows the version.
+  bare `PretrainedConfig` sets): built below from the installed `PretrainedConfig`, so it follows the version (no
+  sdist carries `tests/utils/`: seen for 4.46.3 and 5.25.0).
 
 If the registry cannot be reached and nothing is cached, the import fails with the reason: the common tests are part
 of the suite, and a skip would report a green run that never ran them.
@@ -129,7 +130,9 @@ def ensure_sources(version=None):
 
 def common_config_kwargs():
     """A non-default value for every attribute a bare PretrainedConfig sets, for ConfigTester's
-    `check_config_arguments_init` (which builds the config with them and reads each back)."""
+    `check_config_arguments_init` (which builds the config with them and reads each back): the rule of the release's
+    own `test_config_common_kwargs_is_complete` (the list itself is in `tests/utils/`, which no sdist carries). An
+    attribute of no known kind stops the suite, naming it."""
     from transformers import PretrainedConfig
 
     base = PretrainedConfig()
@@ -140,7 +143,20 @@ def common_config_kwargs():
         "architectures": ["HubViTForImageClassification"],
         "problem_type": "regression",
         "tie_word_embeddings": not getattr(base, "tie_word_embeddings", True),
+        # the attributes 4.x sets to None (generation and tokenizer settings), each given a value of its kind
+        "torch_dtype": "float16",
+        "cross_attention_hidden_size": 128,
+        "bad_words_ids": [1, 2, 3],
+        "suppress_tokens": [0, 1],
+        "begin_suppress_tokens": 2,
+        "exponential_decay_length_penalty": (5, 1.01),
+        "finetuning_task": "translation",
+        "tokenizer_class": "BertTokenizerFast",
+        "prefix": "prefix",
+        "task_specific_params": {"translation": "some_params"},
     }
+    token_ids = ("forced_bos", "forced_eos", "bos", "pad", "eos", "sep", "decoder_start")
+    special.update({f"{name}_token_id": index + 2 for index, name in enumerate(token_ids)})
     skipped = {
         "_name_or_path",
         "_commit_hash",
@@ -164,7 +180,10 @@ def common_config_kwargs():
         elif isinstance(value, float):
             kwargs[key] = value + 0.5
         elif value is None or isinstance(value, str):
-            continue  # no value of a known type to flip to
+            raise TransformersSourcesError(
+                f"PretrainedConfig of transformers {transformers.__version__} sets {key}={value!r}: give it a "
+                "non-default value in common_config_kwargs, as the release's own completeness test asks"
+            )
         elif isinstance(value, dict):
             kwargs[key] = {"some_task": "some_params"} if not value else {}
     return kwargs
