@@ -60,14 +60,15 @@ class HubViTMAPHead(nn.Module):
             + HubViTMLP.macs(config, 1, config.map_intermediate_size)
         )
 
-    def forward(self, hidden_states):
+    def forward(self, hidden_states, attention_mask=None):
+        """`attention_mask`: (B, 1, 1, N) additive, keeping the probe from padding tokens."""
         batch_size, num_tokens, dim = hidden_states.shape[0], hidden_states.shape[1], hidden_states.shape[2]
         query = self.q(self.probe).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2)
         query = query.expand(batch_size, -1, -1, -1)
         kv = self.kv(hidden_states).reshape(batch_size, num_tokens, 2, self.num_heads, self.head_dim)
         key, value = kv.permute(2, 0, 3, 1, 4).unbind(0)
         attend = attention_function(self.config, False)
-        output, _ = attend(self, query, key, value, None, scaling=self.scaling, dropout=0.0)
+        output, _ = attend(self, query, key, value, attention_mask, scaling=self.scaling, dropout=0.0)
         output = self.proj(output.reshape(batch_size, 1, dim))
         output = output + self.mlp(self.norm(output))
         return output[:, 0]
@@ -91,15 +92,25 @@ class HubViTPooler(nn.Module):
             return 2 if self.distillation_token else 1
         return None
 
-    def forward(self, hidden_states):
+    def patch_mean(self, hidden_states, patch_mask=None):
+        """The mean of the patch tokens; with `patch_mask` (B, N), of each image's own patches only."""
+        patches = hidden_states[:, self.num_prefix_tokens :]
+        if patch_mask is None:
+            return patches.mean(dim=1)
+        weights = patch_mask.to(patches.dtype)[..., None]
+        return (patches * weights).sum(dim=1) / weights.sum(dim=1)
+
+    def forward(self, hidden_states, patch_mask=None, attention_mask=None):
+        """`patch_mask` (B, N) and `attention_mask` (its additive form over every token) for a batch of patch
+        sequences: padding takes no part in the pooled vector."""
         if self.pooling == "none":
             return None
         if self.pooling == "map":
-            return self.map_head(hidden_states)
+            return self.map_head(hidden_states, attention_mask)
         if self.pooling == "cls_mean":
-            return torch.cat([hidden_states[:, 0], hidden_states[:, self.num_prefix_tokens :].mean(dim=1)], dim=-1)
+            return torch.cat([hidden_states[:, 0], self.patch_mean(hidden_states, patch_mask)], dim=-1)
         if self.pooling == "mean":
-            pooled = hidden_states[:, self.num_prefix_tokens :].mean(dim=1)
+            pooled = self.patch_mean(hidden_states, patch_mask)
         elif self.distillation_token:
             pooled = (hidden_states[:, 0] + hidden_states[:, 1]) / 2
         else:

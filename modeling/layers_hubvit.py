@@ -272,6 +272,9 @@ class HubViTAttention(nn.Module):
         query, key = self.position.rotate(self, query, key, grid)
         query = query[:, :, :num_queries]
         mask = self.position.logits_bias(self, grid, num_tokens)
+        padding = kwargs.get("attention_mask")  # (B, 1, 1, N) additive: a batch of patch sequences (naflex_hubvit.py)
+        if padding is not None:
+            mask = padding if mask is None else mask + padding
         if mask is not None:
             mask = mask[:, :, :num_queries].to(query.dtype)
         attend = attention_function(self.config, kwargs.get("output_attentions", False))
@@ -459,3 +462,25 @@ class HubViTEncoder(nn.Module):
             if states is not None:
                 states.append(hidden_states)
         return hidden_states
+
+
+def take_indices(num_blocks, indices):
+    """timm's `feature_take_indices`: which blocks `indices` names (None: all, an int n: the last n, a list: those,
+    negative ones counted from the end), and the last of them."""
+    if indices is None:
+        indices = num_blocks
+    if isinstance(indices, int) and not isinstance(indices, bool):
+        if not 0 < indices <= num_blocks:
+            raise ValueError(f"indices={indices} asks for the last {indices} blocks; expected 1 to {num_blocks}")
+        take = list(range(num_blocks - indices, num_blocks))
+    else:
+        if isinstance(indices, str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            raise ValueError(f"indices must be None, an int or a list of ints, got {indices!r}")
+        take = [num_blocks + i if i < 0 else i for i in indices]
+        bad = [i for i, t in zip(indices, take) if not 0 <= t < num_blocks]
+        if bad or not take:
+            raise ValueError(
+                f"indices={list(indices)} names no block or blocks outside this {num_blocks}-block model ({bad}); "
+                f"expected block indices 0 to {num_blocks - 1} (or -{num_blocks} to -1)"
+            )
+    return take, max(take)

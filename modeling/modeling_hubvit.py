@@ -43,7 +43,9 @@ from .layers_hubvit import (
     RMSNorm,
     check_pixel_values,
     make_norm,
+    take_indices,
 )
+from .naflex_hubvit import check_patch_sequence, embed_patch_sequence
 from .patch_resize_hubvit import check_resize_options, patch_pair, resize_patch_kernel
 from .positions_hubvit import POSITION_KINDS  # noqa: F401  (every modeling file reached is imported directly:
 from .resize_hubvit import resize_as_configured  # noqa: F401  see configuration_hubvit.py)
@@ -134,28 +136,6 @@ class HubViTPreTrainedModel(PreTrainedModel):
             init.xavier_uniform_(module.probe.view(1, -1))
 
 
-def take_indices(num_blocks, indices):
-    """timm's `feature_take_indices`: which blocks `indices` names (None: all, an int n: the last n, a list: those,
-    negative ones counted from the end), and the last of them."""
-    if indices is None:
-        indices = num_blocks
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 0 < indices <= num_blocks:
-            raise ValueError(f"indices={indices} asks for the last {indices} blocks; expected 1 to {num_blocks}")
-        take = list(range(num_blocks - indices, num_blocks))
-    else:
-        if isinstance(indices, str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
-            raise ValueError(f"indices must be None, an int or a list of ints, got {indices!r}")
-        take = [num_blocks + i if i < 0 else i for i in indices]
-        bad = [i for i, t in zip(indices, take) if not 0 <= t < num_blocks]
-        if bad or not take:
-            raise ValueError(
-                f"indices={list(indices)} names no block or blocks outside this {num_blocks}-block model ({bad}); "
-                f"expected block indices 0 to {num_blocks - 1} (or -{num_blocks} to -1)"
-            )
-    return take, max(take)
-
-
 class HubViTBody:
     """The ViT body shared by `HubViTModel` and `HubViTBackbone`: patch and position embedding, the optional norm
     before the encoder, the encoder, the final norm; and the per-block token maps dense heads read."""
@@ -172,19 +152,28 @@ class HubViTBody:
     def get_input_embeddings(self):
         return self.embeddings.patch_embedding
 
-    def embed(self, pixel_values, patch_size=None):
-        """The encoder's input for `pixel_values` (checked, padded where configured), and the patch grid."""
-        pixel_values = check_pixel_values(pixel_values, self.config, patch_size)
-        pixel_values = pixel_values.to(self.embeddings.patch_embedding.weight.dtype)
-        hidden_states, grid = self.embeddings(pixel_values, patch_size)
+    def embed(self, pixel_values, patch_size=None, pixel_attention_mask=None, spatial_shapes=None):
+        """The encoder's input for `pixel_values` (checked, padded where configured), the patch grid and None; for a
+        batch of patch sequences (`spatial_shapes`, naflex_hubvit.py) no grid but the mask over its padding."""
+        mask = None
+        if spatial_shapes is not None:
+            check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, self.config)
+            grid = None
+            hidden_states, mask = embed_patch_sequence(
+                self.embeddings, pixel_values, pixel_attention_mask, spatial_shapes
+            )
+        else:
+            pixel_values = check_pixel_values(pixel_values, self.config, patch_size)
+            pixel_values = pixel_values.to(self.embeddings.patch_embedding.weight.dtype)
+            hidden_states, grid = self.embeddings(pixel_values, patch_size)
         if self.pre_norm is not None:
             hidden_states = self.pre_norm(hidden_states)
-        return hidden_states, grid
+        return hidden_states, grid, mask
 
     def run_blocks(self, pixel_values, last_block, patch_size=None, output_attentions=False):
         """The encoder input and the outputs of blocks 0 ... `last_block` (before the final norm), the patch grid,
         and each run block's attention weights when asked for."""
-        hidden_states, grid = self.embed(pixel_values, patch_size)
+        hidden_states, grid, _ = self.embed(pixel_values, patch_size)
         states, attentions, handles = [hidden_states], [], []
         if output_attentions:
             handles = [
@@ -276,9 +265,13 @@ class HubViTModel(HubViTBody, HubViTPreTrainedModel):
         interpolate_pos_encoding=None,
         num_output_tokens=None,
         patch_size=None,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """`interpolate_pos_encoding` is accepted for transformers compatibility: every input size is resized.
+        `pixel_attention_mask` and `spatial_shapes` with (B, N, P * P * C) `pixel_values`: images at their own sizes
+        as patch sequences (SigLIP 2's NaFlex, naflex_hubvit.py).
 
         `num_output_tokens` runs the last block for the first tokens only (keys and values still come from every
         token), so `last_hidden_state` holds just those: what a classifier reading the prefix tokens needs, in the
@@ -288,11 +281,14 @@ class HubViTModel(HubViTBody, HubViTPreTrainedModel):
         (`resize_patch_embeddings` explains the resize; gradients flow into the stored kernel), as FlexiViT trains.
         """
         check_kwargs(kwargs, self)
-        hidden_states, grid = self.embed(pixel_values, patch_size)
+        hidden_states, grid, mask = self.embed(pixel_values, patch_size, pixel_attention_mask, spatial_shapes)
+        if mask is not None:
+            kwargs["attention_mask"] = mask
         hidden_states = self.encoder(hidden_states, grid, num_output_tokens, **kwargs)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=self.pooler(hidden_states))
+        pooled = self.pooler(hidden_states, pixel_attention_mask, mask)
+        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=pooled)
 
     @torch.no_grad()
     def resize_position_embeddings(self, image_size):
@@ -416,6 +412,8 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         interpolate_pos_encoding=None,
         num_output_tokens=None,
         patch_size=None,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """Logits (and the loss for `labels`, chosen by transformers' `loss_function` from `problem_type`).
@@ -424,7 +422,10 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         (`self.hubvit.pooler.num_tokens_read`), the last block skips the patch tokens for the same logits.
         """
         check_kwargs(kwargs, self)
-        outputs = self.hubvit(pixel_values, num_output_tokens=num_output_tokens, patch_size=patch_size, **kwargs)
+        sequences = dict(pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
+        outputs = self.hubvit(
+            pixel_values, num_output_tokens=num_output_tokens, patch_size=patch_size, **sequences, **kwargs
+        )
         cls_logits = distillation_logits = None
         if self.distillation_classifier is not None:
             tokens = outputs.last_hidden_state

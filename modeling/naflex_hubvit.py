@@ -1,0 +1,82 @@
+"""Native resolution: a batch of images at their own sizes and aspect ratios, each cut into its own grid of patches
+and padded to one sequence length (NaFlex: SigLIP 2's `Siglip2VisionModel` interface).
+
+The input is transformers SigLIP 2's: `pixel_values` (B, N, P * P * C), each patch's pixels in (row, column,
+channel) order; `pixel_attention_mask` (B, N), 1 for the image's patches, 0 for padding; `spatial_shapes` (B, 2),
+each image's grid (rows, columns), its patches first in row-major order. The patches are embedded by the same
+stride-P kernel as whole images (`HubViTEmbeddings.patch_embedding`), each image's position table is the kind's table
+at that image's grid (resized by the configured rule: SigLIP 2's bilinear with antialias), padding gets none, the
+prefix tokens come first, and every attention layer and pooler ignores the padding (`attention_mask`), so an image
+gives the same outputs in any batch.
+
+This file travels to the Hub next to every checkpoint: flat, no I/O, imported relatively.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, config):
+    """Clear errors for a patch-sequence batch that does not fit the model or does not agree with itself."""
+    kind, rotary = config.position_kind, config.rotary_kind
+    if kind.attention_bias or kind.rotates or rotary is not None:
+        raise ValueError(
+            f"patch sequences (spatial_shapes) take position tables only; position_embedding_type="
+            f"{config.position_embedding_type!r} with rope_type={config.rope_type!r} reads one grid for the whole batch"
+        )
+    ph, pw = config.patch_size_2d
+    width = ph * pw * config.num_channels
+    if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 3 or pixel_values.shape[-1] != width:
+        shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+        raise ValueError(
+            f"with spatial_shapes, pixel_values must be (batch, patches, {width}) ({ph}x{pw} patches of "
+            f"{config.num_channels} channels, as the NaFlex image processor writes them), got {shape}"
+        )
+    batch_size, length = pixel_values.shape[0], pixel_values.shape[1]
+    if tuple(spatial_shapes.shape) != (batch_size, 2):
+        raise ValueError(f"spatial_shapes must be (batch, 2) = ({batch_size}, 2), got {tuple(spatial_shapes.shape)}")
+    if pixel_attention_mask is None or tuple(pixel_attention_mask.shape) != (batch_size, length):
+        shape = None if pixel_attention_mask is None else tuple(pixel_attention_mask.shape)
+        raise ValueError(f"pixel_attention_mask must be (batch, patches) = ({batch_size}, {length}), got {shape}")
+    if torch.jit.is_tracing():
+        return
+    counts = spatial_shapes.prod(-1)
+    if (spatial_shapes <= 0).any() or (counts > length).any():
+        raise ValueError(f"spatial_shapes {spatial_shapes.tolist()} must be positive grids of at most {length} patches")
+    if not torch.equal(pixel_attention_mask.long().sum(-1), counts.long()):
+        raise ValueError(
+            f"pixel_attention_mask marks {pixel_attention_mask.long().sum(-1).tolist()} patches per image, "
+            f"spatial_shapes {counts.tolist()}"
+        )
+
+
+def patch_sequence_tables(embeddings, spatial_shapes, length):
+    """(B, N, D): each image's position table at its own grid, zeros over the padding (None: a kind adding none)."""
+    rows = []
+    for rows_, columns in spatial_shapes.tolist():
+        table = embeddings.patch_position_table((rows_, columns))
+        if table is None:
+            return None
+        rows.append(F.pad(table[0], (0, 0, 0, length - table.shape[1])))
+    return torch.stack(rows)
+
+
+def embed_patch_sequence(embeddings, pixel_values, pixel_attention_mask, spatial_shapes):
+    """The encoder input for a patch-sequence batch, and the additive attention mask (B, 1, 1, prefix + N) that
+    keeps every query from the padding."""
+    dim = embeddings.config.hidden_size
+    kernel = embeddings.patch_embedding.weight
+    weight = kernel.permute(0, 2, 3, 1).reshape(dim, -1)
+    patches = F.linear(pixel_values.to(kernel.dtype), weight, embeddings.patch_embedding.bias)
+    if embeddings.patch_norm is not None:
+        patches = embeddings.patch_norm(patches)
+    tables = patch_sequence_tables(embeddings, spatial_shapes, patches.shape[1])
+    if tables is not None:
+        patches = patches + tables.to(patches.dtype)
+    prefix = embeddings.prefix_tokens(patches.shape[0])
+    hidden_states = torch.cat(prefix + [patches], dim=1) if prefix else patches
+    prefix_kept = torch.ones_like(pixel_attention_mask[:, :1]).expand(-1, embeddings.num_prefix_tokens)
+    keep = torch.cat([prefix_kept, pixel_attention_mask], dim=1).bool()
+    mask = torch.zeros(keep.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+    mask = mask.masked_fill(~keep, torch.finfo(hidden_states.dtype).min)[:, None, None, :]
+    return embeddings.dropout(hidden_states), mask

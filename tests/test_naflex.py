@@ -1,0 +1,179 @@
+"""Native resolution (issue 49, first part): a batch of images at their own sizes as patch sequences, SigLIP 2's
+NaFlex interface (`pixel_values` (B, N, P*P*C), `pixel_attention_mask`, `spatial_shapes`) on `HubViTModel` and the
+classifier, and transformers' `Siglip2VisionModel` converted and checked against itself on such a batch.
+
+The batches come from transformers' own `Siglip2ImageProcessor` (aspect ratio kept under a patch budget, patches in
+row, column, channel order, padded to the budget). Tolerance: 1e-5 of the output scale (float32, the same
+operations in another order: the position tables are resized by `F.interpolate` here and by an explicit weight
+matrix in transformers).
+"""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers import AutoModel
+
+from hubvit import HubViTForImageClassification, HubViTModel
+from hubvit.cli import main as cli
+from utils import randomize_, relative_error, tiny_config
+
+SIZES = ((20, 40), (40, 16), (24, 24), (8, 44))  # wide, tall, square, a strip: four aspect ratios
+
+
+def images(sizes=SIZES, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+
+
+def processor(max_num_patches=24, patch_size=4):
+    return transformers.Siglip2ImageProcessor(patch_size=patch_size, max_num_patches=max_num_patches)
+
+
+def siglip2_tower(**fields):
+    config = transformers.Siglip2VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, patch_size=4, num_patches=16
+    )
+    for name, value in fields.items():
+        setattr(config, name, value)
+    return randomize_(transformers.Siglip2VisionModel(config).eval(), seed=3)
+
+
+def padded_error(ours, theirs, mask):
+    """Relative error over the real patches only: what a model writes at padded positions is nobody's output."""
+    return relative_error(ours[mask], theirs[mask])
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["map-head", "no-head"])
+@torch.no_grad()
+def test_a_siglip2_naflex_tower_converts_and_matches_transformers_on_a_mixed_batch(tmp_path, head):
+    source = siglip2_tower(vision_use_head=head)
+    source.save_pretrained(tmp_path / "siglip2")
+    assert cli(["convert", "transformers", str(tmp_path / "siglip2"), str(tmp_path / "out")]) == 0
+    model = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    inputs = processor()(images=images(), return_tensors="pt")
+    assert len(set(map(tuple, inputs["spatial_shapes"].tolist()))) == 4
+    theirs, ours = source(**inputs), model(**inputs)
+    mask = inputs["pixel_attention_mask"].bool()
+    assert padded_error(ours.last_hidden_state, theirs.last_hidden_state, mask) <= 1e-5
+    if head:
+        assert relative_error(ours.pooler_output, theirs.pooler_output) <= 1e-5
+    else:
+        assert theirs.pooler_output is None and ours.pooler_output is None
+
+
+@torch.no_grad()
+def test_the_vision_tower_of_a_siglip2_dual_encoder_converts_the_same_way(tmp_path):
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=99)
+    vision = siglip2_tower().config.to_dict()
+    source = randomize_(transformers.Siglip2Model(transformers.Siglip2Config(text_config=text, vision_config=vision)))
+    source.eval().save_pretrained(tmp_path / "siglip2")
+    assert cli(["convert", "transformers", str(tmp_path / "siglip2"), str(tmp_path / "out")]) == 0
+    model = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    inputs = processor()(images=images(), return_tensors="pt")
+    theirs, ours = source.vision_model(**inputs), model(**inputs)
+    assert relative_error(ours.pooler_output, theirs.pooler_output) <= 1e-5
+
+
+POOLINGS = {
+    "map": dict(class_token=False, pooling="map"),
+    "mean": dict(class_token=False, pooling="mean", fc_norm=True),
+    "cls-registers": dict(pooling="cls", num_register_tokens=2),
+    "cls-mean": dict(pooling="cls_mean"),
+}
+
+
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+@torch.no_grad()
+def test_each_image_of_a_mixed_batch_gives_what_it_gives_alone(pooling):
+    """Padding changes nothing: every token and the pooled vector of an image in a padded batch of four aspect
+    ratios equal that image's own sequence, unpadded (1e-5 of the scale)."""
+    config = tiny_config(patch_size=4, image_size=16, **POOLINGS[pooling])
+    model = randomize_(HubViTModel(config), seed=5).eval()
+    make = processor()
+    batch = make(images=images(), return_tensors="pt")
+    together = model(**batch)
+    assert (batch["pixel_attention_mask"].sum(-1) < 24).sum() >= 2  # at least two images are padded in the batch
+    prefix = config.num_prefix_tokens
+    for index, image in enumerate(images()):
+        alone = unpadded(make(images=[image], return_tensors="pt"))
+        count = prefix + alone["pixel_values"].shape[1]
+        alone = model(**alone)
+        assert relative_error(together.last_hidden_state[index, :count], alone.last_hidden_state[0]) <= 1e-5
+        assert relative_error(together.pooler_output[index], alone.pooler_output[0]) <= 1e-5
+
+
+def unpadded(single):
+    """One image's processor output cut to its own patches: the sequence with no padding at all."""
+    count = int(single["pixel_attention_mask"].sum())
+    return dict(
+        pixel_values=single["pixel_values"][:, :count],
+        pixel_attention_mask=single["pixel_attention_mask"][:, :count],
+        spatial_shapes=single["spatial_shapes"],
+    )
+
+
+@torch.no_grad()
+def test_an_unpadded_sequence_of_a_whole_image_computes_what_the_image_does():
+    """One image as its full grid of patches, nothing padded, is the (B, C, H, W) forward on the same pixels."""
+    config = tiny_config(patch_size=4, image_size=16, class_token=False, pooling="map", num_labels=3)
+    model = randomize_(HubViTForImageClassification(config), seed=6).eval()
+    pixels = torch.randn(1, 3, 20, 28, generator=torch.Generator().manual_seed(0))
+    patches = pixels.reshape(1, 3, 5, 4, 7, 4).permute(0, 2, 4, 3, 5, 1).reshape(1, 35, 48)
+    sequence = model(patches, pixel_attention_mask=torch.ones(1, 35), spatial_shapes=torch.tensor([[5, 7]]))
+    assert relative_error(sequence.logits, model(pixels).logits) <= 1e-5
+
+
+@torch.no_grad()
+def test_the_classifier_takes_a_mixed_batch():
+    config = tiny_config(patch_size=4, image_size=16, num_labels=3)
+    model = randomize_(HubViTForImageClassification(config), seed=7).eval()
+    make = processor()
+    logits = model(**make(images=images(), return_tensors="pt")).logits
+    alone = torch.cat([model(**unpadded(make(images=[image], return_tensors="pt"))).logits for image in images()])
+    assert logits.shape == (4, 3) and relative_error(logits, alone) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(position_embedding_type="relative_2d"), "patch sequences (spatial_shapes) take position tables only"),
+        (dict(rope_type="axial"), "patch sequences (spatial_shapes) take position tables only"),
+    ],
+)
+def test_a_model_whose_blocks_read_one_grid_refuses_patch_sequences(change, message):
+    model = HubViTModel(tiny_config(patch_size=4, image_size=16, **change)).eval()
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        model(**processor()(images=images(), return_tensors="pt"))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda b: b.update(pixel_values=b["pixel_values"][..., :-1]), r"pixel_values must be \(batch, patches, 48\)"),
+        (lambda b: b.update(spatial_shapes=b["spatial_shapes"][:2]), r"spatial_shapes must be \(batch, 2\) = \(4, 2\)"),
+        (lambda b: b["pixel_attention_mask"][0, -1].fill_(1), r"pixel_attention_mask marks \[.*\] patches per image"),
+        (lambda b: b.pop("pixel_attention_mask"), r"pixel_attention_mask must be \(batch, patches\) = \(4, 24\)"),
+    ],
+    ids=["patch-width", "shapes-rows", "mask-count", "mask-missing"],
+)
+def test_a_patch_sequence_batch_that_disagrees_with_itself_is_refused(edit, message):
+    model = HubViTModel(tiny_config(patch_size=4, image_size=16, class_token=False, pooling="mean")).eval()
+    batch = dict(processor()(images=images(), return_tensors="pt"))
+    edit(batch)
+    with pytest.raises(ValueError, match=message):
+        model(**batch)
+
+
+@torch.no_grad()
+def test_a_converted_siglip2_tower_exports_back_to_its_own_class(tmp_path):
+    """`hubvit export transformers` writes `Siglip2VisionModel` (the converter's mapping run backwards), which
+    computes what the source does on a mixed batch."""
+    source = siglip2_tower()
+    source.save_pretrained(tmp_path / "siglip2")
+    assert cli(["convert", "transformers", str(tmp_path / "siglip2"), str(tmp_path / "hubvit")]) == 0
+    assert cli(["export", "transformers", str(tmp_path / "hubvit"), str(tmp_path / "back")]) == 0
+    back = transformers.AutoModel.from_pretrained(tmp_path / "back").eval()
+    assert type(back).__name__ == "Siglip2VisionModel"
+    inputs = processor()(images=images(), return_tensors="pt")
+    assert relative_error(back(**inputs).pooler_output, source(**inputs).pooler_output) <= 1e-5
