@@ -309,6 +309,47 @@ def tower_row(architecture, fields, exports, root):
     return architecture, errors
 
 
+@torch.no_grad()
+def siglip2_naflex_row(root):
+    """SigLIP 2 NaFlex B/16 (a 16 x 16 table): converted; on one batch of four aspect ratios from transformers' own
+    `Siglip2ImageProcessor` (256-patch budget) the real patches' `last_hidden_state` and `pooler_output` against
+    the source, each image of the batch against itself unpadded, and the export back against the source."""
+    import numpy as np
+
+    config = transformers.Siglip2VisionConfig(**{k: v for k, v in VIT_B.items() if k != "image_size"}, num_patches=256)
+    source = randomize_(transformers.Siglip2VisionModel(config)).eval()
+    source.save_pretrained(root / "siglip2")
+    assert quietly(cli, ["convert", "transformers", str(root / "siglip2"), str(root / "siglip2-hubvit")]) == 0
+    assert quietly(cli, ["export", "transformers", str(root / "siglip2-hubvit"), str(root / "siglip2-back")]) == 0
+    model, back = load(root / "siglip2-hubvit", True), AutoModel.from_pretrained(root / "siglip2-back").eval()
+    rng = np.random.default_rng(0)
+    images = [
+        rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((224, 448), (448, 160), (256, 256), (96, 512))
+    ]
+    processor = transformers.Siglip2ImageProcessor(patch_size=16, max_num_patches=256)
+    batch = processor(images=images, return_tensors="pt")
+    mask = batch["pixel_attention_mask"].bool()
+    theirs, ours = source(**batch), model(**batch)
+    converted = max(
+        relative_error(ours.last_hidden_state[mask], theirs.last_hidden_state[mask]),
+        relative_error(ours.pooler_output, theirs.pooler_output),
+    )
+    alone = []
+    for index, image in enumerate(images):
+        single = processor(images=[image], return_tensors="pt")
+        count = int(single["pixel_attention_mask"].sum())
+        single = dict(single, pixel_values=single["pixel_values"][:, :count])
+        single["pixel_attention_mask"] = single["pixel_attention_mask"][:, :count]
+        alone.append(relative_error(model(**single).pooler_output[0], ours.pooler_output[index]))
+    exported = relative_error(back(**batch).pooler_output, theirs.pooler_output)
+    shapes = ", ".join(f"{h}x{w}" for h, w in batch["spatial_shapes"].tolist())
+    return f"`Siglip2VisionModel` B/16, grids {shapes} in one batch -> `{type(back).__name__}`", [
+        converted,
+        max(alone),
+        exported,
+    ]
+
+
 EXPORT_TIMM_CASES = (
     ("ViT-B/16, [CLS], 1000 classes", dict(num_labels=1000)),
     (
@@ -339,6 +380,7 @@ def main(argv=None):
             "timm-families",
             "transformers",
             "transformers-towers",
+            "naflex",
             "jax",
             "torchvision",
             "pytorch",
@@ -384,6 +426,9 @@ def main(argv=None):
                 "\nnan: the class runs at its native size only (AIMv2), or a dual encoder (exported as its tower's class)"
             )
             print_table("transformers towers, converted and exported back", rows, sizes=3, second="256 px")
+        if args.only in (None, "naflex"):
+            print("\nSigLIP 2 NaFlex: converted on a mixed batch / each image alone, unpadded / exported back")
+            print_table("SigLIP 2 NaFlex", [siglip2_naflex_row(root)], sizes=1)
         if args.only in (None, "export-timm"):
             print_table("export timm (timm against hubvit)", [export_timm_row(*c, root) for c in EXPORT_TIMM_CASES])
 

@@ -196,9 +196,10 @@ def export(args):
         weights = {key.removeprefix("hubvit."): value for key, value in hubvit_model.state_dict().items()}
         model, report = towers.build(*tower, config, weights, f"{tower[0]} folder for the hubvit folder ({src})")
         notes = tuple(report)
+    run = model if tower is None else tower[1].run_on_images(model)
 
     def forward(pixels):
-        outputs = model(pixel_values=pixels)
+        outputs = run(pixel_values=pixels)
         if config.num_labels:
             return {"logits": outputs.logits}
         pooled = (

@@ -1,5 +1,5 @@
 """`hubvit export transformers` for the folders transformers' ViT cannot express: back to the vision tower class they
-would have been converted from (DINOv3 ViT, SigLIP, CLIP, AIMv2, I-JEPA, BEiT).
+would have been converted from (DINOv3 ViT, SigLIP, SigLIP 2 NaFlex, CLIP, AIMv2, I-JEPA, BEiT).
 
 As for the timm families (export_timm.py), a class is taken only when the converter's own reading of the config it
 builds (`Tower.settings`) gives the folder's config back, field by field, and the weights are the converter's mapping
@@ -73,9 +73,21 @@ def beit_fields(config):
     )
 
 
+def siglip2_fields(config):
+    (rows, columns), fields = config.grid_size, sizes(config)
+    del fields["image_size"]
+    return dict(
+        **fields,
+        num_patches=rows * columns if rows == columns else -1,
+        layer_norm_eps=config.layer_norm_eps,
+        vision_use_head=config.pooling == "map",
+    )
+
+
 EXPORTS = [  # (transformers class, its Tower, the config fields for a hubvit config), in the order tried
     ("DINOv3ViTModel", DINOV3, dinov3_fields),
     ("SiglipVisionModel", CLIP["SiglipVisionModel"], lambda c: dict(**sizes(c), layer_norm_eps=c.layer_norm_eps)),
+    ("Siglip2VisionModel", CLIP["Siglip2VisionModel"], siglip2_fields),
     ("CLIPVisionModel", CLIP["CLIPVisionModel"], lambda c: dict(**sizes(c), layer_norm_eps=c.layer_norm_eps)),
     ("Aimv2VisionModel", AIMV2, aimv2_fields),
     ("IJepaModel", IJEPA, lambda c: dict(**sizes(c), layer_norm_eps=c.layer_norm_eps, qkv_bias=c.qkv_bias)),
@@ -101,20 +113,26 @@ def candidate(architecture, tower, fields, config):
     except ConversionError as error:
         return None, [str(error)]
     problems = read_back_problems(config, settings, f"transformers' {architecture} built from its config")
-    return (theirs, []) if not problems else (None, problems)
+    if problems:
+        return None, problems
+    resize = ("interpolation_mode", "interpolation_antialias", "interpolation_align_corners")
+    return theirs, [name for name in resize if settings.get(name, getattr(config, name)) != getattr(config, name)]
 
 
 def choose(config):
-    """(architecture, tower, transformers config) of the first class that reads back as `config`, or the list of
-    what the closest class reads back differently."""
-    closest = None
+    """(architecture, tower, transformers config) of the first class that reads back as `config`, preferring one
+    that also resizes its position table as the folder does (SigLIP 2's bilinear over SigLIP's bicubic), or the list
+    of what the closest class reads back differently."""
+    closest, fallback = None, None
     for architecture, tower, fields in EXPORTS:
         theirs, problems = candidate(architecture, tower, fields, config)
-        if theirs is not None:
+        if theirs is not None and not problems:
             return architecture, tower, theirs
-        if closest is None or len(problems) < len(closest):
+        if theirs is not None:
+            fallback = fallback or (architecture, tower, theirs)
+        elif closest is None or len(problems) < len(closest):
             closest = problems
-    return closest
+    return fallback or closest
 
 
 def build(architecture, tower, theirs, config, hubvit_weights, description):

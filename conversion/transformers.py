@@ -371,11 +371,11 @@ def tower_reference(args, src, tower, architecture, config):
     if not args.verify:
         return Reference.unavailable("skipped (--no-verify)")
     model = tower.reference(src)
-    native = tuple(config.image_size_2d)
+    run, native = tower.run_on_images(model), tuple(config.image_size_2d)
 
     def forward(pixels):
         kwargs = tower.resize_kwargs if tuple(pixels.shape[-2:]) != native else {}
-        outputs = model(pixel_values=pixels, **kwargs)
+        outputs = run(pixel_values=pixels, **kwargs)
         pooled = {} if outputs.pooler_output is None else {"pooler_output": outputs.pooler_output}
         return {"last_hidden_state": outputs.last_hidden_state, **pooled}
 

@@ -1,5 +1,6 @@
 """transformers' CLIP and SigLIP vision towers (`CLIPVisionModel`, `SiglipVisionModel`, and the vision tower of the
-dual encoders `CLIPModel` and `SiglipModel`, which fixed-resolution SigLIP 2 checkpoints use too) as `Tower`s.
+dual encoders `CLIPModel` and `SiglipModel`, which fixed-resolution SigLIP 2 checkpoints use too; SigLIP 2's NaFlex
+`Siglip2VisionModel` and `Siglip2Model`) as `Tower`s.
 
 Both run the same encoder layers (`self_attn.{q,k,v,out}_proj`, `layer_norm1/2`, `mlp.fc1/fc2`). SigLIP has no
 [CLS]: a patch-only table, every token normed by `post_layernorm`, then a MAP head (`nn.MultiheadAttention` with one
@@ -8,6 +9,11 @@ encoder (`pre_layrnorm`), no patch bias, and `post_layernorm` on the pooled [CLS
 normed): hubvit's `fc_norm` with `cls` pooling.
 """
 
+from dataclasses import replace
+
+import torch
+
+from .common import ConversionError
 from .transformers_towers import HALF, OPENAI_CLIP, Tower, loader, map_params, map_qkv, vit_sizes
 
 
@@ -40,9 +46,10 @@ def siglip_settings(cfg, keys):
     return dict(**encoder_settings(cfg), class_token=False, pooling="map" if head else "none")
 
 
-def siglip_weights(mapping, config, p, cfg):
+def siglip_weights(mapping, config, p, cfg, patches=True):
     e = f"{p}embeddings."
-    map_params(mapping, "embeddings.patch_embedding", f"{e}patch_embedding")
+    if patches:
+        map_params(mapping, "embeddings.patch_embedding", f"{e}patch_embedding")
     mapping.map("embeddings.position_embedding", f"{e}position_embedding.weight", lambda t: t[None])
     map_encoder(mapping, config, p)
     map_params(mapping, "norm", f"{p}post_layernorm")
@@ -72,6 +79,64 @@ def siglip(reference, nested=None):
         resize_kwargs={"interpolate_pos_encoding": True},
         citation_key=["siglip", "siglip2"],
         prefixes=("", "vision_model."),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- SigLIP 2 NaFlex
+
+
+def siglip2_settings(cfg, keys):
+    """SigLIP's tower with a linear patch embedding over (row, column, channel) pixels and a square table of
+    `num_patches` rows, resized to each image's grid bilinearly with antialias (transformers' Siglip2VisionEmbeddings)."""
+    side = int(round(cfg["num_patches"] ** 0.5))
+    if side * side != cfg["num_patches"]:
+        raise ConversionError(f"num_patches={cfg['num_patches']} is not a square grid; hubvit reads a square table")
+    fields = dict(cfg, image_size=side * cfg["patch_size"])
+    return dict(
+        siglip_settings(fields, keys),
+        interpolation_mode="bilinear",
+        interpolation_antialias=True,
+        interpolation_align_corners=False,
+    )
+
+
+def siglip2_weights(mapping, config, p, cfg):
+    e, (ph, pw), c = f"{p}embeddings.", config.patch_size_2d, config.num_channels
+    kernel = lambda t: t.reshape(t.shape[0], ph, pw, c).permute(0, 3, 1, 2)  # noqa: E731  (row, column, channel)
+    mapping.map("embeddings.patch_embedding.weight", f"{e}patch_embedding.weight", kernel)
+    mapping.map("embeddings.patch_embedding.bias", f"{e}patch_embedding.bias")
+    siglip_weights(mapping, config, p, cfg, patches=False)
+
+
+class WholeImages:
+    """transformers' `Siglip2VisionModel` called on whole (B, C, H, W) images, each one patch sequence of its full
+    grid with nothing padded: the reference for the converter's parity check, at any size."""
+
+    def __init__(self, model):
+        self.model, self.patch_size = model, model.config.patch_size
+
+    def __call__(self, pixel_values):
+        b, c, h, w = pixel_values.shape
+        p = self.patch_size
+        rows, columns = h // p, w // p
+        patches = pixel_values[:, :, : rows * p, : columns * p].reshape(b, c, rows, p, columns, p)
+        patches = patches.permute(0, 2, 4, 3, 5, 1).reshape(b, rows * columns, p * p * c)
+        mask = torch.ones(b, rows * columns, dtype=torch.long)
+        shapes = torch.tensor([[rows, columns]] * b)
+        return self.model(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
+
+
+def siglip2(reference, nested=None):
+    return replace(
+        siglip(reference, nested),
+        family="siglip2",
+        config_class="Siglip2VisionConfig",
+        settings=siglip2_settings,
+        map_weights=siglip2_weights,
+        citation_key="siglip2",
+        resize_kwargs={},
+        preprocessing=(*HALF, "bilinear"),
+        runner=WholeImages,
     )
 
 
@@ -111,6 +176,8 @@ def clip(reference, nested=None):
 
 TOWERS = {
     "SiglipVisionModel": siglip(loader("SiglipVisionModel")),
+    "Siglip2VisionModel": siglip2(loader("Siglip2VisionModel")),
+    "Siglip2Model": siglip2(loader("Siglip2Model", "vision_model"), nested="vision_config"),
     "SiglipModel": siglip(loader("SiglipModel", "vision_model"), nested="vision_config"),
     "CLIPVisionModel": clip(loader("CLIPVisionModel")),
     "CLIPVisionModelWithProjection": clip(loader("CLIPVisionModelWithProjection", "vision_model")),

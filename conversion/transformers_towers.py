@@ -33,7 +33,8 @@ class Tower:
     p, cfg)`: fills the mapper from tensors under prefix `p`. `marker`: a tensor name that every folder of the class
     has, to find the prefix. `reference(src)`: the source's own vision model in float32, loaded from SRC;
     `resize_kwargs`: what its forward takes to run at another size (None: only its native size). `preprocessing`:
-    (mean, std, resample) when SRC has no preprocessor_config.json."""
+    (mean, std, resample) when SRC has no preprocessor_config.json. `runner(model)`: the class called on whole
+    images, where its forward takes something else (SigLIP 2's patch sequences)."""
 
     family: str
     config_class: str
@@ -46,6 +47,11 @@ class Tower:
     resize_kwargs: dict | None = field(default_factory=dict)
     citation_key: str | None = None
     prefixes: tuple = ("",)
+    runner: Callable | None = None
+
+    def run_on_images(self, model):
+        """`model` as a callable on (B, C, H, W) `pixel_values` (`runner`: for a class that takes other inputs)."""
+        return model if self.runner is None else self.runner(model)
 
 
 def vision_config(tower, raw):
