@@ -409,7 +409,8 @@ def convert_tower(args, source, architecture, raw):
         preprocessed = preprocessing_of(src, mean, std, resample)
     else:
         note = f"No preprocessor_config.json in SRC: {tower.family} defaults (mean {mean}, std {std}, {resample})"
-        preprocessed = Preprocessing(mean, std, resample, notes=[note])
+        processor = tower.processor(cfg) if tower.processor is not None else None
+        preprocessed = Preprocessing(mean, std, resample, processor=processor, notes=[note])
     name = Path(str(args.src)).name
     return Conversion(
         weights=mapping.finish(expected_shapes(config)),

@@ -137,6 +137,9 @@ def siglip2(reference, nested=None):
         resize_kwargs={},
         preprocessing=(*HALF, "bilinear"),
         runner=WholeImages,
+        processor=lambda cfg: __import__("transformers").Siglip2ImageProcessor(
+            patch_size=cfg["patch_size"], max_num_patches=cfg["num_patches"]
+        ),
     )
 
 

@@ -34,7 +34,8 @@ class Tower:
     has, to find the prefix. `reference(src)`: the source's own vision model in float32, loaded from SRC;
     `resize_kwargs`: what its forward takes to run at another size (None: only its native size). `preprocessing`:
     (mean, std, resample) when SRC has no preprocessor_config.json. `runner(model)`: the class called on whole
-    images, where its forward takes something else (SigLIP 2's patch sequences)."""
+    images, where its forward takes something else (SigLIP 2's patch sequences); `processor(cfg)`: the class's own
+    transformers image processor, for a SRC without one, where the fixed-size one would not serve it."""
 
     family: str
     config_class: str
@@ -48,6 +49,7 @@ class Tower:
     citation_key: str | None = None
     prefixes: tuple = ("",)
     runner: Callable | None = None
+    processor: Callable | None = None
 
     def run_on_images(self, model):
         """`model` as a callable on (B, C, H, W) `pixel_values` (`runner`: for a class that takes other inputs)."""

@@ -105,8 +105,15 @@ def processor_for(preprocessing: Preprocessing, config):
 
 def describe(processor):
     """One sentence for the model card: what the processor does to an image."""
-    size, resample = processor.size, RESAMPLE_NAMES.get(processor.resample, str(processor.resample))
-    if "shortest_edge" in size:
+    size, resample = processor.size or {}, RESAMPLE_NAMES.get(processor.resample, str(processor.resample))
+    budget = getattr(processor, "max_num_patches", None)
+    if budget is not None:  # SigLIP 2's NaFlex processor
+        p = processor.patch_size
+        steps = (
+            f"Resize, keeping the aspect ratio, to the largest size of at most {budget} patches of {p}x{p} "
+            f"({resample}), cut into patches padded to {budget} with their mask and grid"
+        )
+    elif "shortest_edge" in size:
         steps = f"Resize the shorter side to {size['shortest_edge']} ({resample})"
     elif "height" in size:
         steps = f"Resize to {size['height']}x{size['width']} ({resample})"

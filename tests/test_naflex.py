@@ -177,3 +177,25 @@ def test_a_converted_siglip2_tower_exports_back_to_its_own_class(tmp_path):
     assert type(back).__name__ == "Siglip2VisionModel"
     inputs = processor()(images=images(), return_tensors="pt")
     assert relative_error(back(**inputs).pooler_output, source(**inputs).pooler_output) <= 1e-5
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["default-processor", "processor-of-the-source"])
+@torch.no_grad()
+def test_a_converted_siglip2_folder_serves_the_feature_extraction_pipeline_at_each_images_size(tmp_path, carried):
+    """The folder's image processor is SigLIP 2's (the source's own, or one at its patch size and table budget):
+    `AutoImageProcessor` loads it from the hubvit folder and transformers' pipeline feeds the model patch
+    sequences; the features are the source's on the same processor's output."""
+    source = siglip2_tower()
+    source.save_pretrained(tmp_path / "siglip2")
+    if carried:
+        processor(max_num_patches=16).save_pretrained(tmp_path / "siglip2")
+    assert cli(["convert", "transformers", str(tmp_path / "siglip2"), str(tmp_path / "out")]) == 0
+    loaded = transformers.AutoImageProcessor.from_pretrained(tmp_path / "out")
+    assert type(loaded).__name__.startswith("Siglip2ImageProcessor") and loaded.max_num_patches == 16
+    extract = transformers.pipeline("image-feature-extraction", model=str(tmp_path / "out"), trust_remote_code=True)
+    image = images(sizes=((12, 40),))[0]
+    features = torch.tensor(extract(__import__("PIL.Image").Image.fromarray(image), return_tensors=False))
+    inputs = loaded(images=[image], return_tensors="pt")
+    expected, mask = source(**inputs).last_hidden_state, inputs["pixel_attention_mask"].bool()
+    assert features.shape == expected.shape and not mask.all()  # the image leaves part of the budget as padding
+    assert padded_error(features, expected, mask) <= 1e-5
