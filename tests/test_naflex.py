@@ -199,3 +199,43 @@ def test_a_converted_siglip2_folder_serves_the_feature_extraction_pipeline_at_ea
     expected, mask = source(**inputs).last_hidden_state, inputs["pixel_attention_mask"].bool()
     assert features.shape == expected.shape and not mask.all()  # the image leaves part of the budget as padding
     assert padded_error(features, expected, mask) <= 1e-5
+
+
+@torch.no_grad()
+def test_intermediates_give_each_image_its_maps_at_its_own_grid():
+    """`forward_intermediates` on a mixed batch: per block, each image's (D, rows, columns) map equals the map of
+    that image alone, unpadded; "NLC" gives the padded patch tokens and the dict their validity, as timm's
+    NaFlexVit."""
+    from hubvit import HubViTModel
+
+    model = randomize_(HubViTModel(tiny_config(patch_size=4, image_size=16, num_register_tokens=1)), seed=8).eval()
+    make = processor()
+    batch = make(images=images(), return_tensors="pt")
+    maps = model.forward_intermediates(**batch, indices=[0, 1], intermediates_only=True)
+    grids = batch["spatial_shapes"].tolist()
+    for index, image in enumerate(images()):
+        alone = unpadded(make(images=[image], return_tensors="pt"))
+        own = model.forward_intermediates(**alone, indices=[0, 1], intermediates_only=True)
+        for block in range(2):
+            assert maps[block][index].shape == (32, *grids[index])
+            assert relative_error(maps[block][index], own[block][0]) <= 1e-5
+    tokens = model.forward_intermediates(**batch, indices=1, output_fmt="NLC", output_dict=True)
+    assert tokens["image_intermediates"][0].shape == (4, 24, 32)
+    assert torch.equal(tokens["patch_valid"], batch["pixel_attention_mask"].bool())
+
+
+@torch.no_grad()
+def test_the_backbone_returns_each_images_maps_at_its_own_grid(tmp_path):
+    from hubvit import HubViTBackbone
+
+    config = tiny_config(patch_size=4, image_size=16, out_indices=[1, 2])
+    model = randomize_(HubViTBackbone(config), seed=9).eval()
+    make = processor()
+    batch = make(images=images(), return_tensors="pt")
+    stages = model(**batch).feature_maps
+    assert len(stages) == 2 and all(len(stage) == 4 for stage in stages)
+    for index, image in enumerate(images()):
+        own = model(**unpadded(make(images=[image], return_tensors="pt"))).feature_maps
+        for stage in range(2):
+            assert stages[stage][index].shape == (32, *batch["spatial_shapes"][index].tolist())
+            assert relative_error(stages[stage][index], own[stage][0]) <= 1e-5
