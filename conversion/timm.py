@@ -16,7 +16,7 @@ from torch import nn
 
 from ..modeling import HubViTConfig
 from ..card import CITATIONS
-from . import sources, timm_beit, timm_eva, timm_relpos
+from . import sources, timm_beit, timm_eva, timm_naflex, timm_relpos
 from ..errors import HubViTError
 from ..options import argument, option, settle, text
 from .common import (
@@ -173,34 +173,22 @@ def create_timm_model(architecture, model_args, device="meta", **extra):
 def reader_of(model):
     """The module reading the timm class that built `model` (its settings, names and combined tensors): timm_eva.py
     for `Eva` (EVA-02, DINOv3, PE, the RoPE ViTs), timm_beit.py for `Beit`, timm_relpos.py for
-    `VisionTransformerRelPos`; None for `VisionTransformer`, read here."""
+    `VisionTransformerRelPos`, timm_naflex.py for `NaFlexVit`; None for `VisionTransformer`, read here."""
     from timm.models.beit import Beit
     from timm.models.eva import Eva
+    from timm.models.naflexvit import NaFlexVit
     from timm.models.vision_transformer_relpos import VisionTransformerRelPos
 
-    return {Eva: timm_eva, Beit: timm_beit, VisionTransformerRelPos: timm_relpos}.get(type(model))
+    readers = {Eva: timm_eva, Beit: timm_beit, VisionTransformerRelPos: timm_relpos, NaFlexVit: timm_naflex}
+    return readers.get(type(model))
 
 
-def read_settings(model, architecture):
-    """(HubViTConfig kwargs, []) describing `model`, a timm ViT on the meta device, or (None, what hubvit lacks)."""
+def block_settings(blocks, problems):
+    """The settings all of timm's pre-norm `Block`s (or `ResPostBlock`s) share, with the `layer_scale` class name;
+    what hubvit cannot express, or blocks that differ, go to `problems`."""
     from timm.layers import Attention, LayerScale
-    from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
+    from timm.models.vision_transformer import Block, ResPostBlock
 
-    if reader_of(model) is not None:
-        return reader_of(model).read_settings(model, architecture)
-    if type(model) not in (VisionTransformer, VisionTransformerDistilled):
-        raise ConversionError(
-            f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer, "
-            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP), Eva (EVA-02, DINOv3, PE, RoPE ViTs), "
-            "Beit (BEiT, BEiT v2) and VisionTransformerRelPos (relpos ViTs)"
-        )
-    problems = []
-    blocks = list(model.blocks)
-    first = blocks[0]
-    patch = model.patch_embed
-    problems += patch_problems(patch)
-    eps, norm_type = norm_settings(model, problems)
     per_block = []
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"
@@ -231,6 +219,12 @@ def read_settings(model, architecture):
     if block.get("hidden_act", "gelu") is None:
         name = type(blocks[0].mlp.act).__name__
         problems.append(f"MLP activation {name} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)")
+    return block
+
+
+def head_settings(model, block, problems):
+    """What follows the blocks of a timm ViT (`VisionTransformer`, `NaFlexVit`): the pooling, the MAP head, the
+    final norm before or after pooling (and the norm before the blocks); what hubvit lacks goes to `problems`."""
     pool = model.global_pool
     prefix = model.num_prefix_tokens
     pooling = {"token": "cls", "avg": "mean", "map": "map"}.get(pool)
@@ -245,7 +239,37 @@ def read_settings(model, architecture):
         pool_settings = map_settings(model, block, problems)
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     problems += final_norm_problems(model, fc_norm, pool)
-    final_norm = fc_norm or not isinstance(model.norm, nn.Identity)
+    return dict(
+        final_norm=fc_norm or not isinstance(model.norm, nn.Identity),
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        pooling=pooling,
+        fc_norm=fc_norm,
+        **pool_settings,
+    )
+
+
+def read_settings(model, architecture):
+    """(HubViTConfig kwargs, []) describing `model`, a timm ViT on the meta device, or (None, what hubvit lacks)."""
+    from timm.layers import LayerScale
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer
+
+    if reader_of(model) is not None:
+        return reader_of(model).read_settings(model, architecture)
+    if type(model) not in (VisionTransformer, VisionTransformerDistilled):
+        raise ConversionError(
+            f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer, "
+            "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP), Eva (EVA-02, DINOv3, PE, RoPE ViTs), "
+            "Beit (BEiT, BEiT v2), VisionTransformerRelPos (relpos ViTs) and NaFlexVit (NaFlex, SigLIP 2, C-RADIO)"
+        )
+    problems = []
+    blocks = list(model.blocks)
+    first = blocks[0]
+    patch = model.patch_embed
+    problems += patch_problems(patch)
+    eps, norm_type = norm_settings(model, problems)
+    block = block_settings(blocks, problems)
+    head = head_settings(model, block, problems)
     distilled = getattr(model, "dist_token", None) is not None
     if distilled and model.num_reg_tokens:
         problems.append("register tokens in a distilled model (timm ignores them there)")
@@ -255,20 +279,16 @@ def read_settings(model, architecture):
     ph, pw = (int(v) for v in patch.patch_size)
     settings = dict(
         **common_settings(model, blocks, eps, norm_type),
-        final_norm=final_norm,
         layer_scale_init_value=float(first.ls1.init_values)
         if isinstance(getattr(first, "ls1", None), LayerScale)
         else None,
-        pre_norm=not isinstance(model.norm_pre, nn.Identity),
         class_token=model.cls_token is not None,
         num_register_tokens=model.num_reg_tokens,
         distillation_token=distilled,
         position_embedding_type="learned" if model.pos_embed is not None else "none",
         position_embedding_includes_prefix=not model.no_embed_class,
-        pooling=pooling,
-        fc_norm=fc_norm,
         **{k: v for k, v in block.items() if k != "layer_scale"},
-        **pool_settings,
+        **head,
     )
     return settings, []
 

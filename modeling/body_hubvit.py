@@ -6,7 +6,7 @@ This file travels to the Hub next to every checkpoint: flat, no I/O, imported re
 """
 
 from .layers_hubvit import HubViTEmbeddings, HubViTEncoder, check_pixel_values, make_norm, take_indices
-from .naflex_hubvit import check_patch_sequence, embed_patch_sequence
+from .naflex_hubvit import check_patch_sequence, embed_patch_sequence, from_timm_naflex
 from .rotary_hubvit import Positions
 
 
@@ -101,10 +101,12 @@ class HubViTBody:
         prefix tokens (with `return_prefix_tokens`, (map, prefix tokens) pairs), "NLC" the patch tokens. Returns
         (final tokens after the norm, intermediates), the intermediates alone, or timm's dict (`output_dict`).
         `stop_early` runs no block after the last one asked for (the final tokens are then that block's).
-        Patch sequences (`pixel_attention_mask`, `spatial_shapes`): "NCHW" gives, per block, a tuple of each image's
+        Patch sequences (`pixel_attention_mask`, `spatial_shapes`, or timm's NaFlex dict as `pixel_values`): "NCHW" gives, per block, a tuple of each image's
         map at its own grid; "NLC" the padded patch tokens (timm's NaFlexVit gives these only), with `patch_valid`
         in the dict.
         """
+        if isinstance(pixel_values, dict):  # timm's NaFlex batch
+            pixel_values, pixel_attention_mask, spatial_shapes = from_timm_naflex(pixel_values)
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r} is not supported; expected 'NCHW' or 'NLC'")
         take, last = take_indices(len(self.encoder.layers), indices)

@@ -194,6 +194,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         interpolation_mode, interpolation_antialias, interpolation_align_corners: how position tables are resized
             to a new grid. timm: bicubic + antialias; original JAX fine-tuning: bilinear + align_corners; `nearest`
             (antialias and align_corners ignored) for the resolution experiment's comparison of modes.
+        interpolation_keep_aspect: resize the table to a square of the new grid's longer side and keep its first rows
+            and columns (timm NaFlexVit's `pos_embed_ar_preserving`: RADIO), instead of to the grid itself.
         pooling: `cls` (paper), `mean` over patch tokens (big_vision `gap`, timm `avg`), `map` attention pooling
             (SigLIP, big_vision `map`), `first` token without a class token (big_vision `0`), `cls_mean`: [CLS]
             concatenated with the mean of the patch tokens, 2 x hidden_size wide (transformers'
@@ -267,6 +269,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     interpolation_mode: str = "bicubic"
     interpolation_antialias: bool = True
     interpolation_align_corners: bool = False
+    interpolation_keep_aspect: bool = False
     pooling: str = "cls"
     fc_norm: bool = False
     map_num_heads: int | None = None

@@ -80,3 +80,21 @@ def embed_patch_sequence(embeddings, pixel_values, pixel_attention_mask, spatial
     mask = torch.zeros(keep.shape, dtype=hidden_states.dtype, device=hidden_states.device)
     mask = mask.masked_fill(~keep, torch.finfo(hidden_states.dtype).min)[:, None, None, :]
     return embeddings.dropout(hidden_states), mask
+
+
+def from_timm_naflex(batch):
+    """timm's NaFlex dict (`patches`, `patch_coord` (B, N, 2) rows and columns, `patch_valid`) as SigLIP 2's
+    (pixel_values, pixel_attention_mask, spatial_shapes): the same patches, which must come first in each image and
+    in row-major order, as timm's NaFlex loader writes them."""
+    patches, coord = batch["patches"], batch["patch_coord"]
+    valid = batch.get("patch_valid")
+    valid = torch.ones(coord.shape[:2], dtype=torch.bool, device=coord.device) if valid is None else valid.bool()
+    shapes = torch.where(valid[..., None], coord, torch.zeros_like(coord)).amax(dim=1) + 1
+    position = torch.arange(coord.shape[1], device=coord.device)[None]
+    expected = torch.stack([position // shapes[:, 1:], position % shapes[:, 1:]], dim=-1)
+    first = position < shapes.prod(-1, keepdim=True)
+    if not torch.equal(valid, first) or not torch.equal(coord[first], expected[first]):
+        raise ValueError(
+            "patch_coord must list each image's patches first, in row-major order (as timm's NaFlex loader does)"
+        )
+    return patches, valid.long(), shapes

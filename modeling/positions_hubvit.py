@@ -145,7 +145,12 @@ class LearnedTable(PositionKind):
         table = embeddings.position_embedding
         native = embeddings.grid_size
         prefix = table.shape[1] - native[0] * native[1]
-        patches = resize_as_configured(self.config, table[:, prefix:], native, grid)
+        if self.config.interpolation_keep_aspect and tuple(grid) != tuple(native):
+            side = max(grid)
+            square = resize_as_configured(self.config, table[:, prefix:], native, (side, side))
+            patches = square.reshape(1, side, side, -1)[:, : grid[0], : grid[1]].reshape(1, grid[0] * grid[1], -1)
+        else:
+            patches = resize_as_configured(self.config, table[:, prefix:], native, grid)
         return torch.cat([table[:, :prefix], patches], dim=1)
 
     def patch_table(self, embeddings, grid):

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODULES = ("vision_transformer", "deit", "eva", "beit", "vision_transformer_relpos", "vision_transformer_sam")
+MODULES = ("vision_transformer", "deit", "eva", "beit", "vision_transformer_relpos", "vision_transformer_sam", "naflexvit")
 HYBRID = "CNN-stem hybrid (out of scope)"
 WHOLE_LIMIT = 400_000_000  # parameters: what this machine builds, converts and checks whole
 
@@ -69,7 +69,7 @@ def convert_tag(timm, name: str, model_args: dict | None = None) -> dict:
         if not model_args:
             return {"status": "not built", "detail": f"timm: {first_line(error)}", "seconds": time.time() - started}
         return read_whole(timm, name, f"timm: {first_line(error)}", started)
-    if getattr(model.patch_embed, "backbone", None) is not None:
+    if getattr(getattr(model, "patch_embed", None), "backbone", None) is not None:
         return {"status": "out of scope", "detail": HYBRID, "seconds": time.time() - started}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "timm"
