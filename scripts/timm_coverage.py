@@ -25,7 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-MODULES = ("vision_transformer", "deit", "eva", "beit", "vision_transformer_relpos", "vision_transformer_sam", "naflexvit")
+MODULES = (
+    "vision_transformer",
+    "deit",
+    "eva",
+    "beit",
+    "vision_transformer_relpos",
+    "vision_transformer_sam",
+    "naflexvit",
+)
 HYBRID = "CNN-stem hybrid (out of scope)"
 WHOLE_LIMIT = 400_000_000  # parameters: what this machine builds, converts and checks whole
 
