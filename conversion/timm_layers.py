@@ -198,3 +198,68 @@ def size_arguments(config):
         depth=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
     )
+
+
+def block_settings(blocks, problems):
+    """The settings all of timm's pre-norm `Block`s (or `ResPostBlock`s) share, with the `layer_scale` class name;
+    what hubvit cannot express, or blocks that differ, go to `problems`."""
+    from timm.layers import Attention, LayerScale
+    from timm.models.vision_transformer import Block, ResPostBlock
+
+    per_block = []
+    for index, block in enumerate(blocks):
+        where = f"blocks.{index}"
+        if type(block) not in (Block, ResPostBlock):
+            problems.append(f"{where} is {type(block).__name__} (expected the pre-norm Block or ResPostBlock)")
+            continue
+        attn, scale = block.attn, getattr(block, "ls1", nn.Identity())
+        if type(attn) is not Attention:
+            problems.append(f"{where}.attn is {type(attn).__name__} (expected plain multi-head Attention)")
+            continue
+        if type(scale) not in (LayerScale, nn.Identity):
+            problems.append(f"{where} layer scale {type(scale).__name__}")
+        per_block.append(
+            dict(
+                num_attention_heads=attn.num_heads,
+                qkv_bias=attn.qkv.bias is not None,
+                qk_norm=not isinstance(attn.q_norm, nn.Identity),
+                attention_inner_norm=not isinstance(attn.norm, nn.Identity),
+                proj_bias=attn.proj.bias is not None,
+                layer_scale=type(scale).__name__,
+                norm_placement="residual_post" if type(block) is ResPostBlock else "pre",
+                **mlp_settings(block.mlp, where, problems),
+            )
+        )
+    if per_block and any(settings != per_block[0] for settings in per_block):
+        problems.append("blocks differ from blocks.0 (attention, MLP, heads or layer scale)")
+    block = per_block[0] if per_block else {}
+    if block.get("hidden_act", "gelu") is None:
+        name = type(blocks[0].mlp.act).__name__
+        problems.append(f"MLP activation {name} (hubvit has gelu, gelu_pytorch_tanh, quick_gelu, silu, relu)")
+    return block
+
+
+def head_settings(model, block, problems):
+    """What follows the blocks of a timm ViT (`VisionTransformer`, `NaFlexVit`): the pooling, the MAP head, the
+    final norm before or after pooling (and the norm before the blocks); what hubvit lacks goes to `problems`."""
+    pool = model.global_pool
+    prefix = model.num_prefix_tokens
+    pooling = {"token": "cls", "avg": "mean", "map": "map"}.get(pool)
+    if pooling is None:
+        problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg' or 'map')")
+    if pool == "avg" and model.pool_include_prefix and prefix:
+        problems.append("avg pooling over prefix tokens too (pool_include_prefix=True)")
+    pool_settings = {}
+    if pool == "map":
+        if prefix and not model.pool_include_prefix:
+            problems.append(f"MAP pooling that skips {prefix} prefix tokens (hubvit's MAP head reads all tokens)")
+        pool_settings = map_settings(model, block, problems)
+    fc_norm = not isinstance(model.fc_norm, nn.Identity)
+    problems += final_norm_problems(model, fc_norm, pool)
+    return dict(
+        final_norm=fc_norm or not isinstance(model.norm, nn.Identity),
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        pooling=pooling,
+        fc_norm=fc_norm,
+        **pool_settings,
+    )

@@ -10,7 +10,7 @@ mode, antialias and corner alignment (`pos_embed_ar_preserving`: to a square of 
 
 from torch import nn
 
-from .timm_layers import COMMON_RENAMES, norm_settings
+from .timm_layers import COMMON_RENAMES, block_settings, head_settings, norm_settings
 
 RENAMES = [
     (r"embeds\.cls_token", "embeddings.class_token"),
@@ -56,8 +56,6 @@ def read_settings(model, architecture):
     import re
 
     from timm.layers import LayerScale
-
-    from .timm import block_settings, head_settings
 
     embeds, blocks, problems = model.embeds, list(model.blocks), []
     problems += embedding_problems(embeds)
