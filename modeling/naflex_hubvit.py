@@ -15,6 +15,8 @@ This file travels to the Hub next to every checkpoint: flat, no I/O, imported re
 import torch
 import torch.nn.functional as F
 
+from .rotary_hubvit import is_tracing
+
 
 def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, config):
     """Clear errors for a patch-sequence batch that does not fit the model or does not agree with itself."""
@@ -38,7 +40,7 @@ def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, con
     if pixel_attention_mask is None or tuple(pixel_attention_mask.shape) != (batch_size, length):
         shape = None if pixel_attention_mask is None else tuple(pixel_attention_mask.shape)
         raise ValueError(f"pixel_attention_mask must be (batch, patches) = ({batch_size}, {length}), got {shape}")
-    if torch.jit.is_tracing():
+    if is_tracing():  # the checks below read the values, which an exported graph cannot
         return
     counts = spatial_shapes.prod(-1)
     if (spatial_shapes <= 0).any() or (counts > length).any():
@@ -50,17 +52,6 @@ def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, con
         )
 
 
-def patch_sequence_tables(embeddings, spatial_shapes, length):
-    """(B, N, D): each image's position table at its own grid, zeros over the padding (None: a kind adding none)."""
-    rows = []
-    for rows_, columns in spatial_shapes.tolist():
-        table = embeddings.patch_position_table((rows_, columns))
-        if table is None:
-            return None
-        rows.append(F.pad(table[0], (0, 0, 0, length - table.shape[1])))
-    return torch.stack(rows)
-
-
 def embed_patch_sequence(embeddings, pixel_values, pixel_attention_mask, spatial_shapes):
     """The encoder input for a patch-sequence batch, and the additive attention mask (B, 1, 1, prefix + N) that
     keeps every query from the padding."""
@@ -70,11 +61,11 @@ def embed_patch_sequence(embeddings, pixel_values, pixel_attention_mask, spatial
     patches = F.linear(pixel_values.to(kernel.dtype), weight, embeddings.patch_embedding.bias)
     if embeddings.patch_norm is not None:
         patches = embeddings.patch_norm(patches)
-    tables = patch_sequence_tables(embeddings, spatial_shapes, patches.shape[1])
-    if tables is not None:
-        patches = patches + tables.to(patches.dtype)
     prefix = embeddings.prefix_tokens(patches.shape[0])
     hidden_states = torch.cat(prefix + [patches], dim=1) if prefix else patches
+    tables = embeddings.position.sequence_tables(embeddings, spatial_shapes, patches.shape[1])
+    if tables is not None:
+        hidden_states = hidden_states + tables.to(hidden_states.dtype)
     prefix_kept = torch.ones_like(pixel_attention_mask[:, :1]).expand(-1, embeddings.num_prefix_tokens)
     keep = torch.cat([prefix_kept, pixel_attention_mask], dim=1).bool()
     mask = torch.zeros(keep.shape, dtype=hidden_states.dtype, device=hidden_states.device)

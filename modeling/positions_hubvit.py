@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .resize_hubvit import resize_as_configured
+from .resize_hubvit import interpolation_weights, resize_as_configured
 
 POSITION_KINDS = {}
 
@@ -78,6 +78,18 @@ class PositionKind:
     def patch_table(self, embeddings, grid):
         """(1, gh * gw, D) vectors the patches at `grid` get, or None for the kinds that add none to them."""
         return None
+
+    def sequence_tables(self, embeddings, spatial_shapes, length):
+        """(B, prefix + N, D) vectors for a batch of patch sequences (naflex_hubvit.py): each image's `patch_table` at
+        its own grid (`spatial_shapes` (B, 2)), zeros over the padding and the prefix tokens; None for the kinds that
+        add no table."""
+        rows = []
+        for grid in spatial_shapes.tolist():
+            table = self.patch_table(embeddings, tuple(grid))
+            if table is None:
+                return None
+            rows.append(F.pad(table[0], (0, 0, embeddings.num_prefix_tokens, length - table.shape[1])))
+        return torch.stack(rows)
 
     def embed(self, embeddings, prefix, patches, grid):
         """The encoder's input: `prefix` tokens (a list of (B, n, D)) before the patch tokens (B, gh * gw, D), with
@@ -161,6 +173,30 @@ class LearnedTable(PositionKind):
         if self.config.position_embedding_includes_prefix:
             return torch.cat(prefix + [patches], dim=1) + self.table(embeddings, grid)
         return super().embed(embeddings, prefix, patches, grid)
+
+    def sequence_tables(self, embeddings, spatial_shapes, length):
+        """Every image's table at once, from the interpolation weights of each output position (no loop over the
+        images, so the graph exports): the prefix rows where the table has them, each image's resized grid, zeros
+        over its padding."""
+        config, table = self.config, embeddings.position_embedding
+        (gh, gw), mode = embeddings.grid_size, (config.interpolation_mode, config.interpolation_antialias)
+        prefix = table.shape[1] - gh * gw
+        shapes = spatial_shapes.to(torch.float32)
+        rows, columns = shapes[:, 0:1], shapes[:, 1:2]
+        position = torch.arange(length, dtype=torch.float32, device=shapes.device)[None]
+        row = torch.div(position, columns, rounding_mode="floor")
+        sizes = (torch.maximum(rows, columns),) * 2 if config.interpolation_keep_aspect else (rows, columns)
+        weights = [
+            interpolation_weights(old, at[..., None], new[..., None], *mode, config.interpolation_align_corners)
+            for old, at, new in ((gh, row, sizes[0]), (gw, position - row * columns, sizes[1]))
+        ]
+        grid = table[0, prefix:].reshape(gh, gw, -1).float()
+        patches = (
+            torch.einsum("bni,ijc,bnj->bnc", weights[0], grid, weights[1]) * (position < rows * columns)[..., None]
+        )
+        head = table[:, :prefix].expand(patches.shape[0], -1, -1)
+        zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens - prefix, patches.shape[2])
+        return torch.cat([head.float(), zeros, patches], dim=1).to(table.dtype)
 
     def resize(self, embeddings, new_grid):
         embeddings.position_embedding = nn.Parameter(self.table(embeddings, new_grid).detach().clone())

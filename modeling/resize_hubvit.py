@@ -35,14 +35,23 @@ def interpolation_matrix(old, new, mode, antialias, align_corners):
     exporter and ONNX runtime implements alike, where `F.interpolate` becomes a `Resize` node whose cubic + antialias
     variant OpenVINO computes differently, and which TorchScript's ONNX exporter (optimum's) cannot export at all.
     """
+    return interpolation_weights(
+        old, torch.arange(new, dtype=torch.float32)[:, None], new, mode, antialias, align_corners
+    )
+
+
+def interpolation_weights(old, rows, new, mode, antialias, align_corners):
+    """The rows `rows` (a float tensor ending in a dimension of 1) of `interpolation_matrix(old, new)`, for a `new`
+    that may also be a float tensor broadcasting against `rows`: each image of a batch of patch sequences at its own
+    size (naflex_hubvit.py)."""
     columns = torch.arange(old, dtype=torch.float32)
-    rows = torch.arange(new, dtype=torch.float32)[:, None]
     if mode == "nearest":  # aten's nearest_idx: min(floor(i * old / new), old - 1) in float32
         scale = torch.tensor(float(old), dtype=torch.float32) / new
         index = torch.clamp(torch.floor(rows * scale), max=old - 1)
         return (index == columns).float()
     if align_corners:
-        scale = torch.tensor(float(old - 1), dtype=torch.float32) / torch.clamp(torch.tensor(new - 1), min=1)
+        steps = new - 1 if isinstance(new, torch.Tensor) else torch.tensor(new - 1)
+        scale = torch.tensor(float(old - 1), dtype=torch.float32) / torch.clamp(steps, min=1)
         scale = scale * (new > 1)
     else:
         scale = torch.tensor(float(old), dtype=torch.float32) / new
@@ -65,7 +74,7 @@ def interpolation_matrix(old, new, mode, antialias, align_corners):
         else:
             weight = torch.clamp(1.0 - x, min=0.0)
         weight = weight * ((columns >= first) & (columns < last)).float()
-        total = weight.sum(dim=1, keepdim=True)
+        total = weight.sum(dim=-1, keepdim=True)
         return weight / torch.where(total == 0, torch.ones_like(total), total)
     source = scale * rows if align_corners else scale * (rows + 0.5) - 0.5
     if cubic:  # cubic convolution, A = -0.75, border indices clamped

@@ -113,10 +113,23 @@ def unpadded(single):
     )
 
 
+WHOLE = {
+    "no-prefix-map": dict(class_token=False, pooling="map"),
+    "cls-row-registers": dict(num_register_tokens=2),
+    "registers-without-rows-keep-aspect": dict(
+        num_register_tokens=2, position_embedding_includes_prefix=False, interpolation_keep_aspect=True
+    ),
+    "row-column-tables": dict(position_embedding_type="learned_2d"),
+    "sincos": dict(position_embedding_type="sincos_2d", class_token=False, pooling="mean"),
+}
+
+
+@pytest.mark.parametrize("fields", list(WHOLE))
 @torch.no_grad()
-def test_an_unpadded_sequence_of_a_whole_image_computes_what_the_image_does():
-    """One image as its full grid of patches, nothing padded, is the (B, C, H, W) forward on the same pixels."""
-    config = tiny_config(patch_size=4, image_size=16, class_token=False, pooling="map", num_labels=3)
+def test_an_unpadded_sequence_of_a_whole_image_computes_what_the_image_does(fields):
+    """One image as its full grid of patches, nothing padded, is the (B, C, H, W) forward on the same pixels: the
+    prefix tokens keep their table rows, each position kind gives the same table."""
+    config = tiny_config(patch_size=4, image_size=16, num_labels=3, **WHOLE[fields])
     model = randomize_(HubViTForImageClassification(config), seed=6).eval()
     pixels = torch.randn(1, 3, 20, 28, generator=torch.Generator().manual_seed(0))
     patches = pixels.reshape(1, 3, 5, 4, 7, 4).permute(0, 2, 4, 3, 5, 1).reshape(1, 35, 48)
