@@ -190,10 +190,8 @@ class LearnedTable(PositionKind):
             interpolation_weights(old, at[..., None], new[..., None], *mode, config.interpolation_align_corners)
             for old, at, new in ((gh, row, sizes[0]), (gw, position - row * columns, sizes[1]))
         ]
-        grid = table[0, prefix:].reshape(gh, gw, -1).float()
-        patches = (
-            torch.einsum("bni,ijc,bnj->bnc", weights[0], grid, weights[1]) * (position < rows * columns)[..., None]
-        )
+        outer = (weights[0][..., :, None] * weights[1][..., None, :]).flatten(-2)  # (B, N, gh * gw), as transformers
+        patches = torch.matmul(outer, table[0, prefix:].float()) * (position < rows * columns)[..., None]
         head = table[:, :prefix].expand(patches.shape[0], -1, -1)
         zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens - prefix, patches.shape[2])
         return torch.cat([head.float(), zeros, patches], dim=1).to(table.dtype)
