@@ -54,6 +54,11 @@ class Options(ExportOptions):
         False,
         "attention and GELU as onnxruntime's fused operators: faster in onnxruntime, not readable by OpenVINO",
     )
+    patch_sequences: bool = option(
+        False,
+        "take images at their own sizes as padded patch sequences (pixel_values (batch, patches, P*P*C), "
+        "pixel_attention_mask, spatial_shapes: SigLIP 2's NaFlex input) instead of (batch, C, H, W)",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -62,7 +67,10 @@ class Options(ExportOptions):
             opset=whole(self.opset, "opset", minimum=7, optional=False),
             int8=flag(self.int8, "int8"),
             onnxruntime_fusion=flag(self.onnxruntime_fusion, "onnxruntime_fusion"),
+            patch_sequences=flag(self.patch_sequences, "patch_sequences"),
         )
+        if self.patch_sequences and (self.int8 or self.onnxruntime_fusion):
+            raise ConversionError("--patch_sequences writes the plain graph: drop --int8 and --onnxruntime_fusion")
 
 
 def run(options: Options) -> ExportResult:
@@ -185,6 +193,105 @@ def export_graph(model, path, opset=OPSET):
     return wrapper.names
 
 
+SEQUENCE_INPUTS = ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+
+
+class SequenceOutputs(Outputs):
+    """`Outputs` of a batch of patch sequences (modeling/naflex_hubvit.py)."""
+
+    def forward(self, pixel_values, pixel_attention_mask, spatial_shapes):
+        sequences = dict(pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
+        outputs = self.model(pixel_values=pixel_values, **sequences)
+        return tuple(outputs[name] for name in self.names)
+
+
+def sequence_batch(config, sizes, budget, seed):
+    """A batch of random images of `sizes` as SigLIP 2's processor writes them, under a `budget` of patches."""
+    import numpy as np
+    from transformers import Siglip2ImageProcessor
+
+    (ph, pw), rng = config.patch_size_2d, np.random.default_rng(seed)
+    if ph != pw or config.num_channels != 3:
+        raise ConversionError("--patch_sequences checks the graph with SigLIP 2's processor: square patches, RGB")
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
+    processor = Siglip2ImageProcessor(patch_size=ph, max_num_patches=budget)
+    return {key: value for key, value in processor(images=images, return_tensors="pt").items()}
+
+
+def sequence_checks(config):
+    """Two mixed batches: four aspect ratios under the native patch count, three under a larger budget."""
+    (height, width), (p, _) = config.image_size_2d, config.patch_size_2d
+    budget = (height // p) * (width // p)
+    first = [(height, 2 * width), (2 * height, width // 2 or p), (height, width), (height // 2 or p, 3 * width)]
+    return [sequence_batch(config, first, budget, 0), sequence_batch(config, first[:3], budget + budget // 2, 1)]
+
+
+def export_sequence_graph(model, path, opset=OPSET):
+    """Write `model` as ONNX taking patch sequences, with dynamic batch and sequence length."""
+    wrapper = SequenceOutputs(model, skip_unread_tokens=False).eval()
+    example = sequence_checks(model.config)[0]
+    batch, length = torch.export.Dim("batch", min=1), torch.export.Dim("patches", min=2)
+    dynamic = {"pixel_values": {0: batch, 1: length}, "pixel_attention_mask": {0: batch, 1: length}}
+    dynamic["spatial_shapes"] = {0: batch}
+    with torch.no_grad(), resize_by_matrices():
+        program = torch.onnx.export(
+            wrapper,
+            tuple(example[name] for name in SEQUENCE_INPUTS),
+            dynamo=True,
+            dynamic_shapes=dynamic,
+            input_names=list(SEQUENCE_INPUTS),
+            output_names=wrapper.names,
+            opset_version=opset,
+            verbose=False,
+        )
+    program.save(str(path))
+    return wrapper.names
+
+
+def verify_sequences(model, path, names, openvino=True):
+    """max |runtime - PyTorch| / max |PyTorch| per runtime and output on two mixed batches (the real patches only)."""
+    import numpy as np
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    found = {"onnxruntime": lambda feed: session.run(names, feed)}
+    if openvino and importlib.util.find_spec("openvino") is not None:
+        import openvino
+
+        compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        found["openvino"] = lambda feed: [compiled(feed)[compiled.output(name)] for name in names]
+    rows = []
+    for runtime, run in found.items():
+        for batch in sequence_checks(model.config):
+            with torch.no_grad():
+                expected = SequenceOutputs(model, skip_unread_tokens=False)(*(batch[n] for n in SEQUENCE_INPUTS))
+            actual = run({name: batch[name].numpy() for name in SEQUENCE_INPUTS})
+            keep = np.concatenate(
+                [
+                    np.ones((len(batch["spatial_shapes"]), model.config.num_prefix_tokens), bool),
+                    batch["pixel_attention_mask"].numpy().astype(bool),
+                ],
+                axis=1,
+            )
+            for name, ours, theirs in zip(names, actual, expected):
+                theirs = theirs.numpy()
+                if name == "last_hidden_state":
+                    ours, theirs = ours[keep], theirs[keep]
+                height, width = (int(v) for v in batch["spatial_shapes"].max(0).values)
+                rows.append(
+                    dict(
+                        runtime=runtime,
+                        output=name,
+                        batch=len(batch["spatial_shapes"]),
+                        height=height,
+                        width=width,
+                        max_abs_difference=float(np.abs(ours - theirs).max()),
+                        max_abs_output=float(np.abs(theirs).max()),
+                    )
+                )
+    return rows
+
+
 def fuse_in_place(path, config):
     """Rewrite the graph at `path` with onnxruntime's fused attention and GELU; returns the counts fused."""
     import onnx
@@ -278,9 +385,13 @@ def export(args):
     os.close(handle)
     staging = Path(staging)
     try:
-        names = export_graph(model, staging, args.opset)
-        fused = fuse_in_place(staging, model.config) if args.onnxruntime_fusion or args.int8 else None
-        rows = verify(model, staging, names, openvino=fused is None)
+        if args.patch_sequences:
+            names, fused = export_sequence_graph(model, staging, args.opset), None
+            rows = verify_sequences(model, staging, names)
+        else:
+            names = export_graph(model, staging, args.opset)
+            fused = fuse_in_place(staging, model.config) if args.onnxruntime_fusion or args.int8 else None
+            rows = verify(model, staging, names, openvino=fused is None)
         notes = tuple(
             f"verify {row['output']} batch {row['batch']} at {row['height']}x{row['width']}: "
             f"max |{row['runtime']} - torch| = {row['max_abs_difference']:.2e} (max |{row['output']}| = "
@@ -297,7 +408,13 @@ def export(args):
         import onnx
 
         graph = onnx.load(str(staging))
-        for key, value in metadata(model, processor).items():
+        props = metadata(model, processor)
+        if args.patch_sequences:
+            props["input"] = (
+                "pixel_values: float32 (batch, patches, patch*patch*channels) in row, column, channel order; "
+                "pixel_attention_mask: int64 (batch, patches); spatial_shapes: int64 (batch, 2), each image's grid"
+            )
+        for key, value in props.items():
             entry = graph.metadata_props.add()
             entry.key, entry.value = key, value
         onnx.save(graph, str(staging))

@@ -252,3 +252,32 @@ def test_the_backbone_returns_each_images_maps_at_its_own_grid(tmp_path):
         for stage in range(2):
             assert stages[stage][index].shape == (32, *batch["spatial_shapes"][index].tolist())
             assert relative_error(stages[stage][index], own[stage][0]) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "fields", [dict(class_token=False, pooling="map"), dict(num_register_tokens=1, num_labels=3)], ids=["map", "cls"]
+)
+def test_the_onnx_graph_of_patch_sequences_runs_any_batch_and_length(tmp_path, fields):
+    """`hubvit export onnx --patch_sequences` (checked in onnxruntime and OpenVINO on two mixed batches before it is
+    written): the graph takes a batch and a patch budget the export never saw and gives PyTorch's outputs."""
+    import onnxruntime
+
+    from hubvit.folder import write_folder
+
+    model_class = HubViTForImageClassification if fields.get("num_labels") else HubViTModel
+    model = randomize_(model_class(tiny_config(patch_size=4, image_size=16, **fields)), seed=10).eval()
+    write_folder(model, tmp_path / "src")
+    assert cli(["export", "onnx", str(tmp_path / "src"), str(tmp_path / "seq.onnx"), "--patch_sequences"]) == 0
+    runtimes = {
+        row["runtime"] for row in __import__("json").loads((tmp_path / "seq.verification.json").read_text())["checks"]
+    }
+    assert "onnxruntime" in runtimes
+    session = onnxruntime.InferenceSession(str(tmp_path / "seq.onnx"), providers=["CPUExecutionProvider"])
+    batch = processor(max_num_patches=40)(images=images(sizes=((12, 60), (36, 28))), return_tensors="pt")
+    outputs = session.run(None, {name: value.numpy() for name, value in batch.items()})
+    with torch.no_grad():
+        expected = model(**batch)
+    if fields.get("num_labels"):
+        assert relative_error(outputs[0], expected.logits) <= 1e-5
+    else:
+        assert relative_error(outputs[1], expected.pooler_output) <= 1e-5
