@@ -323,3 +323,10 @@ def read_back_problems(config, settings, name):
         for key in sorted(set(ours) | set(theirs))
         if ours.get(key) != theirs.get(key)
     ]
+
+
+def linear_patch_kernel(weight, patch_size, channels):
+    """A linear patch projection over (row, column, channel) pixels (SigLIP 2 NaFlex, timm's NaFlexVit), (D, P * P * C),
+    as hubvit's stride-P kernel (D, C, P, P)."""
+    (ph, pw) = patch_size
+    return weight.reshape(weight.shape[0], ph, pw, channels).permute(0, 3, 1, 2)

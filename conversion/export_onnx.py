@@ -200,8 +200,9 @@ class SequenceOutputs(Outputs):
     """`Outputs` of a batch of patch sequences (modeling/naflex_hubvit.py)."""
 
     def forward(self, pixel_values, pixel_attention_mask, spatial_shapes):
-        sequences = dict(pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
-        outputs = self.model(pixel_values=pixel_values, **sequences)
+        outputs = self.model(
+            pixel_values=pixel_values, pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes
+        )
         return tuple(outputs[name] for name in self.names)
 
 
@@ -249,46 +250,25 @@ def export_sequence_graph(model, path, opset=OPSET):
 
 
 def verify_sequences(model, path, names, openvino=True):
-    """max |runtime - PyTorch| / max |PyTorch| per runtime and output on two mixed batches (the real patches only)."""
+    """max |runtime - PyTorch| / max |PyTorch| per runtime and output on two mixed batches (the real patches only);
+    height and width in the rows are the largest grid's rows and columns."""
     import numpy as np
-    import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    found = {"onnxruntime": lambda feed: session.run(names, feed)}
-    if openvino and importlib.util.find_spec("openvino") is not None:
-        import openvino
-
-        compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-        found["openvino"] = lambda feed: [compiled(feed)[compiled.output(name)] for name in names]
     rows = []
-    for runtime, run in found.items():
+    for runtime, run in runtimes(path, openvino).items():
         for batch in sequence_checks(model.config):
+            inputs = [batch[name] for name in SEQUENCE_INPUTS]
             with torch.no_grad():
-                expected = SequenceOutputs(model, skip_unread_tokens=False)(*(batch[n] for n in SEQUENCE_INPUTS))
-            actual = run({name: batch[name].numpy() for name in SEQUENCE_INPUTS})
-            keep = np.concatenate(
-                [
-                    np.ones((len(batch["spatial_shapes"]), model.config.num_prefix_tokens), bool),
-                    batch["pixel_attention_mask"].numpy().astype(bool),
-                ],
-                axis=1,
-            )
+                expected = SequenceOutputs(model, skip_unread_tokens=False)(*inputs)
+            actual = run(names, {name: value.numpy() for name, value in zip(SEQUENCE_INPUTS, inputs)})
+            prefix = np.ones((len(inputs[2]), model.config.num_prefix_tokens), bool)
+            keep = np.concatenate([prefix, inputs[1].numpy().astype(bool)], axis=1)
+            height, width = (int(v) for v in inputs[2].max(0).values)
             for name, ours, theirs in zip(names, actual, expected):
                 theirs = theirs.numpy()
                 if name == "last_hidden_state":
                     ours, theirs = ours[keep], theirs[keep]
-                height, width = (int(v) for v in batch["spatial_shapes"].max(0).values)
-                rows.append(
-                    dict(
-                        runtime=runtime,
-                        output=name,
-                        batch=len(batch["spatial_shapes"]),
-                        height=height,
-                        width=width,
-                        max_abs_difference=float(np.abs(ours - theirs).max()),
-                        max_abs_output=float(np.abs(theirs).max()),
-                    )
-                )
+                rows.append(check_row(runtime, name, len(inputs[2]), height, width, ours, theirs))
     return rows
 
 
@@ -304,29 +284,44 @@ def fuse_in_place(path, config):
 
 
 def runtimes(path, openvino=True):
-    """{name: run(names, pixels) -> arrays} for onnxruntime and, where it is installed and `openvino`, OpenVINO
-    (pinned to float32: its default on CPUs with bf16 support is bf16, which is no check of the graph)."""
+    """{name: run(names, feed) -> arrays} for onnxruntime and, where it is installed and `openvino`, OpenVINO
+    (pinned to float32: its default on CPUs with bf16 support is bf16, which is no check of the graph); `feed` maps
+    the graph's input names to arrays."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    found = {"onnxruntime": lambda names, pixels: session.run(names, {"pixel_values": pixels})}
+    found = {"onnxruntime": session.run}
     if openvino and importlib.util.find_spec("openvino") is not None:
         import openvino
 
         compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
 
-        def run_openvino(names, pixels):
-            results = compiled(pixels)
+        def run_openvino(names, feed):
+            results = compiled(feed)
             return [results[compiled.output(name)] for name in names]
 
         found["openvino"] = run_openvino
     return found
 
 
+def check_row(runtime, name, batch, height, width, ours, theirs):
+    """One line of OUT.verification.json: how far a runtime's output is from PyTorch's."""
+    import numpy as np
+
+    return dict(
+        runtime=runtime,
+        output=name,
+        batch=batch,
+        height=height,
+        width=width,
+        max_abs_difference=float(np.abs(ours - theirs).max()),
+        max_abs_output=float(np.abs(theirs).max()),
+    )
+
+
 def verify(model, path, names, openvino=True):
     """max |runtime - PyTorch| / max |PyTorch| per runtime and output at the export size and the two check sizes,
     PyTorch running the model's own forward (every token through every block)."""
-    import numpy as np
 
     rows = []
     for runtime, run in runtimes(path, openvino).items():
@@ -336,25 +331,14 @@ def verify(model, path, names, openvino=True):
             pixels = torch.randn(batch, model.config.num_channels, height, width, generator=generator)
             with torch.no_grad():
                 expected = Outputs(model, skip_unread_tokens=False)(pixels)
-            actual = run(names, pixels.numpy())
+            actual = run(names, {"pixel_values": pixels.numpy()})
             for name, ours, theirs in zip(names, actual, expected):
                 theirs = theirs.numpy()
                 if ours.shape != theirs.shape:
                     raise ConversionError(
                         f"{runtime} gave {name} of shape {ours.shape} at {height}x{width}, PyTorch {theirs.shape}"
                     )
-                scale = float(np.abs(theirs).max())
-                rows.append(
-                    dict(
-                        runtime=runtime,
-                        output=name,
-                        batch=batch,
-                        height=height,
-                        width=width,
-                        max_abs_difference=float(np.abs(ours - theirs).max()),
-                        max_abs_output=scale,
-                    )
-                )
+                rows.append(check_row(runtime, name, batch, height, width, ours, theirs))
     return rows
 
 

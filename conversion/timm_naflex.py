@@ -10,6 +10,7 @@ mode, antialias and corner alignment (`pos_embed_ar_preserving`: to a square of 
 
 from torch import nn
 
+from .common import linear_patch_kernel
 from .timm_layers import COMMON_RENAMES, block_settings, head_settings, norm_settings
 
 RENAMES = [
@@ -27,12 +28,9 @@ COMBINED = [r"embeds\.proj\.weight", r"embeds\.pos_embed"]
 
 def combine(mapping, model):
     """The linear patch projection as a stride-P kernel, and the (1, H, W, D) table as (1, H * W, D)."""
-    (ph, pw), channels = model.embeds.patch_size, model.embeds.in_chans
-    mapping.combine(
-        "embeddings.patch_embedding.weight",
-        ["embeds.proj.weight"],
-        lambda w: w.reshape(w.shape[0], ph, pw, channels).permute(0, 3, 1, 2),
-    )
+    size, channels = model.embeds.patch_size, model.embeds.in_chans
+    kernel = lambda weight: linear_patch_kernel(weight, size, channels)  # noqa: E731
+    mapping.combine("embeddings.patch_embedding.weight", ["embeds.proj.weight"], kernel)
     if mapping.has("embeds.pos_embed"):
         mapping.combine("embeddings.position_embedding", ["embeds.pos_embed"], lambda t: t.flatten(1, 2))
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from .common import ConversionError
+from .common import ConversionError, linear_patch_kernel
 from .transformers_towers import HALF, OPENAI_CLIP, Tower, loader, map_params, map_qkv, vit_sizes
 
 
@@ -101,8 +101,8 @@ def siglip2_settings(cfg, keys):
 
 
 def siglip2_weights(mapping, config, p, cfg):
-    e, (ph, pw), c = f"{p}embeddings.", config.patch_size_2d, config.num_channels
-    kernel = lambda t: t.reshape(t.shape[0], ph, pw, c).permute(0, 3, 1, 2)  # noqa: E731  (row, column, channel)
+    e, size, channels = f"{p}embeddings.", config.patch_size_2d, config.num_channels
+    kernel = lambda weight: linear_patch_kernel(weight, size, channels)  # noqa: E731
     mapping.map("embeddings.patch_embedding.weight", f"{e}patch_embedding.weight", kernel)
     mapping.map("embeddings.patch_embedding.bias", f"{e}patch_embedding.bias")
     siglip_weights(mapping, config, p, cfg, patches=False)
@@ -126,6 +126,13 @@ class WholeImages:
         return self.model(pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes)
 
 
+def siglip2_processor(cfg):
+    """SigLIP 2's own processor at the tower's patch size, its table's patch count as the budget."""
+    from transformers import Siglip2ImageProcessor
+
+    return Siglip2ImageProcessor(patch_size=cfg["patch_size"], max_num_patches=cfg["num_patches"])
+
+
 def siglip2(reference, nested=None):
     return replace(
         siglip(reference, nested),
@@ -137,9 +144,7 @@ def siglip2(reference, nested=None):
         resize_kwargs={},
         preprocessing=(*HALF, "bilinear"),
         runner=WholeImages,
-        processor=lambda cfg: __import__("transformers").Siglip2ImageProcessor(
-            patch_size=cfg["patch_size"], max_num_patches=cfg["num_patches"]
-        ),
+        processor=siglip2_processor,
     )
 
 

@@ -44,11 +44,18 @@ class HubViTBody:
             hidden_states = self.pre_norm(hidden_states)
         return hidden_states, grid, mask
 
-    def run_blocks(self, pixel_values, last_block, patch_size=None, output_attentions=False, **sequences):
+    def run_blocks(
+        self,
+        pixel_values,
+        last_block,
+        patch_size=None,
+        output_attentions=False,
+        pixel_attention_mask=None,
+        spatial_shapes=None,
+    ):
         """The encoder input and the outputs of blocks 0 ... `last_block` (before the final norm), the patch grid
-        (None for patch sequences: `sequences` holds `pixel_attention_mask` and `spatial_shapes`), and each run
-        block's attention weights when asked for."""
-        hidden_states, grid, mask = self.embed(pixel_values, patch_size, **sequences)
+        (None for patch sequences), and each run block's attention weights when asked for."""
+        hidden_states, grid, mask = self.embed(pixel_values, patch_size, pixel_attention_mask, spatial_shapes)
         padding = {} if mask is None else {"attention_mask": mask}
         states, attentions, handles = [hidden_states], [], []
         if output_attentions:
@@ -101,9 +108,9 @@ class HubViTBody:
         prefix tokens (with `return_prefix_tokens`, (map, prefix tokens) pairs), "NLC" the patch tokens. Returns
         (final tokens after the norm, intermediates), the intermediates alone, or timm's dict (`output_dict`).
         `stop_early` runs no block after the last one asked for (the final tokens are then that block's).
-        Patch sequences (`pixel_attention_mask`, `spatial_shapes`, or timm's NaFlex dict as `pixel_values`): "NCHW" gives, per block, a tuple of each image's
-        map at its own grid; "NLC" the padded patch tokens (timm's NaFlexVit gives these only), with `patch_valid`
-        in the dict.
+        Patch sequences (`pixel_attention_mask`, `spatial_shapes`, or timm's NaFlex dict as `pixel_values`): "NCHW"
+        gives, per block, a tuple of each image's map at its own grid; "NLC" the padded patch tokens (timm's
+        NaFlexVit gives these only), with `patch_valid` in the dict.
         """
         if isinstance(pixel_values, dict):  # timm's NaFlex batch
             pixel_values, pixel_attention_mask, spatial_shapes = from_timm_naflex(pixel_values)
@@ -111,12 +118,9 @@ class HubViTBody:
             raise ValueError(f"output_fmt={output_fmt!r} is not supported; expected 'NCHW' or 'NLC'")
         take, last = take_indices(len(self.encoder.layers), indices)
         run_to = last if stop_early else len(self.encoder.layers) - 1
-        sequences = (
-            {}
-            if spatial_shapes is None
-            else dict(pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
+        states, grid, _ = self.run_blocks(
+            pixel_values, run_to, patch_size, pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes
         )
-        states, grid, _ = self.run_blocks(pixel_values, run_to, patch_size, **sequences)
         chosen = [self.final_norm(states[i + 1]) if norm else states[i + 1] for i in range(run_to + 1) if i in take]
         prefix_count = self.config.num_prefix_tokens
         prefix = [state[:, :prefix_count] for state in chosen] if prefix_count else None

@@ -92,25 +92,25 @@ class HubViTPooler(nn.Module):
             return 2 if self.distillation_token else 1
         return None
 
-    def patch_mean(self, hidden_states, patch_mask=None):
-        """The mean of the patch tokens; with `patch_mask` (B, N), of each image's own patches only."""
+    def patch_mean(self, hidden_states, attention_mask=None):
+        """The mean of the patch tokens; with `attention_mask`, of each image's own patches only."""
         patches = hidden_states[:, self.num_prefix_tokens :]
-        if patch_mask is None:
+        if attention_mask is None:
             return patches.mean(dim=1)
-        weights = patch_mask.to(patches.dtype)[..., None]
+        weights = (attention_mask[:, 0, 0, self.num_prefix_tokens :] == 0).to(patches.dtype)[..., None]
         return (patches * weights).sum(dim=1) / weights.sum(dim=1)
 
-    def forward(self, hidden_states, patch_mask=None, attention_mask=None):
-        """`patch_mask` (B, N) and `attention_mask` (its additive form over every token) for a batch of patch
-        sequences: padding takes no part in the pooled vector."""
+    def forward(self, hidden_states, attention_mask=None):
+        """`attention_mask` (B, 1, 1, N), additive, for a batch of patch sequences: padding takes no part in the
+        pooled vector."""
         if self.pooling == "none":
             return None
         if self.pooling == "map":
             return self.map_head(hidden_states, attention_mask)
         if self.pooling == "cls_mean":
-            return torch.cat([hidden_states[:, 0], self.patch_mean(hidden_states, patch_mask)], dim=-1)
+            return torch.cat([hidden_states[:, 0], self.patch_mean(hidden_states, attention_mask)], dim=-1)
         if self.pooling == "mean":
-            pooled = self.patch_mean(hidden_states, patch_mask)
+            pooled = self.patch_mean(hidden_states, attention_mask)
         elif self.distillation_token:
             pooled = (hidden_states[:, 0] + hidden_states[:, 1]) / 2
         else:

@@ -179,7 +179,7 @@ class HubViTModel(HubViTBody, HubViTPreTrainedModel):
         hidden_states = self.encoder(hidden_states, grid, num_output_tokens, **kwargs)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-        pooled = self.pooler(hidden_states, pixel_attention_mask, mask)
+        pooled = self.pooler(hidden_states, mask)
         return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=pooled)
 
     @torch.no_grad()
@@ -314,9 +314,13 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
         (`self.hubvit.pooler.num_tokens_read`), the last block skips the patch tokens for the same logits.
         """
         check_kwargs(kwargs, self)
-        sequences = dict(pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
         outputs = self.hubvit(
-            pixel_values, num_output_tokens=num_output_tokens, patch_size=patch_size, **sequences, **kwargs
+            pixel_values,
+            num_output_tokens=num_output_tokens,
+            patch_size=patch_size,
+            pixel_attention_mask=pixel_attention_mask,
+            spatial_shapes=spatial_shapes,
+            **kwargs,
         )
         cls_logits = distillation_logits = None
         if self.distillation_classifier is not None:
@@ -397,12 +401,9 @@ class HubViTBackbone(BackboneMixin, HubViTBody, HubViTPreTrainedModel):
         stages = list(self.stage_names)
         positions = [stages.index(name) for name in self.out_features]
         last_block = len(self.encoder.layers) - 1 if hidden or want_attentions else max(positions) - 1
-        sequences = (
-            {}
-            if spatial_shapes is None
-            else dict(pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
+        states, grid, attentions = self.run_blocks(
+            pixel_values, last_block, patch_size, want_attentions, pixel_attention_mask, spatial_shapes
         )
-        states, grid, attentions = self.run_blocks(pixel_values, last_block, patch_size, want_attentions, **sequences)
         feature_maps = []
         for position in positions:
             state = self.final_norm(states[position]) if config.apply_layernorm else states[position]

@@ -238,11 +238,11 @@ def run_config_tester(config_class):
         errors = [text for _, text in result.errors + result.failures]
         return errors[0] if errors else None
 
+    def last_line(error):
+        return error.strip().splitlines()[-1] if error else None
+
     return {
         "run_common_tests": outcome(lambda tester: tester.run_common_tests()),
-        "checks": {
-            name: (lambda error: error and error.strip().splitlines()[-1])(outcome(lambda t, n=name: getattr(t, n)()))
-            for name in checks
-        },
+        "checks": {name: last_line(outcome(lambda tester, name=name: getattr(tester, name)())) for name in checks},
         "common_kwargs": sorted(configuration_common.config_common_kwargs),
     }
