@@ -206,6 +206,7 @@ def export_timm_row(label, fields, root):
 
 
 MODERN_FAMILIES = (  # timm entry points at their own (base) size, random weights; Sapiens2 at a 256 x 192 input
+    # (SAM at its 1024 x 1024)
     ("EVA-02 B/14", "eva02_base_patch14_224", dict(num_classes=1000)),
     ("EVA-02 CLIP B/16 tower", "eva02_base_patch16_clip_224", dict(num_classes=0)),
     ("DINOv3 B/16", "vit_base_patch16_dinov3", dict(num_classes=0)),
@@ -220,6 +221,7 @@ MODERN_FAMILIES = (  # timm entry points at their own (base) size, random weight
     ("BEiT B/16", "beit_base_patch16_224", dict(num_classes=1000)),
     ("BEiT v2 B/16", "beitv2_base_patch16_224", dict(num_classes=1000)),
     ("relpos ViT-B/16", "vit_relpos_base_patch16_224", dict(num_classes=1000)),
+    ("SAM ViT-B/16 image encoder", "samvit_base_patch16", dict(num_classes=0)),
 )
 
 
@@ -244,6 +246,8 @@ def modern_family_row(label, name, args, root):
         dynamic = timm.create_model(name, pretrained=False, dynamic_img_size=True, **args).eval()
         dynamic.load_state_dict(source.state_dict())
         references.append((dynamic, (height - ph, width + pw)))
+    elif not getattr(source.patch_embed, "strict_img_size", True):  # SAM: any size, its table resized on the fly
+        references.append((source, (height - ph, width + pw)))
     errors = []
     for reference, (h, w) in references:
         x = pixels(h, w)

@@ -245,6 +245,9 @@ BLOCK_COMPONENTS = (
     "mlp_inner_norm",
     "attention_inner_norm",
     "rope_type",
+    "attention_window_size",
+    "decomposed_relative_position",
+    "neck_size",
 )
 
 

@@ -28,7 +28,7 @@ from .common import (
     verify,
 )
 from ..folder import check_output_path, expected_shapes, staged_folder
-from . import timm_beit, timm_eva, timm_relpos
+from . import timm_beit, timm_eva, timm_relpos, timm_sam
 from .mapping import inverse
 from .timm import RENAMES, import_timm, map_weights, timm_reference
 from .timm_layers import mlp_ratio
@@ -191,7 +191,7 @@ def export_notes(config, timm_model):
             f"{height}x{width} is not whole {ph}x{pw} patches: timm's model runs at its native size only "
             "(dynamic_img_size=False), where its patch embedding leaves the last pixels out as hubvit does"
         )
-    elif not hasattr(timm_model, "dynamic_img_size"):
+    elif not hasattr(timm_model, "dynamic_img_size") and getattr(timm_model.patch_embed, "strict_img_size", True):
         notes.append(f"timm's {type(timm_model).__name__} has no dynamic_img_size: it runs at its native size only")
     if timm_interpolation(config) != TIMM_INTERPOLATION:
         mode, antialias, align_corners = timm_interpolation(config)
@@ -321,6 +321,8 @@ def family_candidates(config):
         return ([(entry, args) for entry in entries], None) if entries else ([], args)
 
     family = FAMILY_BY_POSITION.get(config.position_embedding_type)
+    if config.attention_window_size or config.decomposed_relative_position or config.neck_size:
+        family = timm_sam
     if family is not None:
         return [(family.read_settings, *pairs(*family.export_arguments(config)))]
     entries, eva_args = timm_eva.export_arguments(config)

@@ -15,7 +15,7 @@ import torch
 
 from ..modeling import HubViTConfig
 from ..card import CITATIONS
-from . import sources, timm_beit, timm_eva, timm_naflex, timm_relpos
+from . import sources, timm_beit, timm_eva, timm_naflex, timm_relpos, timm_sam
 from ..errors import HubViTError
 from ..options import argument, option, settle, text
 from .common import (
@@ -171,13 +171,21 @@ def create_timm_model(architecture, model_args, device="meta", **extra):
 def reader_of(model):
     """The module reading the timm class that built `model` (its settings, names and combined tensors): timm_eva.py
     for `Eva` (EVA-02, DINOv3, PE, the RoPE ViTs), timm_beit.py for `Beit`, timm_relpos.py for
-    `VisionTransformerRelPos`, timm_naflex.py for `NaFlexVit`; None for `VisionTransformer`, read here."""
+    `VisionTransformerRelPos`, timm_naflex.py for `NaFlexVit`, timm_sam.py for `VisionTransformerSAM`; None for
+    `VisionTransformer`, read here."""
     from timm.models.beit import Beit
     from timm.models.eva import Eva
     from timm.models.naflexvit import NaFlexVit
     from timm.models.vision_transformer_relpos import VisionTransformerRelPos
+    from timm.models.vision_transformer_sam import VisionTransformerSAM
 
-    readers = {Eva: timm_eva, Beit: timm_beit, VisionTransformerRelPos: timm_relpos, NaFlexVit: timm_naflex}
+    readers = {
+        Eva: timm_eva,
+        Beit: timm_beit,
+        VisionTransformerRelPos: timm_relpos,
+        NaFlexVit: timm_naflex,
+        VisionTransformerSAM: timm_sam,
+    }
     return readers.get(type(model))
 
 
@@ -193,7 +201,8 @@ def read_settings(model, architecture):
         raise ConversionError(
             f"{architecture} builds timm's {type(model).__name__}; hubvit converts VisionTransformer, "
             "VisionTransformerDistilled (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP), Eva (EVA-02, DINOv3, PE, RoPE ViTs), "
-            "Beit (BEiT, BEiT v2), VisionTransformerRelPos (relpos ViTs) and NaFlexVit (NaFlex, SigLIP 2, C-RADIO)"
+            "Beit (BEiT, BEiT v2), VisionTransformerRelPos (relpos ViTs), NaFlexVit (NaFlex, SigLIP 2, C-RADIO) and "
+            "VisionTransformerSAM (Segment Anything)"
         )
     problems = []
     blocks = list(model.blocks)
@@ -305,6 +314,7 @@ def family_of(architecture, tag):
         ("beit3", ("beit3",)),
         ("beit", ("beit",)),
         ("aimv2", ("aimv2",)),
+        ("sam", ("samvit",)),
     ):
         if all(name in architecture for name in names):
             return family

@@ -63,6 +63,10 @@ CITATIONS = {
     "beitv2": "@article{peng2022beitv2,\n  title = {BEiT v2: Masked Image Modeling with Vector-Quantized Visual "
     "Tokenizers},\n  author = {Peng, Zhiliang and Dong, Li and Bao, Hangbo and Ye, Qixiang and Wei, Furu},\n"
     "  journal = {arXiv preprint arXiv:2208.06366},\n  year = {2022}\n}",
+    "sam": "@inproceedings{kirillov2023segment,\n  title = {Segment Anything},\n  author = {Kirillov, Alexander and "
+    "Mintun, Eric and Ravi, Nikhila and Mao, Hanzi and Rolland, Chloe and Gustafson, Laura and Xiao, Tete and "
+    "Whitehead, Spencer and Berg, Alexander C. and Lo, Wan-Yen and Doll{\\'a}r, Piotr and Girshick, Ross},\n"
+    "  booktitle = {ICCV},\n  year = {2023}\n}",
     "beit3": "@inproceedings{wang2023image,\n  title = {Image as a Foreign Language: BEiT Pretraining for Vision and "
     "Vision-Language Tasks},\n  author = {Wang, Wenhui and others},\n  booktitle = {CVPR},\n  year = {2023}\n}",
     "aimv2": "@article{fini2024multimodal,\n  title = {Multimodal Autoregressive Pre-training of Large Vision "

@@ -57,11 +57,12 @@ except ImportError:  # 4.46 to 5.24
 # transformers before 5.10 copies into its module cache only the files a loaded module imports itself, then imports
 # them with everything they import: so this file imports every modeling file it reaches, directly.
 from .compat_hubvit import check_kwargs  # noqa: F401
-from .layers_hubvit import MLP_KINDS, NORM_KINDS
+from .layers_hubvit import MLP_KINDS, NORM_KINDS, check_key_value_heads
 from .patch_resize_hubvit import patch_pair  # noqa: F401
 from .positions_hubvit import POSITION_KINDS
 from .rotary_hubvit import ROTARY_KINDS, check_rope_settings
 from .resize_hubvit import resize_as_configured  # noqa: F401
+from .windows_hubvit import check_window_settings
 
 logger = logging.get_logger(__name__)
 
@@ -176,6 +177,8 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         layer_scale_init_value: per-channel residual scaling, `None` for none (DeiT-III, DINOv2).
         scale_attention_branch_only: the layer scale on the attention branch only (Sapiens2); not named
             `layer_scale_*`, which transformers' common tests set to 1e-10 as an initialiser scale.
+        attention_window_size, global_attention_blocks, decomposed_relative_position: blocks attend within windows of
+            this side (0: none) except the global ones listed; decomposed relative positions in every block (SAM).
         pre_norm: LayerNorm on the embeddings before the encoder (CLIP).
         class_token: prepend a learned [CLS] token (paper; False for SigLIP and big_vision `gap`).
         num_register_tokens: learned register tokens after [CLS] (DINOv2 with registers).
@@ -205,6 +208,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             `last_hidden_state` un-normed).
         map_num_heads, map_intermediate_size: the MAP head's own head count and MLP width (Perception Encoder);
             None: the blocks'.
+        neck_size: SAM's convolutional neck to this many channels, pooled by its mean (`modeling/heads_hubvit.py`).
         representation_size: Dense + tanh before the head (ImageNet-21k checkpoints of the original repo).
         dynamic_img_pad: pad inputs on the bottom/right to a multiple of the patch instead of refusing them (timm).
         initializer_range: std of the learned position table and tokens at initialisation.
@@ -258,6 +262,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     drop_path_rate: float = 0.0
     layer_scale_init_value: float | None = None
     scale_attention_branch_only: bool = False
+    attention_window_size: int = 0
+    global_attention_blocks: list[int] | None = None
+    decomposed_relative_position: bool = False
     pre_norm: bool = False
     class_token: bool = True
     num_register_tokens: int = 0
@@ -274,6 +281,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     fc_norm: bool = False
     map_num_heads: int | None = None
     map_intermediate_size: int | None = None
+    neck_size: int | None = None
     representation_size: int | None = None
     dynamic_img_pad: bool = False
     initializer_range: float = 0.02
@@ -439,7 +447,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     @property
     def pooled_size(self):
         """Width of `pooler_output`: what the representation layer or the head reads."""
-        return 2 * self.hidden_size if self.pooling == "cls_mean" else self.hidden_size
+        return self.neck_size or (2 * self.hidden_size if self.pooling == "cls_mean" else self.hidden_size)
 
     @property
     def final_norm_eps(self):
@@ -465,23 +473,6 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         """The key/value head count of block `index`."""
         counts = self.num_key_value_heads
         return self.num_attention_heads if counts is None else counts if isinstance(counts, int) else counts[index]
-
-    def check_key_value_heads(self):
-        counts = self.num_key_value_heads
-        if isinstance(counts, list) and len(counts) != self.num_hidden_layers:
-            raise ValueError(
-                f"num_key_value_heads={counts} has {len(counts)} entries; expected one per block "
-                f"(num_hidden_layers={self.num_hidden_layers}) or a single int"
-            )
-        heads = self.num_attention_heads
-        for count in [] if counts is None else [counts] if isinstance(counts, int) else counts:
-            if count <= 0 or heads % count:
-                raise ValueError(
-                    f"num_key_value_heads={counts!r}; expected counts that divide num_attention_heads={heads}"
-                )
-        grouped = any(self.key_value_heads(i) != heads for i in range(self.num_hidden_layers))
-        if grouped and self.qkv_fused:
-            raise ValueError(f"num_key_value_heads={counts!r} groups keys and values; needs qkv_fused=False")
 
     def validate_architecture(self):
         """Refuse values of the wrong type and combinations no model can run, naming the fields involved."""
@@ -514,7 +505,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
             )
-        self.check_key_value_heads()
+        check_key_value_heads(self)
         (h, w), (ph, pw) = self.image_size_2d, self.patch_size_2d
         if h < ph or w < pw:
             raise ValueError(
@@ -549,6 +540,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             name for name in HubViTConfig.__annotations__ if name.startswith("rope_") and name != "rope_type"
         ]
         check_rope_settings(self, {name: getattr(HubViTConfig, name) for name in rope_fields})
+        check_window_settings(self)
         if self.scale_attention_branch_only and self.layer_scale_init_value is None:
             raise ValueError(
                 "scale_attention_branch_only=True scales the attention branch; needs layer_scale_init_value"

@@ -74,6 +74,33 @@ class HubViTMAPHead(nn.Module):
         return output[:, 0]
 
 
+class HubViTNeck(nn.Module):
+    """Segment Anything's neck on the patch map: a 1x1 convolution to `neck_size` channels, a norm over the channels,
+    a 3x3 convolution, a norm over the channels; no biases (timm's `vision_transformer_sam` `neck`)."""
+
+    def __init__(self, config):
+        super().__init__()
+        width = config.neck_size
+        self.reduce = nn.Conv2d(config.hidden_size, width, kernel_size=1, bias=False)
+        self.norm1 = nn.LayerNorm(width, eps=config.final_norm_eps)
+        self.mix = nn.Conv2d(width, width, kernel_size=3, padding=1, bias=False)
+        self.norm2 = nn.LayerNorm(width, eps=config.final_norm_eps)
+
+    @classmethod
+    def parameters_of(cls, config):
+        d, width = config.hidden_size, config.neck_size
+        return d * width + 9 * width * width + 4 * width
+
+    @classmethod
+    def macs(cls, config, patches):
+        return patches * config.neck_size * (config.hidden_size + 9 * config.neck_size)
+
+    def forward(self, feature_map):
+        """(B, D, rows, columns) -> (B, neck_size, rows, columns)."""
+        mapped = self.norm1(self.reduce(feature_map).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.norm2(self.mix(mapped).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 class HubViTPooler(nn.Module):
     """Turns the token sequence into the one vector the classifier reads (no extra dense layer)."""
 
@@ -84,6 +111,7 @@ class HubViTPooler(nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens
         self.fc_norm = make_norm(config, eps=config.final_norm_eps) if config.fc_norm else None
         self.map_head = HubViTMAPHead(config) if config.pooling == "map" else None
+        self.neck = HubViTNeck(config) if config.neck_size is not None else None
 
     @property
     def num_tokens_read(self):
@@ -100,11 +128,15 @@ class HubViTPooler(nn.Module):
         weights = (attention_mask[:, 0, 0, self.num_prefix_tokens :] == 0).to(patches.dtype)[..., None]
         return (patches * weights).sum(dim=1) / weights.sum(dim=1)
 
-    def forward(self, hidden_states, attention_mask=None):
+    def forward(self, hidden_states, attention_mask=None, grid=None):
         """`attention_mask` (B, 1, 1, N), additive, for a batch of patch sequences: padding takes no part in the
-        pooled vector."""
+        pooled vector. With a neck, the mean of its map over the `grid` of patches."""
         if self.pooling == "none":
             return None
+        if self.neck is not None:
+            patches = hidden_states[:, self.num_prefix_tokens :]
+            feature_map = patches.reshape(patches.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2)
+            return self.neck(feature_map).mean(dim=(-2, -1))
         if self.pooling == "map":
             return self.map_head(hidden_states, attention_mask)
         if self.pooling == "cls_mean":

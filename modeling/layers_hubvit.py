@@ -17,6 +17,7 @@ from transformers.activations import ACT2FN
 
 from .compat_hubvit import ALL_ATTENTION_FUNCTIONS, GradientCheckpointingLayer
 from .patch_resize_hubvit import patch_pair, resize_patch_kernel
+from .windows_hubvit import DecomposedRelativePositions, block_window, partition, unpartition, unpartition_weights
 
 # --- norms ---------------------------------------------------------------------------------------------------------
 
@@ -183,17 +184,38 @@ def attention_function(config, output_attentions):
     return ALL_ATTENTION_FUNCTIONS.get(implementation, eager_attention_forward)
 
 
+def check_key_value_heads(config):
+    """Key/value head counts that divide the query heads, one per block or one for all; grouped ones need separate
+    projections."""
+    counts = config.num_key_value_heads
+    if isinstance(counts, list) and len(counts) != config.num_hidden_layers:
+        raise ValueError(
+            f"num_key_value_heads={counts} has {len(counts)} entries; expected one per block "
+            f"(num_hidden_layers={config.num_hidden_layers}) or a single int"
+        )
+    heads = config.num_attention_heads
+    for count in [] if counts is None else [counts] if isinstance(counts, int) else counts:
+        if count <= 0 or heads % count:
+            raise ValueError(f"num_key_value_heads={counts!r}; expected counts that divide num_attention_heads={heads}")
+    grouped = any(config.key_value_heads(i) != heads for i in range(config.num_hidden_layers))
+    if grouped and config.qkv_fused:
+        raise ValueError(f"num_key_value_heads={counts!r} groups keys and values; needs qkv_fused=False")
+
+
 class HubViTAttention(nn.Module):
     """Multi-head self-attention. Projections fused (`qkv`, rows [q; k; v], each head-major: the paper, timm) or
     separate (`q`, `k`, `v`: transformers, EVA-02); biases on all three (`qkv_bias`), or on q and v only
     (`key_bias=False`: EVA, BEiT, DINOv3, stored as `q_bias` / `v_bias` beside a fused `qkv`); an optional norm of
     each head's queries and keys (`qk_norm`); the position kind's bias on the logits. Block `index` may have fewer
-    key/value heads than query heads (`num_key_value_heads`), each shared by a group of neighbouring query heads."""
+    key/value heads than query heads (`num_key_value_heads`), each shared by a group of neighbouring query heads,
+    and may attend within windows of the grid (`attention_window_size`, windows_hubvit.py)."""
 
     def __init__(self, config, position, index=0):
         super().__init__()
         dim = config.hidden_size
         split_into_heads(self, config)
+        self.index = index
+        self.window = block_window(config, index)
         self.key_value_heads = config.key_value_heads(index)
         kv_dim = self.key_value_heads * self.head_dim
         key_bias = config.qkv_bias and config.key_bias
@@ -222,6 +244,7 @@ class HubViTAttention(nn.Module):
         kind = config.position_kind
         turned = kind.rotates or config.rotary_kind is not None
         extra = q_and_v_only or config.qk_norm or config.attention_inner_norm
+        extra = extra or config.attention_window_size or config.decomposed_relative_position
         return config.qkv_fused and not (extra or kind.attention_bias or turned)
 
     @classmethod
@@ -265,13 +288,28 @@ class HubViTAttention(nn.Module):
     def forward(self, hidden_states, grid, num_queries=None, **kwargs):
         """Returns the attended tokens and the attention weights (None from fused kernels).
 
-        `num_queries`: attend from the first tokens only (all tokens still give keys and values).
+        `num_queries`: attend from the first tokens only (all tokens still give keys and values). A windowed block
+        attends within each window of the zero-padded grid; its weights come back as one matrix over the patches.
         """
+        if not self.window:
+            return self.attend(hidden_states, grid, num_queries, **kwargs)
+        windows, padded = partition(hidden_states, grid, self.window)
+        output, weights = self.attend(windows, (self.window, self.window), None, **kwargs)
+        output = unpartition(output, grid, padded, self.window)[:, :num_queries]
+        if weights is not None:
+            weights = unpartition_weights(weights, grid, padded, self.window)[:, :, :num_queries]
+        return output, weights
+
+    def attend(self, hidden_states, grid, num_queries=None, **kwargs):
+        """Attention over all of `hidden_states`, tokens on a `grid` of patches after any prefix tokens."""
         batch_size, num_tokens = hidden_states.shape[0], hidden_states.shape[1]
         query, key, value = self.project(hidden_states)
+        bias = self.position.query_bias(self, query, grid)
         query, key = self.position.rotate(self, query, key, grid)
         query = query[:, :, :num_queries]
         mask = self.position.logits_bias(self, grid, num_tokens)
+        if bias is not None:
+            mask = bias if mask is None else mask + bias
         padding = kwargs.get("attention_mask")  # (B, 1, 1, N) additive: a batch of patch sequences (naflex_hubvit.py)
         if padding is not None:
             mask = padding if mask is None else mask + padding
@@ -422,6 +460,8 @@ class HubViTLayer(GradientCheckpointingLayer):
         parts += config.position_kind.block_parameters(config)
         if config.rotary_kind is not None:
             parts += config.rotary_kind.block_parameters(config)
+        if config.decomposed_relative_position:
+            parts += DecomposedRelativePositions.block_parameters(config, index)
         parts += [("norm2", norm), *MLP_KINDS[config.mlp_type].parameter_parts(config)]
         if config.layer_scale_init_value is not None:
             branches = 1 if config.scale_attention_branch_only else 2

@@ -50,6 +50,7 @@ from .naflex_hubvit import check_patch_sequence  # noqa: F401
 from .positions_hubvit import POSITION_KINDS  # noqa: F401
 from .resize_hubvit import resize_as_configured  # noqa: F401
 from .rotary_hubvit import Positions  # noqa: F401
+from .windows_hubvit import partition  # noqa: F401
 
 
 class HubViTPreTrainedModel(PreTrainedModel):
@@ -179,7 +180,7 @@ class HubViTModel(HubViTBody, HubViTPreTrainedModel):
         hidden_states = self.encoder(hidden_states, grid, num_output_tokens, **kwargs)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-        pooled = self.pooler(hidden_states, mask)
+        pooled = self.pooler(hidden_states, mask, grid)
         return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=pooled)
 
     @torch.no_grad()

@@ -26,6 +26,10 @@ def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, con
             f"patch sequences (spatial_shapes) take position tables only; position_embedding_type="
             f"{config.position_embedding_type!r} with rope_type={config.rope_type!r} reads one grid for the whole batch"
         )
+    grid_readers = ("attention_window_size", "decomposed_relative_position", "neck_size")
+    if any(getattr(config, name) for name in grid_readers):
+        settings = ", ".join(f"{name}={getattr(config, name)!r}" for name in grid_readers)
+        raise ValueError(f"patch sequences (spatial_shapes) need one grid per image; {settings} read one per batch")
     ph, pw = config.patch_size_2d
     width = ph * pw * config.num_channels
     if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 3 or pixel_values.shape[-1] != width:

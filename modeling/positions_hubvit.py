@@ -114,6 +114,11 @@ class PositionKind:
         """(1, H, T, T) bias added to the attention logits for a `grid` of patches after prefix tokens, or None."""
         return None
 
+    def query_bias(self, attention, query, grid):
+        """(B, H, T, T) terms added to the logits that depend on the queries (B, H, T, d), or None: no kind adds
+        them; the decomposed relative positions beside it do (windows_hubvit.py)."""
+        return None
+
     def rotate(self, attention, query, key, grid):
         """Queries and keys (B, H, T, d) with the kind's rotation applied to the patch tokens (the last gh * gw);
         prefix tokens are never rotated. The identity for the kinds that rotate nothing."""

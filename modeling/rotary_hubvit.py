@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from .windows_hubvit import DecomposedRelativePositions
 from .positions_hubvit import PositionKind
 
 ROTARY_KINDS = {}
@@ -258,14 +259,20 @@ class Positions:
     def __init__(self, config):
         self.kind = config.position_kind(config)
         self.rotary = config.rotary_kind(config) if config.rotary_kind is not None else None
-        self.parts = [part for part in (self.kind, self.rotary) if part is not None]
+        decomposed = config.decomposed_relative_position
+        self.decomposed = DecomposedRelativePositions(config) if decomposed else None
+        self.parts = [part for part in (self.kind, self.rotary, self.decomposed) if part is not None]
 
     def __getattr__(self, name):
         """Hooks on the embeddings (`build`, `embed`, `patch_table`, `resize`, ...) and the bias hooks are the
         position kind's."""
-        if name in ("kind", "rotary", "parts") or name.startswith("__"):  # before `__init__` (copy, pickle)
+        if name in ("kind", "rotary", "decomposed", "parts") or name.startswith("__"):  # before `__init__`
             raise AttributeError(name)
         return getattr(self.kind, name)
+
+    def query_bias(self, attention, query, grid):
+        """The decomposed relative positions' terms for these queries (windows_hubvit.py), or None."""
+        return None if self.decomposed is None else self.decomposed.query_bias(attention, query, grid)
 
     def embed(self, embeddings, prefix, patches, grid):
         """The position kind's `embed`; a new forward pass, so the rotary kind draws its augmentations anew."""

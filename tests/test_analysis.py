@@ -51,6 +51,15 @@ VARIANTS = {
         pooling="mean",
     ),
     "rope_mixed_learned_frequencies": dict(rope_type="mixed", position_embedding_type="none"),
+    "sam_windows_decomposed_positions_neck": dict(
+        class_token=False,
+        pooling="mean",
+        final_norm=False,
+        attention_window_size=3,
+        global_attention_blocks=[1],
+        decomposed_relative_position=True,
+        neck_size=16,
+    ),
     "patch_norm_no_final_norm_map_of_its_own": dict(
         patch_norm=True, final_norm=False, pooling="map", map_num_heads=2, map_intermediate_size=40
     ),

@@ -19,7 +19,7 @@ PUBLIC = {name: kind for name, kind in DECLARED.items() if not name.startswith("
 
 def test_every_field_is_declared_with_its_type_and_the_default_the_constructor_uses():
     config = HubViTConfig()
-    assert len(PUBLIC) == 61 and {"_out_features", "_out_indices"} <= set(DECLARED)
+    assert len(PUBLIC) == 65 and {"_out_features", "_out_indices"} <= set(DECLARED)
     assert DECLARED["hidden_size"] is int and HubViTConfig.hidden_size == 768
     assert DECLARED["image_size"] == int | list[int] | tuple[int, int] and HubViTConfig.image_size == 224
     assert DECLARED["qkv_bias"] is bool and DECLARED["final_layer_norm_eps"] == float | None

@@ -250,6 +250,16 @@ MODERN = {
     "dinov2_giant_packed_swiglu": ("vit_giant_patch14_dinov2", dict(num_classes=0, mlp_ratio=4.0), "VisionTransformer"),
     "radio_no_final_norm": ("vit_base_patch16_radio_v3", dict(num_classes=0), "VisionTransformer"),
     "residual_post_norm": ("vit_base_patch16_rpn_224", dict(num_classes=5), "VisionTransformer"),
+    "sam_windows_neck": (
+        "samvit_base_patch16",
+        dict(num_classes=5, window_size=3, global_attn_indexes=[1]),
+        "VisionTransformerSAM",
+    ),
+    "sam_channel_norm_no_table": (
+        "samvit_base_patch16_224",
+        dict(num_classes=0, window_size=3, global_attn_indexes=[1]),
+        "VisionTransformerSAM",
+    ),
 }
 TINY_FAMILY = dict(depth=2, embed_dim=64, num_heads=4, img_size=32, patch_size=8)
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from .. import presets
 from ..errors import HubViTError
 from ..folder import ACCURACY_FILE
-from ..modeling.heads_hubvit import HubViTMAPHead
+from ..modeling.heads_hubvit import HubViTMAPHead, HubViTNeck
 from ..modeling.layers_hubvit import MLP_KINDS, HubViTLayer, linear_parameters, norm_parameters
+from ..modeling.windows_hubvit import DecomposedRelativePositions, attention_span
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
 
@@ -138,6 +139,8 @@ def parameter_parts(config, head=True):
     parts.append(("final_norm", norm_parameters(config) if config.final_norm else 0))
     if config.pooling == "map":
         parts.append(("pooler.map_head", HubViTMAPHead.parameters_of(config)))
+    if config.neck_size is not None:
+        parts.append(("pooler.neck", HubViTNeck.parameters_of(config)))
     if head and config.representation_size is not None:
         parts.append(("pre_logits", linear_parameters(config.pooled_size, config.representation_size)))
     heads = 2 if config.distillation_token and config.distillation_head else 1
@@ -161,20 +164,25 @@ def mac_parts(config, image_size=None, head=True):
     n, seq = t.num_patches, t.sequence_length
     d, depth = config.hidden_size, config.num_hidden_layers
     ph, pw = config.patch_size_2d
+    grid = grid_of(config, image_size)
+    spans = [attention_span(config, i, grid, seq) for i in range(depth)]  # windowed blocks attend in windows
+    heads = config.num_attention_heads
     parts = [
         ("patch_embedding", n * ph * pw * config.num_channels * d),
-        (
-            "qkv",
-            seq * d * sum(d + 2 * d * config.key_value_heads(i) // config.num_attention_heads for i in range(depth)),
-        ),
-        ("attention_scores (QK^T)", depth * seq * seq * d),
-        ("attention_weighted_sum (AV)", depth * seq * seq * d),
-        ("attention_output_projection", depth * seq * d * d),
+        ("qkv", d * sum(span[0] * (d + 2 * d * config.key_value_heads(i) // heads) for i, span in enumerate(spans))),
+        ("attention_scores (QK^T)", sum(tokens * keys * d for tokens, keys, _ in spans)),
+        ("attention_weighted_sum (AV)", sum(tokens * keys * d for tokens, keys, _ in spans)),
+        ("attention_output_projection", sum(tokens * d * d for tokens, _, _ in spans)),
         ("mlp", depth * MLP_KINDS[config.mlp_type].macs(config, seq)),
     ]
-    position = config.position_kind.macs(config, grid_of(config, image_size))
+    position = config.position_kind.macs(config, grid)
     if position:
         parts.append(("position_bias", depth * position))
+    if config.decomposed_relative_position:
+        decomposed = sum(DecomposedRelativePositions.macs(config, i, t, sides) for i, (t, _, sides) in enumerate(spans))
+        parts.append(("decomposed_relative_positions", decomposed))
+    if config.neck_size is not None:
+        parts.append(("neck", HubViTNeck.macs(config, n)))
     if config.pooling == "map":
         parts.append(("map_head", HubViTMAPHead.macs(config, seq)))
     if head and config.representation_size is not None:
@@ -196,6 +204,8 @@ def position_description(config):
     """What the model is told about where patches sit: its position kind, its rotary kind, or both."""
     kinds = [config.position_kind, config.rotary_kind]
     told = [kind.description for kind in kinds if kind is not None and kind.positional]
+    if config.decomposed_relative_position:
+        told.append(DecomposedRelativePositions.description)
     return " + ".join(told) or config.position_kind.description
 
 
