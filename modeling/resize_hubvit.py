@@ -11,6 +11,13 @@ import torch
 import torch.nn.functional as F
 
 
+def is_tracing():
+    """Whether the forward pass is being traced, exported or compiled: where a cached tensor would freeze one grid's
+    values, and a branch on a size would freeze one size."""
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or bool(compiling and compiling())
+
+
 def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corners):
     """Resize a (1, gh*gw, C) table laid out row-major over the patch grid to `new_grid`.
 

@@ -13,16 +13,11 @@ import math
 import torch
 from torch import nn
 
+from .resize_hubvit import is_tracing
 from .windows_hubvit import DecomposedRelativePositions
 from .positions_hubvit import PositionKind
 
 ROTARY_KINDS = {}
-
-
-def is_tracing():
-    """Whether the forward pass is being traced or compiled, where a cached tensor would freeze one grid's angles."""
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or bool(compiling and compiling())
 
 
 class RotaryKind(PositionKind):

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .resize_hubvit import interpolation_matrix, is_tracing
+
 
 def block_window(config, index):
     """The side of the windows block `index` attends within; 0 where it attends globally."""
@@ -103,7 +105,11 @@ def unpartition_weights(weights, grid, padded, window):
 
 
 def resized_table(table, length):
-    """A (n, d) offset table resized linearly to `length` rows (timm's and SAM's `get_rel_pos`)."""
+    """A (n, d) offset table resized linearly to `length` rows (timm's and SAM's `get_rel_pos`). A traced or exported
+    graph takes one path at every size: the same interpolation as a matrix product (the identity at `n` rows)."""
+    if is_tracing():
+        weights = interpolation_matrix(table.shape[0], length, "bilinear", False, False)
+        return torch.matmul(weights, table.float()).to(table.dtype)
     return table if table.shape[0] == length else F.interpolate(table.t()[None], size=length, mode="linear")[0].t()
 
 

@@ -61,6 +61,16 @@ CONFIGS = {
         num_key_value_heads=[2, 4],
         patch_norm=True,
     ),
+    "sam-windows-neck": dict(
+        num_labels=3,
+        class_token=False,
+        pooling="mean",
+        final_norm=False,
+        attention_window_size=3,
+        global_attention_blocks=[1],
+        decomposed_relative_position=True,
+        neck_size=16,
+    ),
 }
 INSTALLED = "installed"
 RECORD = []
