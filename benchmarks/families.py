@@ -1,6 +1,7 @@
 """Eager inference throughput of hubvit against timm on the modern families' own architectures, in one process.
 
-    python benchmarks/families.py                       # EVA-02 B/14, B/16 and DINOv3 B/16 (two poolings), batch 8
+    python benchmarks/families.py                       # EVA-02 B/14, B/16, DINOv3 B/16 (two poolings), SAM B/16
+    python benchmarks/families.py --architectures sam_b16_512 --json benchmarks/families_sam_avx2.json
     python benchmarks/families.py --quick               # one block, one round (a smoke test)
 
 timm builds each architecture (random weights, its own initialisation); `hubvit.convert_timm` converts it, checking
@@ -30,6 +31,8 @@ ARCHITECTURES = {  # mean pooling (EVA-02 B/14, DINOv3 as timm pools it) and [CL
     "eva02_b16_clip": ("eva02_base_patch16_clip_224", {"num_classes": 1000}),
     "dinov3_b16": ("vit_base_patch16_dinov3", {"num_classes": 1000}),
     "dinov3_b16_token": ("vit_base_patch16_dinov3", {"num_classes": 1000, "global_pool": "token"}),
+    # SAM's windowed blocks (windows_hubvit.py) at 512 px: a 32 x 32 grid padded to 42 x 42 for windows of 14
+    "sam_b16_512": ("samvit_base_patch16", {"num_classes": 1000, "img_size": 512}),
 }
 
 

@@ -86,6 +86,20 @@ def expressible(preprocessing: Preprocessing, size):
     return preprocessing.crop_pct is None or mode == "squash" or (mode == "center" and height == width)
 
 
+def patch_budget_processor(patch_size, max_num_patches, resample, mean, std):
+    """SigLIP 2's NaFlex `Siglip2ImageProcessor`: each image at its aspect ratio within `max_num_patches` patches,
+    cut into patches, with the mask and grid the model reads (a folder trained with `--max_num_patches`)."""
+    from transformers import Siglip2ImageProcessor
+
+    return Siglip2ImageProcessor(
+        patch_size=patch_size,
+        max_num_patches=max_num_patches,
+        resample=RESAMPLE_IDS[resample_name(resample)],
+        image_mean=list(mean),
+        image_std=list(std),
+    )
+
+
 def processor_for(preprocessing: Preprocessing, config):
     """The folder's image processor for a converter's `Preprocessing`: the source's own when it has one, else a
     `BitImageProcessor` doing the source's resize and crop (see `Preprocessing`)."""

@@ -18,18 +18,26 @@ import torch.nn.functional as F
 from .rotary_hubvit import is_tracing
 
 
-def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, config):
-    """Clear errors for a patch-sequence batch that does not fit the model or does not agree with itself."""
+def sequence_problem(config):
+    """Why a model cannot take patch sequences (its blocks read one grid for the whole batch), or None."""
     kind, rotary = config.position_kind, config.rotary_kind
     if kind.attention_bias or kind.rotates or rotary is not None:
-        raise ValueError(
+        return (
             f"patch sequences (spatial_shapes) take position tables only; position_embedding_type="
             f"{config.position_embedding_type!r} with rope_type={config.rope_type!r} reads one grid for the whole batch"
         )
     grid_readers = ("attention_window_size", "decomposed_relative_position", "neck_size")
     if any(getattr(config, name) for name in grid_readers):
         settings = ", ".join(f"{name}={getattr(config, name)!r}" for name in grid_readers)
-        raise ValueError(f"patch sequences (spatial_shapes) need one grid per image; {settings} read one per batch")
+        return f"patch sequences (spatial_shapes) need one grid per image; {settings} read one per batch"
+    return None
+
+
+def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, config):
+    """Clear errors for a patch-sequence batch that does not fit the model or does not agree with itself."""
+    problem = sequence_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
     ph, pw = config.patch_size_2d
     width = ph * pw * config.num_channels
     if not isinstance(pixel_values, torch.Tensor) or pixel_values.ndim != 3 or pixel_values.shape[-1] != width:

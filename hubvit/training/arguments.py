@@ -228,6 +228,13 @@ class TrainingArguments(SharedTrainingArguments):
         "listed size",
         metavar="P,P,...",
     )
+    max_num_patches: Optional[int] = option(
+        None,
+        help="train and evaluate on each image at its own aspect ratio (NaFlex): resized to the largest size of whole "
+        "patches within N patches, as patch sequences padded per batch; with no data option, the embedded digits "
+        "on canvases of five aspect ratios",
+        metavar="N",
+    )
 
 
 @dataclass

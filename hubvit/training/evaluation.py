@@ -5,6 +5,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .naflex import model_inputs
+
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 
 
@@ -23,7 +25,7 @@ def evaluate_model(accelerator, model, loader, patch_size=None):
     model.eval()
     total_loss, count = 0.0, 0
     for pixels, labels in loader:
-        logits = model(pixel_values=pixels, **at_size).logits.float()
+        logits = model(**model_inputs(pixels), **at_size).logits.float()
         logits, labels = accelerator.gather_for_metrics((logits, labels))
         total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
         count += labels.numel()

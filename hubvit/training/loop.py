@@ -31,6 +31,7 @@ from .checkpoints import (
 from .data import make_loaders, make_mixer
 from .evaluation import evaluate_each_patch_size, evaluate_model
 from .model import enable_activation_checkpointing, make_optimizer
+from .naflex import model_inputs
 from .patch_sizes import parse_patch_sizes, sampler
 
 logger = logging.getLogger("hubvit.finetune")
@@ -167,7 +168,7 @@ class Classification(Task):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(args.seed * 1_000_003 + global_step * 97 + accelerator.process_index)
                 pixels, targets = self.mixer(pixels, targets)
-        logits = run.model(pixel_values=pixels, **self.draw(global_step)).logits.float()
+        logits = run.model(**model_inputs(pixels), **self.draw(global_step)).logits.float()
         return F.cross_entropy(logits, targets, label_smoothing=args.label_smoothing)
 
     def evaluate(self, run):
@@ -185,14 +186,36 @@ class Classification(Task):
         return {"patch_sizes": by_patch_size} if by_patch_size else {}
 
 
+def check_patch_sequences(args, config):
+    """`--max_num_patches` needs a model that reads one grid per image and square patches."""
+    if not getattr(args, "max_num_patches", None):
+        return
+    from ..modeling.naflex_hubvit import sequence_problem
+
+    problem = sequence_problem(config)
+    (ph, pw) = config.patch_size_2d
+    if problem is None and ph != pw:
+        problem = f"patch_size={[ph, pw]}: patch sequences are cut into square patches"
+    if problem is not None:
+        raise UsageError(f"--max_num_patches {args.max_num_patches} with this model: {problem}")
+
+
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr_scale=None):
     """Loaders, optimizer and schedule for `model`, prepared by Accelerate (`lr_scale`: see `scale_learning_rates`)."""
     num_labels = len(train_split.features[args.label_column_name].names)
     size = tuple(model.config.image_size_2d)
     streamed = getattr(args, "streaming", False)
     draw = sampler(parse_patch_sizes(args.patch_sizes), model.config, args.seed)
+    check_patch_sequences(args, model.config)
     train_set, train_loader, eval_loader = make_loaders(
-        args, train_split, eval_split, size, preprocessing, accelerator.process_index, accelerator.num_processes
+        args,
+        train_split,
+        eval_split,
+        size,
+        preprocessing,
+        accelerator.process_index,
+        accelerator.num_processes,
+        patch_size=model.config.patch_size_2d[0],
     )
     if not streamed:
         train_loader = accelerator.prepare(train_loader)

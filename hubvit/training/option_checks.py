@@ -105,8 +105,29 @@ def check_args(args):
         from .patch_sizes import parse_patch_sizes
 
         parse_patch_sizes(args.patch_sizes)
+    check_patch_budget(args)
     check_scheduler(args.lr_scheduler_type)
     check_output_dir(out)
+
+
+def check_patch_budget(args):
+    """`--max_num_patches` takes whole images at their own sizes: nothing that mixes or re-cuts a batch of squares."""
+    if args.max_num_patches is None:
+        return
+    if args.max_num_patches < 1:
+        raise UsageError(f"--max_num_patches must be >= 1, got {args.max_num_patches}")
+    others = {
+        "--patch_sizes": args.patch_sizes,
+        "--mixup_alpha": args.mixup_alpha or None,
+        "--cutmix_alpha": args.cutmix_alpha or None,
+        "--streaming": args.streaming or None,
+    }
+    named = [f"{flag} {value}" for flag, value in others.items() if value is not None]
+    if named:
+        raise UsageError(
+            f"--max_num_patches {args.max_num_patches} trains on patch sequences of each image at its own size; it "
+            f"does not combine with {', '.join(named)} (a batch of squares)"
+        )
 
 
 def check_trackers(report_to):

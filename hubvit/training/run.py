@@ -82,6 +82,12 @@ def model_card(args, results, data, command):
             + ", ".join(f"P={size} {m['eval_accuracy']:.4f}" for size, m in results["patch_sizes"].items())
             + f" (also in `{ACCURACY_FILE}`, which `hubvit info --patch-sizes` shows)."
         )
+    if args.max_num_patches:
+        provenance += (
+            f" Each image was seen at its own aspect ratio, resized to the largest size of at most "
+            f"{args.max_num_patches} whole patches (SigLIP 2's NaFlex rule), as a padded patch sequence; the folder's "
+            "image processor does the same."
+        )
     return CardInfo(
         provenance=provenance,
         command=command,
@@ -111,6 +117,13 @@ def export(accelerator, args, run, results, data, preprocessing, command):
     config = accelerator.unwrap_model(run.model).config
     final = build_model(config, {k: v.detach().cpu() for k, v in state_dict.items()})
     processor = make_image_processor(config, preprocessing.mean, preprocessing.std, preprocessing.resample)
+    if args.max_num_patches:
+        from ..preprocessing import patch_budget_processor
+
+        patch = config.patch_size_2d[0]
+        processor = patch_budget_processor(
+            patch, args.max_num_patches, preprocessing.resample, preprocessing.mean, preprocessing.std
+        )
     out = Path(args.output_dir)
     folder = write_folder(final, out / "model", processor, model_card(args, results, data, command), overwrite=True)
     if run.ema is not None:
