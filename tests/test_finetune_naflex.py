@@ -1,0 +1,128 @@
+"""Fine-tuning with `--max_num_patches N` (NaFlex): each image at its own aspect ratio, as padded patch sequences.
+
+The peer here is transformers' own `Siglip2ImageProcessor`, which the trained folder carries: the patches the run's
+evaluation pipeline cuts must be the ones it cuts (float32 rounding of the same resize and normalisation, 1e-6).
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+import hubvit
+from hubvit.errors import UsageError
+
+TINY = dict(
+    max_num_patches=16,
+    config_overrides="hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64",
+    max_train_samples=64,
+    max_eval_samples=40,
+    per_device_train_batch_size=16,
+    logging_steps=1,
+    dataloader_num_workers=0,
+)
+
+
+@pytest.fixture(scope="module")
+def naflex_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("naflex") / "out"
+    return hubvit.train(output_dir=str(out), max_train_steps=4, **TINY)
+
+
+def canvases():
+    """Three photographs-like test images of other aspect ratios than the training canvases."""
+    rng = np.random.default_rng(0)
+    return [Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8")) for h, w in ((30, 70), (50, 20), (33, 33))]
+
+
+def test_the_folder_carries_siglip2s_processor_and_the_eval_pipeline_cuts_its_patches(naflex_run):
+    from torchvision.transforms import v2
+    from transformers import AutoImageProcessor, Siglip2ImageProcessor
+
+    from hubvit.training.data import TORCHVISION_INTERPOLATION
+    from hubvit.training.naflex import Patchified, naflex_transforms
+
+    processor = AutoImageProcessor.from_pretrained(naflex_run.model_dir)
+    assert isinstance(processor, Siglip2ImageProcessor) and processor.max_num_patches == 16
+    tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(processor.image_mean), list(processor.image_std))]
+    _, evaluation = naflex_transforms(7, 16, TORCHVISION_INTERPOLATION["bilinear"], "none", 0, 9, tail)
+    for image in canvases():
+        ours, grid = Patchified(evaluation, 7)(image)
+        theirs = processor(image, return_tensors="pt")
+        assert theirs["spatial_shapes"][0].tolist() == list(grid)
+        assert int(theirs["pixel_attention_mask"].sum()) == ours.shape[0] == grid[0] * grid[1] <= 16
+        assert (theirs["pixel_values"][0, : ours.shape[0]] - ours).abs().max() <= 1e-6
+
+
+def test_the_trained_folder_classifies_through_the_pipeline(naflex_run):
+    from transformers import pipeline
+
+    classify = pipeline("image-classification", model=str(naflex_run.model_dir), trust_remote_code=True)
+    answers = [classify(image, top_k=10) for image in canvases()]
+    assert all(len(answer) == 10 and abs(sum(a["score"] for a in answer) - 1) < 1e-5 for answer in answers)
+
+
+def test_the_card_says_each_image_kept_its_aspect_ratio(naflex_run):
+    card = (naflex_run.model_dir / "README.md").read_text()
+    assert "at most 16 whole patches (SigLIP 2's NaFlex rule)" in card
+
+
+def test_a_batch_pads_to_its_longest_sequence_and_marks_each_images_own_patches():
+    from hubvit.training.naflex import collate_sequences
+
+    batch = [(torch.ones(6, 147), (2, 3)), (2 * torch.ones(15, 147), (3, 5)), (3 * torch.ones(4, 147), (2, 2))]
+    sequences, labels = collate_sequences([(item, label) for item, label in zip(batch, (4, 1, 7))])
+    assert sequences.shape == (3, 15, 147) and labels.tolist() == [4, 1, 7]
+    assert sequences.mask.sum(-1).tolist() == [6, 15, 4] and sequences.shapes.tolist() == [[2, 3], [3, 5], [2, 2]]
+    assert sequences.patches[0, 6:].abs().max() == 0 and sequences.patches[2, :4].eq(3).all()
+    assert abs(sequences.padding_share() - (1 - 25 / 45)) < 1e-6
+
+
+def test_the_embedded_default_puts_every_digit_on_one_of_five_canvases():
+    from hubvit.training.data import embedded_digits
+    from hubvit.training.naflex import ASPECTS, digits_on_canvases
+
+    digits = embedded_digits().select(range(200))
+    placed = digits_on_canvases(digits)
+    sizes = {image.size[::-1] for image in placed["image"]}
+    assert sizes == set(ASPECTS) and placed["label"] == digits["label"]
+    for digit, canvas in zip(digits.select(range(20))["image"], placed.select(range(20))["image"]):
+        assert np.asarray(canvas).sum() == np.asarray(digit.convert("L")).sum()  # the whole digit, nothing else
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    """4 batches per epoch, a checkpoint at update 3: resuming replays updates 4-6 across the epoch's end."""
+    options = dict(TINY, max_train_steps=6, checkpointing_steps="3")
+    out = tmp_path / "out"
+    hubvit.train(output_dir=str(out), **options)
+    uninterrupted = load_file(out / "model" / "model.safetensors")
+    resumed_out = tmp_path / "resumed"
+    shutil.copytree(out / "checkpoints" / "checkpoint_3", resumed_out / "checkpoints" / "checkpoint_3")
+    result = hubvit.train(output_dir=str(resumed_out), resume_from_checkpoint="latest", **options)
+    assert result.metrics["global_step"] == 6
+    resumed = load_file(resumed_out / "model" / "model.safetensors")
+    for key in uninterrupted:
+        assert torch.equal(resumed[key], uninterrupted[key]), key
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(mixup_alpha=0.2), "does not combine with --mixup_alpha 0.2"),
+        (dict(patch_sizes="7,14"), "does not combine with --patch_sizes 7,14"),
+        (dict(max_num_patches=0), "--max_num_patches must be >= 1, got 0"),
+    ],
+)
+def test_options_that_need_a_batch_of_squares_are_refused_by_name(tmp_path, options, message):
+    with pytest.raises(UsageError, match=message):
+        hubvit.train(output_dir=str(tmp_path / "out"), **{**TINY, **options})
+    assert not (tmp_path / "out" / "model").exists()
+
+
+def test_a_model_whose_blocks_read_one_grid_is_refused_before_training(tmp_path):
+    overrides = TINY["config_overrides"] + ",position_embedding_type=relative_2d"
+    with pytest.raises(UsageError, match="position_embedding_type='relative_2d'"):
+        hubvit.train(output_dir=str(tmp_path / "out"), **{**TINY, "config_overrides": overrides})
