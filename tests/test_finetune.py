@@ -437,9 +437,14 @@ def free_port():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("options", [[], ["--gradient_checkpointing"]], ids=["plain", "gradient_checkpointing"])
+@pytest.mark.parametrize(
+    "options",
+    [[], ["--gradient_checkpointing"], ["--max_num_patches", "12"]],
+    ids=["plain", "gradient_checkpointing", "naflex_patch_sequences"],
+)
 def test_two_ddp_processes_on_cpu(digits_like, tmp_path, options):
-    """DDP over gloo, plain and with activation checkpointing (each block recomputed inside DDP's backward)."""
+    """DDP over gloo, plain, with activation checkpointing (each block recomputed inside DDP's backward) and on
+    patch sequences (`--max_num_patches`: each process's batches padded to their own longest sequence)."""
     out = tmp_path / "ddp"
     launcher = (
         "-m",

@@ -135,8 +135,13 @@ def to_model_mode(image, config):
 
 def preprocess(processor, images, size):
     """`images` as the model's processor prepares them, at `size`; a cropping processor (a conversion's timm or
-    DINOv2 eval transform) keeps its resize-to-crop ratio, so the model still sees exactly `size`."""
+    DINOv2 eval transform) keeps its resize-to-crop ratio, so the model still sees exactly `size`; a NaFlex
+    processor's resize and normalisation give whole images."""
     height, width = size
+    if getattr(processor, "max_num_patches", None) is not None:  # NaFlex: the analyses read whole images at `size`
+        from ..preprocessing import image_processor
+
+        processor = image_processor(None, size, processor.resample, processor.image_mean, processor.image_std)
     options = {"size": {"height": height, "width": width}}
     if getattr(processor, "do_center_crop", False):
         shorter = (processor.size or {}).get("shortest_edge")
