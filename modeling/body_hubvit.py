@@ -28,11 +28,12 @@ class HubViTBody:
 
     def embed(self, pixel_values, patch_size=None, pixel_attention_mask=None, spatial_shapes=None):
         """The encoder's input for `pixel_values` (checked, padded where configured), the patch grid and None; for a
-        batch of patch sequences (`spatial_shapes`, naflex_hubvit.py) no grid but the mask over its padding."""
+        batch of patch sequences (`spatial_shapes`, naflex_hubvit.py) their (B, 2) shapes and the mask over the
+        padding."""
         mask = None
         if spatial_shapes is not None:
             check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, self.config)
-            grid = None
+            grid = spatial_shapes  # rotary kinds turn each image's patches by its own grid
             hidden_states, mask = embed_patch_sequence(
                 self.embeddings, pixel_values, pixel_attention_mask, spatial_shapes
             )
@@ -54,7 +55,7 @@ class HubViTBody:
         spatial_shapes=None,
     ):
         """The encoder input and the outputs of blocks 0 ... `last_block` (before the final norm), the patch grid
-        (None for patch sequences), and each run block's attention weights when asked for."""
+        (the (B, 2) shapes for patch sequences), and each run block's attention weights when asked for."""
         hidden_states, grid, mask = self.embed(pixel_values, patch_size, pixel_attention_mask, spatial_shapes)
         padding = {} if mask is None else {"attention_mask": mask}
         states, attentions, handles = [hidden_states], [], []

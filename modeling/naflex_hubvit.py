@@ -20,11 +20,11 @@ from .rotary_hubvit import is_tracing
 
 def sequence_problem(config):
     """Why a model cannot take patch sequences (its blocks read one grid for the whole batch), or None."""
-    kind, rotary = config.position_kind, config.rotary_kind
-    if kind.attention_bias or kind.rotates or rotary is not None:
+    kind = config.position_kind
+    if kind.attention_bias or kind.rotates:
         return (
-            f"patch sequences (spatial_shapes) take position tables only; position_embedding_type="
-            f"{config.position_embedding_type!r} with rope_type={config.rope_type!r} reads one grid for the whole batch"
+            f"patch sequences (spatial_shapes) take position tables and rotary kinds; position_embedding_type="
+            f"{config.position_embedding_type!r} reads one grid for the whole batch"
         )
     grid_readers = ("attention_window_size", "decomposed_relative_position", "neck_size")
     if any(getattr(config, name) for name in grid_readers):

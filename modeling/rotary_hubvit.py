@@ -92,25 +92,53 @@ class RotaryKind(PositionKind):
             v is not None for v in (config.rope_shift_coords, config.rope_jitter_coords, config.rope_rescale_coords)
         )
 
+    def axis_coordinates(self, index, axis, sizes):
+        """The coordinates of patches at float positions `index` along coordinate channel `axis` (0 or 1) of a grid
+        of `sizes` patches (both axes, in `axes` order): ints, or tensors broadcasting against `index` (patch
+        sequences)."""
+        raise NotImplementedError
+
     def coordinates(self, grid, device):
         """(gh * gw, 2) float32 coordinates of the patches, row-major, channels in `axes` order."""
-        raise NotImplementedError
+        axes = self.axes(grid)
+        values = [
+            self.axis_coordinates(torch.arange(size, device=device, dtype=torch.int64).to(torch.float32), axis, axes)
+            for axis, size in enumerate(axes)
+        ]
+        return self.stack(values, grid)
+
+    def sequence_coordinates(self, shapes, length, device):
+        """(B, length, 2) coordinates of a batch of patch sequences: position p of the image with `shapes` (B, 2)
+        rows and columns sits at row p // columns, column p % columns (its padding gets coordinates too, which
+        the attention mask keeps out)."""
+        position = torch.arange(length, device=device)[None]
+        rows, columns = shapes[:, :1].to(device), shapes[:, 1:].to(device)
+        indices = [torch.div(position, columns, rounding_mode="floor"), position % columns]
+        pairs = list(zip(indices, (rows, columns)))
+        pairs = pairs if self.config.rope_grid_indexing == "ij" else pairs[::-1]
+        sizes = [size.to(torch.float32) for _, size in pairs]
+        values = [self.axis_coordinates(index.to(torch.float32), axis, sizes) for axis, (index, _) in enumerate(pairs)]
+        return torch.stack(values, dim=-1)
 
     def angles(self, coordinates):
-        """(gh * gw, head_dim / 2) angles, the first half for the first coordinate channel."""
+        """(..., head_dim / 2) angles of (..., 2) coordinates, the first half for the first coordinate channel."""
         raise NotImplementedError
 
-    def sin_cos(self, grid, device, training):
-        """Sines and cosines (gh * gw, head_dim) in the kind's pair layout."""
+    def sin_cos(self, grid, device, training, length=None):
+        """Sines and cosines (gh * gw, head_dim) in the kind's pair layout; for patch sequences (`grid` their
+        (B, 2) shapes, `length` patches each) (B, 1, length, head_dim)."""
         training = training and self.augments
-        cached = not training and not is_tracing()
+        sequences = isinstance(grid, torch.Tensor)
+        cached = not training and not is_tracing() and not sequences
         key = (int(grid[0]), int(grid[1]), str(device)) if cached else None
         if cached and key in self.cache:
             return self.cache[key]
-        coordinates = self.coordinates(grid, device)
+        coordinates = self.sequence_coordinates(grid, length, device) if sequences else self.coordinates(grid, device)
         angles = self.angles(self.augment(coordinates) if training else coordinates)
         angles = torch.cat([angles, angles], dim=-1) if self.rotate_half else angles.repeat_interleave(2, dim=-1)
         values = (angles.sin(), angles.cos())
+        if sequences:
+            values = tuple(value[:, None] for value in values)
         if cached:
             self.cache[key] = values
         return values
@@ -129,8 +157,13 @@ class RotaryKind(PositionKind):
         turned = (patches * cos + self.partner(patches) * sin).to(x.dtype)
         return torch.cat([x[:, :, :prefix], turned], dim=2)
 
+    def patches_in(self, query):
+        """How many of the tokens of `query` (B, H, T, d) are patches."""
+        return query.shape[2] - self.config.num_prefix_tokens
+
     def rotate(self, attention, query, key, grid):
-        sin, cos = self.sin_cos(grid, query.device, attention.training)
+        """`grid`: the patch grid, or a batch of patch sequences' (B, 2) shapes (each image turned by its own)."""
+        sin, cos = self.sin_cos(grid, query.device, attention.training, self.patches_in(query))
         return self.turn(query, sin, cos), self.turn(key, sin, cos)
 
 
@@ -143,19 +176,16 @@ class AxialRotary(RotaryKind):
     rope_type = "axial"
     description = "rotary, integer coordinates (timm RotaryEmbeddingCat: EVA-02, PE, RoPE-ViT)"
 
-    def coordinates(self, grid, device):
+    def axis_coordinates(self, index, axis, sizes):
         reference = self.config.rope_reference_grid
-        values = []
-        for size, ref in zip(self.axes(grid), self.axes(reference) if reference else (None, None)):
-            axis = torch.arange(size, device=device, dtype=torch.int64).to(torch.float32) + self.config.rope_grid_offset
-            values.append(axis if ref is None else axis / size * ref)
-        return self.stack(values, grid)
+        values = index + self.config.rope_grid_offset
+        return values if reference is None else values / sizes[axis] * self.axes(reference)[axis]
 
     def angles(self, coordinates):
         bands = self.head_dim // 4
         exponent = torch.arange(0, bands, 1, dtype=torch.int64, device=coordinates.device).to(torch.float32) / bands
         frequencies = 1.0 / (self.temperature**exponent)
-        return (coordinates[:, :, None] * frequencies).flatten(1)
+        return (coordinates[..., None] * frequencies).flatten(-2)
 
 
 class DinoV3Rotary(RotaryKind):
@@ -170,24 +200,25 @@ class DinoV3Rotary(RotaryKind):
     default_temperature = 100.0
     default_rotate_half = True
 
-    def coordinates(self, grid, device):
-        axes = self.axes(grid)
+    def axis_coordinates(self, index, axis, sizes):
         normalize = self.config.rope_normalize_coords
-        if normalize == "separate":
-            denominators = axes
-        else:
-            denominators = [(torch.sym_max if normalize == "max" else torch.sym_min)(*axes)] * 2
-        values = [
-            (torch.arange(0.5, size, device=device, dtype=torch.float32) + self.config.rope_grid_offset) / denominator
-            for size, denominator in zip(axes, denominators)
-        ]
-        return 2.0 * self.stack(values, grid) - 1.0
+        denominator = sizes[axis]
+        if normalize != "separate":
+            tensors = isinstance(denominator, torch.Tensor)
+            largest = normalize == "max"
+            pick = (
+                (torch.maximum if largest else torch.minimum)
+                if tensors
+                else (torch.sym_max if largest else torch.sym_min)
+            )
+            denominator = pick(*sizes)
+        return 2.0 * ((index + 0.5 + self.config.rope_grid_offset) / denominator) - 1.0
 
     def angles(self, coordinates):
         bands = self.head_dim // 4
         exponents = 2.0 * torch.arange(bands, device=coordinates.device, dtype=torch.float32) / (self.head_dim // 2)
         periods = self.temperature**exponents
-        return (2 * math.pi * coordinates[:, :, None] / periods[None, None, :]).flatten(1)
+        return (2 * math.pi * coordinates[..., None] / periods).flatten(-2)
 
 
 def mixed_frequencies(head_dim, num_heads, temperature, generator=None):
@@ -232,16 +263,19 @@ class MixedRotary(RotaryKind):
             with torch.no_grad():
                 attention.rope_frequencies.copy_(values)
 
-    def coordinates(self, grid, device):
-        values = [torch.arange(size, device=device, dtype=torch.int64).to(torch.float32) for size in self.axes(grid)]
-        return self.stack(values, grid)
+    def axis_coordinates(self, index, axis, sizes):
+        return index
 
     def rotate(self, attention, query, key, grid):
-        coordinates = self.coordinates(grid, query.device)
+        if isinstance(grid, torch.Tensor):
+            coordinates = self.sequence_coordinates(grid, self.patches_in(query), query.device)[:, None]
+        else:
+            coordinates = self.coordinates(grid, query.device)
         if attention.training and self.augments:
             coordinates = self.augment(coordinates)
         frequencies = attention.rope_frequencies.float()
-        angles = coordinates[:, 0, None] * frequencies[0][:, None] + coordinates[:, 1, None] * frequencies[1][:, None]
+        along = [coordinates[..., axis, None] * frequencies[axis][:, None] for axis in (0, 1)]
+        angles = along[0] + along[1]
         angles = angles.repeat_interleave(2, dim=-1)
         sin, cos = angles.sin(), angles.cos()
         return self.turn(query, sin, cos), self.turn(key, sin, cos)

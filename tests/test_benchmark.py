@@ -124,8 +124,25 @@ def test_the_families_benchmark_times_timm_and_hubvit_on_one_function(tmp_path):
         "eva02_base_patch16_clip_224",
         "vit_base_patch16_dinov3",
         "vit_base_patch16_dinov3",
+        "samvit_base_patch16",
     ]
     assert report["records"][-1]["model_args"]["global_pool"] == "token"
     for r in report["records"]:
         assert set(r["images_per_second"]) == {"timm", "hubvit", "hubvit optimize_for_cpu"}
         assert max(r["max_abs_logit_difference_vs_timm"].values()) <= 1e-4, r
+
+
+def test_the_naflex_benchmark_counts_tokens_and_times_every_route_on_one_batch(tmp_path):
+    """benchmarks/naflex.py --quick: eight aspect ratios under a 256-patch budget. NaFlex keeps every image within
+    the budget and pads only to the batch's longest; the square route spends the whole budget on every image; the
+    padded square spends more on black. hubvit and transformers compute the same pooled vectors (1e-5)."""
+    record = tmp_path / "naflex.json"
+    out = run_benchmark("naflex.py", "--quick", "--threads", "1", "--json", str(record)).stdout
+    assert "CPU ISA" in out
+    routes = json.loads(record.read_text())["routes"]
+    naflex, square, padded = routes["hubvit naflex"], routes["hubvit square"], routes["hubvit pad-to-square"]
+    assert naflex["tokens_per_image"] <= 256 and square["tokens_per_image"] == 256 and square["image_share"] == 1
+    assert padded["tokens_per_image"] > naflex["tokens_per_image"] and padded["image_share"] < naflex["image_share"]
+    assert routes["transformers naflex"]["tokens_per_image"] == naflex["tokens_per_image"]
+    assert all(row["images_per_second"] > 0 for row in routes.values())
+    assert json.loads(record.read_text())["max_abs_pooler_difference_vs_transformers"] <= 1e-5

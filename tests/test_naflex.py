@@ -121,6 +121,14 @@ WHOLE = {
     ),
     "row-column-tables": dict(position_embedding_type="learned_2d"),
     "sincos": dict(position_embedding_type="sincos_2d", class_token=False, pooling="mean"),
+    "axial-rotary-beside-a-table": dict(rope_type="axial"),
+    "axial-rotary-reference-grid-offset-xy": dict(
+        rope_type="axial", rope_reference_grid=[3, 5], rope_grid_offset=1.0, rope_grid_indexing="xy"
+    ),
+    "dinov3-rotary-max-normalised": dict(
+        rope_type="dinov3", position_embedding_type="none", rope_normalize_coords="max", num_register_tokens=2
+    ),
+    "mixed-rotary-learned-frequencies": dict(rope_type="mixed", position_embedding_type="none"),
 }
 
 
@@ -137,11 +145,18 @@ def test_an_unpadded_sequence_of_a_whole_image_computes_what_the_image_does(fiel
     assert relative_error(sequence.logits, model(pixels).logits) <= 1e-5
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{}, dict(rope_type="dinov3", position_embedding_type="none"), dict(rope_type="mixed")],
+    ids=["table", "dinov3-rotary", "mixed-rotary-beside-a-table"],
+)
 @torch.no_grad()
-def test_the_classifier_takes_a_mixed_batch():
-    config = tiny_config(patch_size=4, image_size=16, num_labels=3)
+def test_the_classifier_takes_a_mixed_batch(fields):
+    """Each image of a batch of four aspect ratios, padded to the longest, gets the logits it gets alone: a rotary
+    kind turns each image's patches by the coordinates of its own grid."""
+    config = tiny_config(patch_size=4, image_size=16, num_labels=3, **fields)
     model = randomize_(HubViTForImageClassification(config), seed=7).eval()
-    make = processor()
+    make = processor()  # (its padding runs to the budget, beyond the longest image)
     logits = model(**make(images=images(), return_tensors="pt")).logits
     alone = torch.cat([model(**unpadded(make(images=[image], return_tensors="pt"))).logits for image in images()])
     assert logits.shape == (4, 3) and relative_error(logits, alone) <= 1e-5
@@ -150,8 +165,14 @@ def test_the_classifier_takes_a_mixed_batch():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(position_embedding_type="relative_2d"), "patch sequences (spatial_shapes) take position tables only"),
-        (dict(rope_type="axial"), "patch sequences (spatial_shapes) take position tables only"),
+        (
+            dict(position_embedding_type="relative_2d"),
+            "patch sequences (spatial_shapes) take position tables and rotary kinds",
+        ),
+        (
+            dict(attention_window_size=2, class_token=False, pooling="mean"),
+            "patch sequences (spatial_shapes) need one grid per image; attention_window_size=2",
+        ),
     ],
 )
 def test_a_model_whose_blocks_read_one_grid_refuses_patch_sequences(change, message):
