@@ -126,12 +126,12 @@ def key_value_heads(counts, heads):
     return counts[0] if len(set(counts)) == 1 else list(counts)
 
 
-def read_settings(model, architecture):
-    """(HubViTConfig kwargs, []) describing `model`, a timm `Eva` on the meta device, or (None, what hubvit lacks)."""
+def eva_block_settings(blocks, problems):
+    """(the settings every `EvaBlock` / `EvaBlockPostNorm` shares, with its `layer_scale` pair, and each block's
+    key/value head count); what hubvit cannot express, or blocks that differ, go to `problems`. Timm's `Eva` and
+    its NaFlexVit with rotary positions build these blocks."""
     from timm.models.eva import EvaBlock, EvaBlockPostNorm
 
-    problems = patch_problems(model.patch_embed)
-    blocks = list(model.blocks)
     per_block, kv_heads = [], []
     for index, block in enumerate(blocks):
         where = f"blocks.{index}"
@@ -152,6 +152,33 @@ def read_settings(model, architecture):
         problems.append(f"MLP activation {type(blocks[0].mlp.act).__name__}")
     if block.get("layer_scale") == (False, True):
         problems.append("layer scale on the MLP only")
+    return block, kv_heads
+
+
+def eva_block_fields(blocks, block, kv_heads):
+    """The config fields of `eva_block_settings`' reading: layer scale, key/value heads, the block's components."""
+    scale = getattr(blocks[0], "init_values", None)
+    return dict(
+        layer_scale_init_value=float(scale or 1e-5) if block["layer_scale"][0] else None,
+        scale_attention_branch_only=block["layer_scale"] == (True, False),
+        num_key_value_heads=key_value_heads(kv_heads, block["num_attention_heads"]),
+        **{k: v for k, v in block.items() if k != "layer_scale"},
+    )
+
+
+def rope_fields(rope, blocks, problems):
+    """`rotary_settings` of the model's rotary module, checked against the blocks' pairing of channels."""
+    rotary = rotary_settings(rope, problems)
+    if rotary and blocks and bool(blocks[0].attn.rotate_half) != rotary.get("rope_rotate_half", False):
+        problems.append("the blocks pair channels for rotation unlike the rotary module (rotate_half)")
+    return rotary
+
+
+def read_settings(model, architecture):
+    """(HubViTConfig kwargs, []) describing `model`, a timm `Eva` on the meta device, or (None, what hubvit lacks)."""
+    problems = patch_problems(model.patch_embed)
+    blocks = list(model.blocks)
+    block, kv_heads = eva_block_settings(blocks, problems)
     eps, norm_type = norm_settings(model, problems)
     pool = model.global_pool
     pooling = {"token": "cls", "avg": "mean", "map": "map", "": "none"}.get(pool)
@@ -160,26 +187,20 @@ def read_settings(model, architecture):
     pool_settings = map_settings(model, block, problems) if pool == "map" else {}
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     problems += final_norm_problems(model, fc_norm, pool)
-    rotary = rotary_settings(model.rope, problems)
-    if rotary and blocks and bool(blocks[0].attn.rotate_half) != rotary.get("rope_rotate_half", False):
-        problems.append("the blocks pair channels for rotation unlike the rotary module (rotate_half)")
+    rotary = rope_fields(model.rope, blocks, problems)
     if problems:
         return None, list(dict.fromkeys(__import__("re").sub(r"blocks\.\d+", "blocks.*", p) for p in problems))
-    scale = getattr(blocks[0], "init_values", None)
     settings = dict(
         **common_settings(model, blocks, eps, norm_type),
-        layer_scale_init_value=float(scale or 1e-5) if block["layer_scale"][0] else None,
-        scale_attention_branch_only=block["layer_scale"] == (True, False),
+        **eva_block_fields(blocks, block, kv_heads),
         pre_norm=not isinstance(model.norm_pre, nn.Identity),
         class_token=model.cls_token is not None,
         num_register_tokens=int(model.reg_token.shape[1]) if model.reg_token is not None else 0,
         position_embedding_type="learned" if model.pos_embed is not None else "none",
         position_embedding_includes_prefix=not model.no_embed_class,
-        num_key_value_heads=key_value_heads(kv_heads, block["num_attention_heads"]),
         pooling=pooling,
         fc_norm=fc_norm,
         final_norm=fc_norm or not isinstance(model.norm, nn.Identity),
-        **{k: v for k, v in block.items() if k != "layer_scale"},
         **rotary,
         **pool_settings,
     )

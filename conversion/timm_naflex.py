@@ -10,6 +10,7 @@ mode, antialias and corner alignment (`pos_embed_ar_preserving`: to a square of 
 
 from torch import nn
 
+from . import timm_eva
 from .common import linear_patch_kernel
 from .timm_layers import COMMON_RENAMES, block_settings, head_settings, norm_settings
 
@@ -20,14 +21,18 @@ RENAMES = [
     (r"embeds\.norm\.(weight|bias)", r"embeddings.patch_norm.\1"),
     *COMMON_RENAMES,
     (r"blocks\.(\d+)\.ls([12])\.gamma", r"encoder.layers.\1.layer_scale\2"),
+    *timm_eva.RENAMES[len(COMMON_RENAMES) :],
 ]
-"""One-to-one names; the patch kernel and the NHWC table are `combine`d (below)."""
+"""One-to-one names (EVA blocks' too, which the rotary NaFlexViTs build); the patch kernel and the NHWC table are
+`combine`d (below), with EVA's gated MLPs and mixed frequencies."""
 
-COMBINED = [r"embeds\.proj\.weight", r"embeds\.pos_embed"]
+COMBINED = [r"embeds\.proj\.weight", r"embeds\.pos_embed", *timm_eva.COMBINED]
 
 
 def combine(mapping, model):
-    """The linear patch projection as a stride-P kernel, and the (1, H, W, D) table as (1, H * W, D)."""
+    """The linear patch projection as a stride-P kernel, and the (1, H, W, D) table as (1, H * W, D); EVA blocks'
+    gated MLPs and RoPE-Mixed frequencies as for `Eva`."""
+    timm_eva.combine(mapping, model)
     size, channels = model.embeds.patch_size, model.embeds.in_chans
     kernel = lambda weight: linear_patch_kernel(weight, size, channels)  # noqa: E731
     mapping.combine("embeddings.patch_embedding.weight", ["embeds.proj.weight"], kernel)
@@ -55,17 +60,29 @@ def read_settings(model, architecture):
 
     from timm.layers import LayerScale
 
+    from timm.models.eva import EvaBlock
+
     embeds, blocks, problems = model.embeds, list(model.blocks), []
     problems += embedding_problems(embeds)
-    if model.rope is not None:
-        problems.append("rotary positions from patch coordinates (NaFlexVit rope)")
     eps, norm_type = norm_settings(model, problems)
-    block = block_settings(blocks, problems)
+    eva = bool(blocks) and type(blocks[0]) is EvaBlock  # rotary positions, SwiGLU, grouped heads: EVA blocks
+    if eva:
+        block, kv_heads = timm_eva.eva_block_settings(blocks, problems)
+        rotary = timm_eva.rope_fields(model.rope, blocks, problems)
+    else:
+        block, rotary = block_settings(blocks, problems), {}
     head = head_settings(model, block, problems)
     if problems:
         return None, list(dict.fromkeys(re.sub(r"blocks\.\d+", "blocks.*", p) for p in problems))
+    if eva:
+        block_fields = timm_eva.eva_block_fields(blocks, block, kv_heads)
+    else:
+        scale = getattr(blocks[0], "ls1", None)
+        block_fields = dict(
+            layer_scale_init_value=float(scale.init_values) if isinstance(scale, LayerScale) else None,
+            **{k: v for k, v in block.items() if k != "layer_scale"},
+        )
     (ph, pw), (gh, gw) = embeds.patch_size, embeds.pos_embed_grid_size
-    scale = getattr(blocks[0], "ls1", None)
     settings = dict(
         image_size=gh * ph if (gh * ph == gw * pw) else [gh * ph, gw * pw],
         patch_size=ph if ph == pw else [ph, pw],
@@ -81,12 +98,12 @@ def read_settings(model, architecture):
         interpolation_align_corners=bool(embeds.pos_embed_align_corners),
         interpolation_keep_aspect=bool(embeds.pos_embed_ar_preserving),
         dynamic_img_pad=bool(embeds.dynamic_img_pad),
-        layer_scale_init_value=float(scale.init_values) if isinstance(scale, LayerScale) else None,
         class_token=embeds.cls_token is not None,
         num_register_tokens=embeds.num_reg_tokens,
         position_embedding_type="learned" if embeds.pos_embed is not None else "none",
         position_embedding_includes_prefix=False,
-        **{k: v for k, v in block.items() if k != "layer_scale"},
+        **block_fields,
+        **rotary,
         **head,
     )
     return settings, []

@@ -34,6 +34,22 @@ FAMILIES = {
         dict(num_classes=0),
         dict(final_norm=False, interpolation_align_corners=True, interpolation_antialias=False, num_register_tokens=7),
     ),
+    # rotary positions from each patch's coordinates (EVA blocks), beside the table or alone
+    "axial-rotary-beside-the-table": (
+        "naflexvit_base_patch16_gap",
+        dict(num_classes=5, rope_type="axial"),
+        dict(rope_type="axial", position_embedding_type="learned"),
+    ),
+    "dinov3-rotary-alone": (
+        "naflexvit_base_patch16_gap",
+        dict(num_classes=0, rope_type="dinov3", rope_rotate_half=True, rope_temperature=100.0, pos_embed="none"),
+        dict(rope_type="dinov3", position_embedding_type="none"),
+    ),
+    "mixed-rotary": (
+        "naflexvit_base_patch16_gap",
+        dict(num_classes=5, rope_type="mixed", rope_temperature=10.0, pos_embed="none"),
+        dict(rope_type="mixed"),
+    ),
 }
 
 
