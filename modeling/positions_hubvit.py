@@ -82,7 +82,9 @@ class PositionKind:
     def sequence_tables(self, embeddings, spatial_shapes, length):
         """(B, prefix + N, D) vectors for a batch of patch sequences (naflex_hubvit.py): each image's `patch_table` at
         its own grid (`spatial_shapes` (B, 2)), zeros over the padding and the prefix tokens; None for the kinds that
-        add no table."""
+        add no table (asked before reading the shapes, which an exported graph keeps symbolic)."""
+        if not self.adds_table:
+            return None
         rows = []
         for grid in spatial_shapes.tolist():
             table = self.patch_table(embeddings, tuple(grid))

@@ -276,7 +276,13 @@ def test_the_backbone_returns_each_images_maps_at_its_own_grid(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "fields", [dict(class_token=False, pooling="map"), dict(num_register_tokens=1, num_labels=3)], ids=["map", "cls"]
+    "fields",
+    [
+        dict(class_token=False, pooling="map"),
+        dict(num_register_tokens=1, num_labels=3),
+        dict(rope_type="dinov3", position_embedding_type="none", num_labels=3),
+    ],
+    ids=["map", "cls", "dinov3-rotary"],
 )
 def test_the_onnx_graph_of_patch_sequences_runs_any_batch_and_length(tmp_path, fields):
     """`hubvit export onnx --patch_sequences` (checked in onnxruntime and OpenVINO on two mixed batches before it is
