@@ -189,3 +189,16 @@ def test_the_card_cites_segment_anything_by_title(tmp_path):
     converted(tmp_path, "samvit_base_patch16", dict(num_classes=0))
     card = (tmp_path / "out" / "README.md").read_text()
     assert "title = {Segment Anything}" in card
+
+
+@torch.no_grad()
+def test_attention_distance_reads_a_windowed_block_within_its_windows():
+    """`hubvit analyze`'s attention distance on SAM's parts: a windowed block's queries reach at most across their
+    3 x 3 window of 8-pixel patches (2 * sqrt(2) patches), the global block's further."""
+    from hubvit.analysis.attention import attention_distance
+
+    config = tiny_config(image_size=48, patch_size=8, **WINDOWED)
+    model = randomize_(HubViTModel(config).eval())
+    result = attention_distance(model, [torch.randn(2, 3, 48, 48, generator=torch.Generator().manual_seed(4))])
+    windowed, global_block = result["mean_distance"][0], result["mean_distance"][1]
+    assert max(windowed) <= 2 * 2**0.5 * 8 and max(global_block) > max(windowed)
