@@ -215,7 +215,7 @@ def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr
         preprocessing,
         accelerator.process_index,
         accelerator.num_processes,
-        patch_size=model.config.patch_size_2d[0],
+        patch_size=model.config.patch_size_2d[0] if getattr(args, "max_num_patches", None) else None,
     )
     if not streamed:
         train_loader = accelerator.prepare(train_loader)
