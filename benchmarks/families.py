@@ -89,7 +89,13 @@ def run(key, args):
             time.sleep(0.2)
             seconds[route].append(timed(routes[route], images, args.iterations))
     throughput = {route: args.batch_size / statistics.median(times) for route, times in seconds.items()}
-    ratios = {route: statistics.median(t / s for t, s in zip(seconds["timm"], seconds[route])) for route in routes}
+    per_round = {route: [t / s for t, s in zip(seconds["timm"], seconds[route])] for route in routes}
+    ratios = {route: statistics.median(values) for route, values in per_round.items()}
+    quartiles = {
+        route: statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+        for route, values in per_round.items()
+    }
+    against_default = [e / o for e, o in zip(seconds["hubvit"], seconds["hubvit optimize_for_cpu"])]
     return {
         "architecture": name,
         "model_args": model_args,
@@ -98,6 +104,8 @@ def run(key, args):
         "rounds": args.rounds,
         "images_per_second": {route: round(value, 2) for route, value in throughput.items()},
         "speed_vs_timm": {route: round(value, 3) for route, value in ratios.items()},
+        "speed_vs_timm_quartiles": {route: [round(q, 3) for q in qs] for route, qs in quartiles.items()},
+        "optimize_for_cpu_vs_default": round(statistics.median(against_default), 3),
         "max_abs_logit_difference_vs_timm": differences,
     }
 
@@ -142,7 +150,14 @@ def main(argv=None):
         for route, value in record["images_per_second"].items():
             ratio = record["speed_vs_timm"][route]
             difference = record["max_abs_logit_difference_vs_timm"][route]
-            print(f"  {route:26} {value:8.2f} img/s  {ratio:5.3f}x timm  max |Δlogit| {difference:.1e}")
+            low, _, high = record["speed_vs_timm_quartiles"][route]
+            print(
+                f"  {route:26} {value:8.2f} img/s  {ratio:5.3f}x timm (rounds' quartiles {low:.3f}-{high:.3f})  "
+                f"max |Δlogit| {difference:.1e}"
+            )
+        print(
+            f"  optimize_for_cpu against the default: {record['optimize_for_cpu_vs_default']:.3f}x (median of rounds)"
+        )
     if args.json:
         args.json.write_text(json.dumps({"environment": environment, "records": records}, indent=1) + "\n")
     return 0
