@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from hubvit import HubViTForImageClassification, HubViTModel
 from hubvit.analysis import attention, info, position
 from hubvit import cli
-from utils import randomize_, tiny_config
+from utils import SAM_PARTS, randomize_, tiny_config
 
 # Variants that change the parameter and MAC counts: every term of the arithmetic is exercised by one of them.
 VARIANTS = {
@@ -51,15 +51,7 @@ VARIANTS = {
         pooling="mean",
     ),
     "rope_mixed_learned_frequencies": dict(rope_type="mixed", position_embedding_type="none"),
-    "sam_windows_decomposed_positions_neck": dict(
-        class_token=False,
-        pooling="mean",
-        final_norm=False,
-        attention_window_size=3,
-        global_attention_blocks=[1],
-        decomposed_relative_position=True,
-        neck_size=16,
-    ),
+    "sam_windows_decomposed_positions_neck": SAM_PARTS,
     "patch_norm_no_final_norm_map_of_its_own": dict(
         patch_norm=True, final_norm=False, pooling="map", map_num_heads=2, map_intermediate_size=40
     ),

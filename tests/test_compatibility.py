@@ -34,7 +34,7 @@ from compatibility_child import SELECTION, WRONG_TYPES, config_facts, outputs
 from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
 from hubvit.folder import write_folder
 from transformers_releases import RELEASES, ensure_optimum, ensure_release
-from utils import randomize_, tiny_config
+from utils import SAM_PARTS, randomize_, tiny_config
 
 TOLERANCE = 1e-5
 CONFIGS = {
@@ -61,16 +61,7 @@ CONFIGS = {
         num_key_value_heads=[2, 4],
         patch_norm=True,
     ),
-    "sam-windows-neck": dict(
-        num_labels=3,
-        class_token=False,
-        pooling="mean",
-        final_norm=False,
-        attention_window_size=3,
-        global_attention_blocks=[1],
-        decomposed_relative_position=True,
-        neck_size=16,
-    ),
+    "sam-windows-neck": dict(num_labels=3, **SAM_PARTS),
 }
 INSTALLED = "installed"
 RECORD = []

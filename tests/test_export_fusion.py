@@ -13,7 +13,7 @@ import torch
 from hubvit import HubViTForImageClassification
 from hubvit.folder import write_folder
 from hubvit.cli import main as cli
-from utils import mlp_tokens_per_block, randomize_, tiny_config
+from utils import SAM_PARTS, mlp_tokens_per_block, randomize_, tiny_config
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -22,17 +22,9 @@ pytest.importorskip("onnxscript")
 pytestmark = pytest.mark.heavy
 
 
-WINDOWED = dict(
-    class_token=False,
-    pooling="mean",
-    final_norm=False,
-    attention_window_size=3,
-    global_attention_blocks=[1],
-    decomposed_relative_position=True,
-    neck_size=16,
-)
-"""SAM's parts (windows_hubvit.py): at 32x32, 48x24 and 16x40 the grids are 4x4, 6x3 and 2x5, each padded to whole
-windows of 3 a different way, and the global block's offset tables resized to each."""
+WINDOWED = SAM_PARTS
+"""SAM's parts: at 32x32, 48x24 and 16x40 the grids are 4x4, 6x3 and 2x5, each padded to whole windows of 3 a
+different way, and the global block's offset tables resized to each."""
 
 
 def export(tmp_path, *flags, **config):

@@ -22,6 +22,18 @@ TINY = dict(
     num_attention_heads=4,
     intermediate_size=64,
 )
+SAM_PARTS = dict(
+    class_token=False,
+    pooling="mean",
+    final_norm=False,
+    attention_window_size=3,
+    global_attention_blocks=[1],
+    decomposed_relative_position=True,
+    neck_size=16,
+)
+"""Segment Anything's parts on a tiny model (modeling/windows_hubvit.py): windows of 3 with block 1 global,
+decomposed relative positions, a 16-channel neck; a 32 x 32 image's 4 x 4 grid pads to 6 x 6."""
+
 TINY_TIMM = dict(depth=2, embed_dim=48, num_heads=4, img_size=32, patch_size=8)
 TINY_TORCHVISION = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=48, mlp_dim=96)
 TINY_PYTORCH = dict(image_size=32, patch_size=8, dim=48, depth=2, heads=4, mlp_dim=96)
