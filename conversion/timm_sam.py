@@ -55,9 +55,8 @@ def neck_settings(model, problems):
         problems.append(f"neck {type(neck).__name__} {kinds} (hubvit has SAM's conv, norm, conv, norm or a norm)")
         return None, False, []
     reduce, mix = parts[0], parts[2]
-    if reduce.kernel_size != (1, 1) or mix.kernel_size != (3, 3) or mix.padding != (1, 1) or reduce.bias is not None:
-        problems.append("neck convolutions other than SAM's 1x1 and padded 3x3 without biases")
-    if mix.bias is not None:
+    shapes = (reduce.kernel_size, mix.kernel_size, mix.padding) != ((1, 1), (3, 3), (1, 1))
+    if shapes or reduce.bias is not None or mix.bias is not None:
         problems.append("neck convolutions other than SAM's 1x1 and padded 3x3 without biases")
     return reduce.out_channels, False, [float(parts[1].eps), float(parts[3].eps)]
 

@@ -15,7 +15,7 @@ This file travels to the Hub next to every checkpoint: flat, no I/O, imported re
 import torch
 import torch.nn.functional as F
 
-from .rotary_hubvit import is_tracing
+from .resize_hubvit import is_tracing
 
 
 def sequence_problem(config):

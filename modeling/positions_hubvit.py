@@ -24,6 +24,17 @@ from .resize_hubvit import interpolation_weights, resize_as_configured
 POSITION_KINDS = {}
 
 
+def patch_positions(spatial_shapes, length):
+    """Where each of `length` positions of a batch of patch sequences (`spatial_shapes` (B, 2) rows and columns) sits:
+    (row, column) (B, length) float32, position p of an image of C columns at row p // C, column p % C (its padding
+    gets places too, past its last row), and each image's (rows, columns) (B, 1). Elementwise, so graphs export."""
+    shapes = spatial_shapes.to(torch.float32)
+    rows, columns = shapes[:, 0:1], shapes[:, 1:2]
+    position = torch.arange(length, dtype=torch.float32, device=shapes.device)[None]
+    row = torch.div(position, columns, rounding_mode="floor")
+    return row, position - row * columns, rows, columns
+
+
 class PositionKind:
     """The base of every kind: no parameters, no table, no bias; each method is the identity or does nothing."""
 
@@ -88,8 +99,6 @@ class PositionKind:
         rows = []
         for grid in spatial_shapes.tolist():
             table = self.patch_table(embeddings, tuple(grid))
-            if table is None:
-                return None
             rows.append(F.pad(table[0], (0, 0, embeddings.num_prefix_tokens, length - table.shape[1])))
         return torch.stack(rows)
 
@@ -188,17 +197,14 @@ class LearnedTable(PositionKind):
         config, table = self.config, embeddings.position_embedding
         (gh, gw), mode = embeddings.grid_size, (config.interpolation_mode, config.interpolation_antialias)
         prefix = table.shape[1] - gh * gw
-        shapes = spatial_shapes.to(torch.float32)
-        rows, columns = shapes[:, 0:1], shapes[:, 1:2]
-        position = torch.arange(length, dtype=torch.float32, device=shapes.device)[None]
-        row = torch.div(position, columns, rounding_mode="floor")
+        row, column, rows, columns = patch_positions(spatial_shapes, length)
         sizes = (torch.maximum(rows, columns),) * 2 if config.interpolation_keep_aspect else (rows, columns)
         weights = [
             interpolation_weights(old, at[..., None], new[..., None], *mode, config.interpolation_align_corners)
-            for old, at, new in ((gh, row, sizes[0]), (gw, position - row * columns, sizes[1]))
+            for old, at, new in ((gh, row, sizes[0]), (gw, column, sizes[1]))
         ]
         outer = (weights[0][..., :, None] * weights[1][..., None, :]).flatten(-2)  # (B, N, gh * gw), as transformers
-        patches = torch.matmul(outer, table[0, prefix:].float()) * (position < rows * columns)[..., None]
+        patches = torch.matmul(outer, table[0, prefix:].float()) * (row < rows)[..., None]
         head = table[:, :prefix].expand(patches.shape[0], -1, -1)
         zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens - prefix, patches.shape[2])
         return torch.cat([head.float(), zeros, patches], dim=1).to(table.dtype)

@@ -15,7 +15,7 @@ from torch import nn
 
 from .resize_hubvit import is_tracing
 from .windows_hubvit import DecomposedRelativePositions
-from .positions_hubvit import PositionKind
+from .positions_hubvit import PositionKind, patch_positions
 
 ROTARY_KINDS = {}
 
@@ -108,16 +108,16 @@ class RotaryKind(PositionKind):
         return self.stack(values, grid)
 
     def sequence_coordinates(self, shapes, length, device):
-        """(B, length, 2) coordinates of a batch of patch sequences: position p of the image with `shapes` (B, 2)
-        rows and columns sits at row p // columns, column p % columns (its padding gets coordinates too, which
-        the attention mask keeps out)."""
-        position = torch.arange(length, device=device)[None]
-        rows, columns = shapes[:, :1].to(device), shapes[:, 1:].to(device)
-        indices = [torch.div(position, columns, rounding_mode="floor"), position % columns]
-        pairs = list(zip(indices, (rows, columns)))
-        pairs = pairs if self.config.rope_grid_indexing == "ij" else pairs[::-1]
-        sizes = [size.to(torch.float32) for _, size in pairs]
-        values = [self.axis_coordinates(index.to(torch.float32), axis, sizes) for axis, (index, _) in enumerate(pairs)]
+        """(B, length, 2) coordinates of a batch of patch sequences (`shapes` (B, 2)), each patch placed by
+        `patch_positions` (the padding gets coordinates too, which the attention mask keeps out)."""
+        row, column, rows, columns = patch_positions(shapes.to(device), length)
+        pairs = (
+            [(row, rows), (column, columns)]
+            if self.config.rope_grid_indexing == "ij"
+            else [(column, columns), (row, rows)]
+        )
+        sizes = [size for _, size in pairs]
+        values = [self.axis_coordinates(index, axis, sizes) for axis, (index, _) in enumerate(pairs)]
         return torch.stack(values, dim=-1)
 
     def angles(self, coordinates):
