@@ -28,6 +28,14 @@ class PatchSequences:
     def shape(self):
         return self.patches.shape
 
+    def __len__(self):
+        return len(self.patches)
+
+    def __getitem__(self, index):
+        """Images `index` of the batch (an int or a slice keeps a batch axis: rows of one batch)."""
+        index = slice(index, index + 1) if isinstance(index, int) else index
+        return PatchSequences(self.patches[index], self.mask[index], self.shapes[index])
+
     def to(self, device, non_blocking=False):
         return PatchSequences(
             *(t.to(device, non_blocking=non_blocking) for t in (self.patches, self.mask, self.shapes))

@@ -29,7 +29,14 @@ from scripts.experiments import common  # noqa: E402
 
 # The experiments that run as units, in the order their units are queued within a seed. position_embeddings comes
 # first: its learned and sin-cos arms decide the campaign's first "done when".
-EXPERIMENTS = ["position_embeddings", "attention_distance", "inductive_bias", "resolution", "patch_size"]
+EXPERIMENTS = [
+    "position_embeddings",
+    "attention_distance",
+    "inductive_bias",
+    "resolution",
+    "patch_size",
+    "native_resolution",
+]
 SEEDS = common.REQUIRED_SEEDS
 RUNS = common.DOCS / "runs"
 CHECKPOINTS = common.ROOT / "runs" / "campaign"

@@ -240,7 +240,7 @@ def deterministic_transform(args):
 def keep_in_memory(run, split, preprocessing, size):
     """Decode and transform the training images once instead of every epoch: only for a deterministic training
     transform (no augmentation), whose output then equals what it gives every epoch, so the batches are the same."""
-    if not deterministic_transform(run.args):
+    if not deterministic_transform(run.args) or getattr(run.args, "max_num_patches", None):
         return False
     pixels, labels = eval_tensors(split, preprocessing, size)
     data = run.train_set
@@ -328,7 +328,7 @@ def fit_to_plateau(
     if saved is not None and saved.get("finished"):
         inner.load_state_dict(saved["best_state"])
         return inner.eval(), saved["record"]
-    pixels, labels = eval_tensors(validation, preprocessing, size)
+    pixels, labels = eval_tensors(validation, preprocessing, size, patch_budget(args, model))
     position, progress, history = loop.Position(), tqdm(disable=True), []
     best_state, best_index, best_epoch, stopped, spent, evaluating = None, -1, 0, "cap", 0.0, 0.0
     if saved is not None:
@@ -462,20 +462,35 @@ def write_json_atomically(path, data):
     os.replace(temporary, path)
 
 
-def eval_tensors(dataset, preprocessing, size):
-    """The evaluation transform of the main command (for a `Preprocessing`) applied to every image: (pixels, labels)."""
-    from hubvit import training
+def patch_budget(args, model):
+    """(patch size, max_num_patches) of a NaFlex run (`--max_num_patches`), else None."""
+    budget = getattr(args, "max_num_patches", None)
+    return (model.config.patch_size_2d[0], budget) if budget else None
 
-    _, eval_tf = training.make_transforms(tuple(size), preprocessing, "none")
+
+def eval_tensors(dataset, preprocessing, size, budget=None):
+    """The evaluation transform of the main command (for a `Preprocessing`) applied to every image: (pixels, labels).
+    With a `patch_budget`, each image at its own aspect ratio: the pixels are one `PatchSequences` batch."""
+    from hubvit import training
+    from hubvit.training.naflex import Patchified, collate_sequences
+
+    _, eval_tf = training.make_transforms(tuple(size), preprocessing, "none", patch_budget=budget)
+    labels = torch.tensor(dataset["label"])
+    if budget is not None:
+        cut = Patchified(eval_tf, budget[0])
+        return collate_sequences([(cut(image.convert("RGB")), 0) for image in dataset["image"]])[0], labels
     pixels = torch.stack([eval_tf(image.convert("RGB")) for image in dataset["image"]])
-    return pixels, torch.tensor(dataset["label"])
+    return pixels, labels
 
 
 @torch.no_grad()
 def predict(model, pixels, batch_size=250):
+    """Logits for whole images (a tensor) or patch sequences (`PatchSequences`), `batch_size` at a time."""
+    from hubvit.training.naflex import model_inputs
+
     model.eval()
     return torch.cat(
-        [model(pixel_values=pixels[i : i + batch_size]).logits.float() for i in range(0, len(pixels), batch_size)]
+        [model(**model_inputs(pixels[i : i + batch_size])).logits.float() for i in range(0, len(pixels), batch_size)]
     )
 
 

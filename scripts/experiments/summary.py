@@ -20,6 +20,7 @@ EXPERIMENTS = {
     "resolution": "Resolution change (section 5)",
     "attention_distance": "Attention distance across depth (section 6)",
     "patch_size": "One checkpoint at any patch size (FlexiViT; section 5)",
+    "native_resolution": "Native resolution: NaFlex against one fixed square (SigLIP 2)",
 }
 
 
