@@ -126,3 +126,34 @@ def test_a_model_whose_blocks_read_one_grid_is_refused_before_training(tmp_path)
     overrides = TINY["config_overrides"] + ",position_embedding_type=relative_2d"
     with pytest.raises(UsageError, match="position_embedding_type='relative_2d'"):
         hubvit.train(output_dir=str(tmp_path / "out"), **{**TINY, "config_overrides": overrides})
+
+
+def test_a_streamed_naflex_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+    """--streaming with --max_num_patches: shards of canvases at five aspect ratios stream as padded patch
+    sequences; a checkpoint at update 2 of 4 (two epochs of two batches) resumes onto the uninterrupted weights."""
+    from hubvit.training import shards
+    from hubvit.training.data import embedded_digits
+    from hubvit.training.naflex import digits_on_canvases
+
+    data = tmp_path / "shards"
+    canvases = digits_on_canvases(embedded_digits().shuffle(seed=0).select(range(44)))
+    shards.write_shards(canvases.select(range(32)), data, num_shards=2)
+    shards.write_shards(canvases.select(range(32, 44)), data, num_shards=1, split="validation", shuffle_seed=None)
+    options = {k: v for k, v in TINY.items() if not k.startswith("max_") or k == "max_num_patches"}
+    options.update(
+        streaming=True,
+        dataset_name=str(data),
+        shuffle_buffer=8,
+        max_train_steps=4,
+        checkpointing_steps="2",
+    )
+    whole = hubvit.train(output_dir=str(tmp_path / "whole"), **options)
+    assert whole.metrics["global_step"] == 4 and 0.0 <= whole.metrics["eval_accuracy"] <= 1.0
+    shutil.copytree(
+        tmp_path / "whole" / "checkpoints" / "checkpoint_2", tmp_path / "resumed" / "checkpoints" / "checkpoint_2"
+    )
+    hubvit.train(output_dir=str(tmp_path / "resumed"), resume_from_checkpoint="latest", **options)
+    uninterrupted = load_file(tmp_path / "whole" / "model" / "model.safetensors")
+    resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    for key in uninterrupted:
+        assert torch.equal(resumed[key], uninterrupted[key]), key

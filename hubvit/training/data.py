@@ -303,6 +303,7 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
             args.seed,
             args.shuffle_buffer,
             args.dataloader_num_workers or 0,
+            collate_fn=batch_of,
         )
     else:
         train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)

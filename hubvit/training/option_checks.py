@@ -120,7 +120,6 @@ def check_patch_budget(args):
         "--patch_sizes": args.patch_sizes,
         "--mixup_alpha": args.mixup_alpha or None,
         "--cutmix_alpha": args.cutmix_alpha or None,
-        "--streaming": args.streaming or None,
     }
     named = [f"{flag} {value}" for flag, value in others.items() if value is not None]
     if named:

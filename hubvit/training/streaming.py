@@ -258,10 +258,12 @@ class StreamingLoader:
         num_examples: int,
         num_workers: int = 0,
         examples_per_epoch: int | None = None,
+        collate_fn: Callable = collate,
     ):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         self.images, self.batches_per_epoch, self.num_examples = images, batches_per_epoch, num_examples
+        self.collate = collate_fn
         self.batch_size, self.examples_per_epoch = batch_size, examples_per_epoch
         self.loader = StatefulDataLoader(images, batch_size=None, num_workers=num_workers)
         self._resumed = False
@@ -279,10 +281,10 @@ class StreamingLoader:
             batch.append(example)
             read += 1
             if len(batch) == self.batch_size:
-                yield collate(batch)
+                yield self.collate(batch)
                 batch = []
         if batch:
-            yield collate(batch)
+            yield self.collate(batch)
         if not resumed and self.examples_per_epoch is not None and read != self.examples_per_epoch:
             raise StreamingError(
                 f"process {self.images.rank} read {read} examples in epoch {self.images.epoch}; expected "
@@ -322,9 +324,11 @@ def streaming_loader(
     buffer_size: int = 1000,
     num_workers: int = 0,
     num_examples: list[int] | None = None,
+    collate_fn: Callable = collate,
 ) -> StreamingLoader:
     """This process's loader over `source`. Batches per epoch come from parquet footers or `num_examples` (examples
-    per process); a layout that gives processes different batch counts is refused, as DDP would hang on it."""
+    per process); a layout that gives processes different batch counts is refused, as DDP would hang on it.
+    `collate_fn` makes a batch of examples (NaFlex runs: patch sequences padded to the longest)."""
     stream = shard_for_process(open_stream(source, split, config_name, label_column, image_column), rank, world_size)
     counts = (
         num_examples
@@ -343,7 +347,7 @@ def streaming_loader(
     if folder.is_dir() and shard_files(folder, split)[0] == "parquet":
         files = list(parquet_shards(folder, split, image_column, label_column).files)[rank::world_size]
     images = StreamingImages(stream, transform, image_column, label_column, seed, buffer_size, rank, files)
-    return StreamingLoader(images, batch_size, batches[rank], sum(counts), num_workers, counts[rank])
+    return StreamingLoader(images, batch_size, batches[rank], sum(counts), num_workers, counts[rank], collate_fn)
 
 
 def label_names_of(args: Any) -> tuple[str, ...] | None:
