@@ -235,6 +235,13 @@ class TrainingArguments(SharedTrainingArguments):
         "on canvases of five aspect ratios",
         metavar="N",
     )
+    naflex_batching: Optional[Literal["patch_count", "random"]] = option(
+        None,
+        help="with --max_num_patches: batches of images of one patch count, so that little of a batch is padding "
+        "(patch_count, the default; measured against timm's sequence-length schedule in "
+        "benchmarks/naflex_batching.py), or drawn at random and padded to their longest (random, as a stream "
+        "under --streaming is read)",
+    )
 
 
 @dataclass

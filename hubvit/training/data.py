@@ -307,13 +307,21 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
         )
     else:
         train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
+        if budget is not None and (getattr(args, "naflex_batching", None) or "patch_count") == "patch_count":
+            from .naflex import PatchCountBatches, natural_patch_counts
+
+            counts = natural_patch_counts(train_split, args.image_column_name, *budget)
+            order = dict(
+                batch_sampler=PatchCountBatches(counts, args.per_device_train_batch_size, train_set, args.seed)
+            )
+        else:
+            order = dict(
+                batch_size=args.per_device_train_batch_size,
+                shuffle=True,
+                generator=torch.Generator().manual_seed(args.seed),
+            )
         train_loader = torch.utils.data.DataLoader(
-            train_set,
-            batch_size=args.per_device_train_batch_size,
-            shuffle=True,
-            collate_fn=batch_of,
-            num_workers=args.dataloader_num_workers or 0,
-            generator=torch.Generator().manual_seed(args.seed),
+            train_set, collate_fn=batch_of, num_workers=args.dataloader_num_workers or 0, **order
         )
     if eval_split is None:
         return train_set, train_loader, None

@@ -94,6 +94,62 @@ class Patchified:
         return convert_image_to_patches(torch.as_tensor(pixels), self.patch_size), (rows, columns)
 
 
+def patch_count(height, width, patch_size, max_num_patches):
+    """How many patches an image of `height` x `width` becomes under SigLIP 2's budget rule."""
+    from transformers.models.siglip2.image_processing_siglip2 import get_image_size_for_max_num_patches
+
+    rows, columns = get_image_size_for_max_num_patches(height, width, patch_size, max_num_patches)
+    return (rows // patch_size) * (columns // patch_size)
+
+
+def natural_patch_counts(dataset, image_column, patch_size, max_num_patches):
+    """Each image's patch count at its own size under the budget, from its size alone (files' headers are read,
+    their pixels are not decoded)."""
+    import io
+
+    import datasets
+    from PIL import Image
+
+    counts = []
+    for raw in dataset.cast_column(image_column, datasets.Image(decode=False))[image_column]:
+        source = raw["path"] if raw.get("bytes") is None else io.BytesIO(raw["bytes"])
+        with Image.open(source) as image:
+            counts.append(patch_count(image.height, image.width, patch_size, max_num_patches))
+    return counts
+
+
+class PatchCountBatches(torch.utils.data.Sampler):
+    """Batches of images of one patch count (at their own size under the budget), so that a batch is nearly all
+    image and little of it padding. Each epoch, every count's images are shuffled and cut into batches, the
+    remainders are pooled in order of count and cut likewise, and the order of the batches is shuffled. The draw
+    is a function of (seed, the images' epoch) only: the same on every process, replayed by a resumed run.
+    Augmentation that changes an image's aspect ratio (`inception`) moves it off its count; its batch still pads
+    to its longest."""
+
+    def __init__(self, counts, batch_size, images, seed=0):
+        self.counts, self.batch_size, self.images, self.seed = np.asarray(counts), batch_size, images, seed
+        self.drop_last = False
+        sizes = np.unique(self.counts, return_counts=True)[1]
+        self.length = int(sum(sizes // batch_size) + -(-sum(sizes % batch_size) // batch_size))
+
+    def __len__(self):
+        return self.length
+
+    def epoch_batches(self, epoch):
+        rng = np.random.default_rng([self.seed, epoch])
+        batches, rest = [], []
+        for count in np.unique(self.counts):
+            members = rng.permutation(np.flatnonzero(self.counts == count)).tolist()
+            whole = len(members) - len(members) % self.batch_size
+            batches += [members[i : i + self.batch_size] for i in range(0, whole, self.batch_size)]
+            rest += members[whole:]
+        batches += [rest[i : i + self.batch_size] for i in range(0, len(rest), self.batch_size)]
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def __iter__(self):
+        return iter(self.epoch_batches(getattr(self.images, "epoch", 0)))
+
+
 def collate_sequences(batch):
     """(PatchSequences padded to the batch's longest sequence, labels)."""
     sequences, labels = zip(*batch)

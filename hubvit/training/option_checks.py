@@ -113,7 +113,16 @@ def check_args(args):
 def check_patch_budget(args):
     """`--max_num_patches` takes whole images at their own sizes: nothing that mixes or re-cuts a batch of squares."""
     if args.max_num_patches is None:
+        if args.naflex_batching is not None:
+            raise UsageError(
+                f"--naflex_batching {args.naflex_batching} orders NaFlex batches; it needs --max_num_patches"
+            )
         return
+    if args.naflex_batching == "patch_count" and args.streaming:
+        raise UsageError(
+            "--naflex_batching patch_count groups a map-style dataset by its images' sizes; --streaming reads its "
+            "stream in the buffer's order (--naflex_batching random)"
+        )
     if args.max_num_patches < 1:
         raise UsageError(f"--max_num_patches must be >= 1, got {args.max_num_patches}")
     others = {

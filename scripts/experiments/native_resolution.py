@@ -87,7 +87,7 @@ def unit_setup(options, context):
         "budget": BUDGET,
         "size": SIZE,
         "augment": AUGMENT,
-        "batching": "batches of 64 drawn at random; NaFlex batches padded to their longest sequence",
+        "batching": "batches of 64; NaFlex's of one patch count (the default `--naflex_batching patch_count`)",
         "splits": {"train": len(train), "validation": len(validation), "test": len(test)},
         "plateau": dataclasses.asdict(plateau(options)),
     }
@@ -102,7 +102,7 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
     canvases (overall, per aspect ratio) and the patches it read per image."""
     context = context or Context(options)
     train, validation, test = context.squares if arm == "padded_square" else context.canvases
-    budget = dict(max_num_patches=BUDGET) if arm == "naflex" else {}
+    budget = dict(max_num_patches=BUDGET, naflex_batching="patch_count") if arm == "naflex" else {}
     args = common.training_args(options.output_dir, seed, augment=AUGMENT, **budget)
     model, preprocessing = common.build_vit(args, train.features["label"].names, FIELDS)
     model, fitted = common.fit_to_plateau(
