@@ -157,3 +157,72 @@ def test_a_streamed_naflex_run_resumes_to_the_weights_of_an_uninterrupted_one(tm
     resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
     for key in uninterrupted:
         assert torch.equal(resumed[key], uninterrupted[key]), key
+
+
+class Epoch:
+    """The images' epoch, which the loop sets and the batch order reads."""
+
+    epoch = 0
+
+
+def padding_of(batches, counts):
+    """The share of a batch's positions that are padding, when each pads to its longest."""
+    positions = sum(len(batch) * max(counts[i] for i in batch) for batch in batches)
+    return 1 - sum(counts[i] for batch in batches for i in batch) / positions
+
+
+def test_batches_of_one_patch_count_hold_every_image_once_with_less_padding_than_random():
+    from hubvit.training.naflex import PatchCountBatches
+
+    counts = np.random.default_rng(0).choice([12, 15, 16], size=203, p=[0.2, 0.5, 0.3]).tolist()
+    sampler = PatchCountBatches(counts, 16, Epoch())
+    batches = list(sampler)
+    assert sorted(i for batch in batches for i in batch) == list(range(203))
+    assert len(batches) == len(sampler) == 13  # ceil(203 / 16): as many batches as drawn at random
+    mixed = [batch for batch in batches if len({counts[i] for i in batch}) > 1]
+    assert len(mixed) <= 2  # only the pooled remainders of the three counts mix
+    order = np.random.default_rng(1).permutation(203).tolist()
+    drawn = [order[i : i + 16] for i in range(0, 203, 16)]
+    assert padding_of(batches, counts) < 0.01 < padding_of(drawn, counts)
+
+
+def test_the_batch_order_is_a_function_of_the_seed_and_the_images_epoch():
+    from hubvit.training.naflex import PatchCountBatches
+
+    counts = [15, 16] * 40
+    images = Epoch()
+    first = list(PatchCountBatches(counts, 8, images, seed=3))
+    assert list(PatchCountBatches(counts, 8, images, seed=3)) == first
+    assert list(PatchCountBatches(counts, 8, images, seed=4)) != first
+    images.epoch = 1
+    assert list(PatchCountBatches(counts, 8, images, seed=3)) != first
+
+
+def test_patch_counts_read_from_the_files_sizes_are_the_patches_the_pipeline_cuts():
+    from torchvision.transforms import v2
+
+    from hubvit.training.data import embedded_digits
+    from hubvit.training.naflex import Patchified, digits_on_canvases, naflex_transforms, natural_patch_counts
+
+    canvases = digits_on_canvases(embedded_digits().select(range(30)))
+    tail = [v2.ToDtype(torch.float32, scale=True)]
+    _, evaluation = naflex_transforms(7, 16, v2.InterpolationMode.BILINEAR, "none", 0, 9, tail)
+    cut = Patchified(evaluation, 7)
+    counts = natural_patch_counts(canvases, "image", 7, 16)
+    assert counts == [cut(image)[0].shape[0] for image in canvases["image"]] and set(counts) == {15, 16}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(max_num_patches=None, naflex_batching="random"), "--naflex_batching random orders NaFlex batches"),
+        (
+            dict(naflex_batching="patch_count", streaming=True, dataset_name="unused"),
+            "--streaming reads its stream in the buffer's order",
+        ),
+    ],
+)
+def test_a_batch_order_without_its_batches_is_refused_by_name(tmp_path, options, message):
+    whole_sets = {k: v for k, v in TINY.items() if k not in ("max_train_samples", "max_eval_samples")}
+    with pytest.raises(UsageError, match=message):
+        hubvit.train(output_dir=str(tmp_path / "out"), **{**whole_sets, **options})
