@@ -57,10 +57,10 @@ class EncoderBlock(nn.Module):
     approximate_gelu: bool = True
 
     @nn.compact
-    def __call__(self, x, _=None):
+    def __call__(self, x, mask=None):
         ln0, attn, ln1, mlp = self.names
         y = nn.LayerNorm(epsilon=LN_EPS, name=ln0)(x)
-        y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name=attn)(y, y)
+        y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name=attn)(y, y, mask=mask)
         x = x + y
         y = nn.LayerNorm(epsilon=LN_EPS, name=ln1)(x)
         y = MlpBlock(self.mlp_dim, self.approximate_gelu, name=mlp)(y)
@@ -193,15 +193,22 @@ class EncoderBV(nn.Module):
     approximate_gelu: bool = True
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, mask=None):
+        """`mask` (B, 1, N, N): which token pairs attend (NaFlex: patches among patches), None for all."""
         args = (self.mlp_dim, self.num_heads, BV_BLOCK_NAMES, self.approximate_gelu)
         if self.scan:
-            # One module 'encoderblock' whose params carry a leading depth axis.
-            blocks = nn.scan(EncoderBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=self.depth)
-            x, _ = blocks(*args, name="encoderblock")(x, None)
+            # One module 'encoderblock' whose params carry a leading depth axis; the mask is the same for each.
+            blocks = nn.scan(
+                EncoderBlock,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=nn.broadcast,
+                length=self.depth,
+            )
+            x, _ = blocks(*args, name="encoderblock")(x, mask)
         else:
             for i in range(self.depth):
-                x, _ = EncoderBlock(*args, name=f"encoderblock_{i}")(x)
+                x, _ = EncoderBlock(*args, name=f"encoderblock_{i}")(x, mask)
         return nn.LayerNorm(epsilon=LN_EPS, name="encoder_norm")(x)
 
 
@@ -213,11 +220,13 @@ class MAPHead(nn.Module):
     approximate_gelu: bool = True
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, valid=None):
         n, _, d = x.shape
         probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d))
         probe = jnp.tile(probe, (n, 1, 1))
-        x = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")(probe, x)
+        mask = None if valid is None else valid[:, None, None, :]
+        attention = nn.MultiHeadDotProductAttention(num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")
+        x = attention(probe, x, mask=mask)
         y = nn.LayerNorm(epsilon=LN_EPS, name="LayerNorm_0")(x)
         x = x + MlpBlock(self.mlp_dim, self.approximate_gelu, name="MlpBlock_0")(y)
         return x[:, 0]
@@ -269,6 +278,90 @@ class VisionTransformerBV(nn.Module):
             raise ValueError(f"unknown pool_type {self.pool_type!r}")
         rep = self.width if self.rep_size is True else self.rep_size
         return _head(self, x, self.num_classes, rep)
+
+
+# --------------------------------------------------------------------------
+# google-research/big_vision NaFlex layout (models/proj/image_text/naflex_vit.py)
+# --------------------------------------------------------------------------
+
+
+def posemb_naflex(table, shapes, coords, canvas):
+    """Each patch's row of big_vision NaFlex's (n, n, D) table: per image the table is scaled by (rows, columns) / n
+    into a (canvas, canvas) grid (`jax.image.scale_and_translate`, bilinear with antialias) and read at the
+    patch's (row, column); what falls outside the canvas reads 0."""
+
+    def one(shape, where):
+        scale = shape.astype(jnp.float32) / jnp.asarray(table.shape[:2], jnp.float32)
+        grid = jax.image.scale_and_translate(
+            table, (canvas, canvas, table.shape[-1]), (0, 1), scale, jnp.zeros(2), "bilinear", antialias=True
+        )
+        return grid.at[where[:, 0], where[:, 1]].get(mode="fill", fill_value=0)
+
+    return jax.vmap(one)(shapes, coords)
+
+
+class VisionTransformerNaFlex(nn.Module):
+    """big_vision's NaFlex ViT: input (patches (B, N, P*P*C) in (row, column, channel) order, ptype (B, N), 1 for a
+    patch and 0 for padding, each patch's row and column); a Dense `embedding`, optional `patchln_pre` (on the
+    pixels) and `patchln_post` (on the embeddings), the `pos_embedding` grid resized per image (`posemb_naflex`),
+    blocks attending among patches only (looped or scanned), `encoder_norm`, and pooling that skips padding:
+    'gap' (masked mean), 'map' (`MAPHead_0` over patches), 'max'."""
+
+    num_classes: Optional[int] = 1000
+    width: int = 768
+    depth: int = 12
+    mlp_dim: int = 3072
+    num_heads: int = 12
+    posemb_side: int = 16
+    canvas: int = 64
+    pool_type: str = "map"
+    rep_size: Union[int, bool] = False
+    scan: bool = False
+    patchln_pre: bool = False
+    patchln_post: bool = False
+    approximate_gelu: bool = True
+
+    @nn.compact
+    def __call__(self, inputs):
+        patches, ptype, rows, columns = inputs
+        if self.patchln_pre:
+            patches = nn.LayerNorm(epsilon=LN_EPS, name="patchln_pre")(patches)
+        x = nn.Dense(self.width, name="embedding")(patches)
+        if self.patchln_post:
+            x = nn.LayerNorm(epsilon=LN_EPS, name="patchln_post")(x)
+        side = self.posemb_side
+        table = self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(self.width)), (side, side, self.width))
+        coords = jnp.stack([rows, columns], axis=-1)
+        x = x + posemb_naflex(table, coords.max(axis=1) + 1, coords, self.canvas)
+        valid = ptype == 1
+        mask = jnp.logical_and(valid[:, None, :, None], valid[:, None, None, :])
+        encoder = EncoderBV(
+            self.depth, self.mlp_dim, self.num_heads, self.scan, self.approximate_gelu, name="Transformer"
+        )
+        x = encoder(x, mask)
+        self.sow("intermediates", "encoded", x)
+        if self.pool_type == "map":
+            x = MAPHead(self.mlp_dim, self.num_heads, self.approximate_gelu, name="MAPHead_0")(x, valid)
+        elif self.pool_type == "gap":
+            x = (x * valid[..., None]).sum(axis=1) / valid.sum(axis=1, keepdims=True)
+        elif self.pool_type == "max":
+            x = jnp.where(valid[..., None], x, jnp.finfo(x.dtype).min).max(axis=1)
+        else:
+            raise ValueError(f"unknown pool_type {self.pool_type!r}")
+        rep = self.width if self.rep_size is True else self.rep_size
+        return _head(self, x, self.num_classes, rep)
+
+
+def naflex_inputs(images, patch_size):
+    """Whole NHWC images as big_vision NaFlex's input: every patch of the full grid, none padded."""
+    n, h, w, c = images.shape
+    rows, columns = h // patch_size, w // patch_size
+    cut = images[:, : rows * patch_size, : columns * patch_size]
+    cut = cut.reshape(n, rows, patch_size, columns, patch_size, c).transpose(0, 1, 3, 2, 4, 5)
+    patches = cut.reshape(n, rows * columns, patch_size * patch_size * c)
+    grid_rows, grid_columns = np.meshgrid(np.arange(rows), np.arange(columns), indexing="ij")
+    ones = np.ones((n, rows * columns), np.int32)
+    return patches, ones, ones * grid_rows.reshape(-1), ones * grid_columns.reshape(-1)
 
 
 def run(model, params, images, intermediates=False):

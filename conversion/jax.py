@@ -25,12 +25,13 @@ from .common import (
     ConversionResult,
     Reference,
     StrictMapping,
+    linear_patch_kernel,
     read_weights,
     to_tensor,
 )
 from ..folder import build_model, expected_shapes
 from .folder import run_conversion
-from .jax_layout import BLOCK_NAMES, POOL_TYPES, detect_layout, read_config
+from .jax_layout import BLOCK_NAMES, NAFLEX_POOL_TYPES, POOL_TYPES, detect_layout, read_config
 
 # For files without a position table: the kinds that need no learned weights.
 POSITION_EMBEDDINGS = tuple(name for name, kind in POSITION_KINDS.items() if not kind.learned)
@@ -172,11 +173,19 @@ def map_weights(source, layout, config, args, path):
     mapping = StrictMapping(source, f"{layout.name} checkpoint {path}")
     if p:
         mapping.drop(f"(?!{re.escape(p)}).*", f"outside the image tower under '{p}'")
-    mapping.map("embeddings.patch_embedding.weight", f"{p}embedding/kernel", lambda t: t.permute(3, 2, 0, 1))
+    if layout.naflex:
+        size, channels = config.patch_size_2d, config.num_channels
+        kernel = lambda t: linear_patch_kernel(t.t(), size, channels)  # noqa: E731
+        mapping.map("embeddings.patch_embedding.weight", f"{p}embedding/kernel", kernel)
+        mapping.map("embeddings.position_embedding", f"{p}pos_embedding", lambda t: t.reshape(1, -1, t.shape[-1]))
+        if config.patch_norm:
+            map_norm(mapping, "embeddings.patch_norm", f"{p}patchln_post")
+    else:
+        mapping.map("embeddings.patch_embedding.weight", f"{p}embedding/kernel", lambda t: t.permute(3, 2, 0, 1))
     mapping.map("embeddings.patch_embedding.bias", f"{p}embedding/bias")
     if config.class_token:
         mapping.map("embeddings.class_token", f"{p}cls")
-    if config.position_kind.big_vision_posemb == "learn":
+    if config.position_kind.big_vision_posemb == "learn" and not layout.naflex:
         table = "Transformer/posembed_input/pos_embedding" if layout.name == "vision_transformer" else "pos_embedding"
         mapping.map("embeddings.position_embedding", f"{p}{table}")
     ln1, attention, ln2, mlp = BLOCK_NAMES[layout.name]
@@ -265,6 +274,8 @@ def flax_reference(source, layout, config, args):
         approximate_gelu=args.gelu == "tanh",
     )
     grid = (config.image_size_2d[0] // ph, config.image_size_2d[1] // pw)
+    if layout.naflex:
+        return naflex_reference(params, layout, config, args, common)
     if layout.name == "vision_transformer":
         classifier = "token" if config.class_token else "gap"
         model = flax_vit.VisionTransformerOrig(
@@ -312,6 +323,47 @@ def flax_reference(source, layout, config, args):
     )
 
 
+def naflex_reference(params, layout, config, args, common):
+    """big_vision's NaFlex ViT (hubvit.conversion.flax_vit.VisionTransformerNaFlex) on the file's arrays, given
+    whole images as patch sequences of their full grids."""
+    import flax
+
+    from . import flax_vit
+
+    pool_type = {value: key for key, value in NAFLEX_POOL_TYPES.items()}[config.pooling]
+    patch = config.patch_size_2d[0]
+    model = flax_vit.VisionTransformerNaFlex(
+        num_classes=common["num_classes"],
+        width=config.hidden_size,
+        depth=config.num_hidden_layers,
+        mlp_dim=config.intermediate_size,
+        num_heads=config.num_attention_heads,
+        posemb_side=params["pos_embedding"].shape[0],
+        pool_type=pool_type,
+        rep_size=config.representation_size or False,
+        scan=layout.scanned,
+        patchln_post=config.patch_norm,
+        approximate_gelu=args.gelu == "tanh",
+    )
+    head_kept = args.num_labels is None and not args.drop_pre_logits and common["num_classes"]
+
+    def forward(pixels):
+        grid = max(pixels.shape[-2:]) // patch
+        inputs = flax_vit.naflex_inputs(pixels.permute(0, 2, 3, 1).numpy(), patch)
+        logits, _, pooled = flax_vit.run(model.clone(canvas=max(64, grid)), params, inputs, intermediates=True)
+        outputs = {"pooler_output": torch.tensor(np.asarray(pooled))}
+        if head_kept:
+            outputs["logits"] = torch.tensor(np.asarray(logits))
+        return outputs
+
+    return Reference(
+        f"Flax {flax.__version__} `VisionTransformerNaFlex` (hubvit.conversion.flax_vit, big_vision's NaFlex module "
+        "layout) on this file's arrays, each image one patch sequence of its whole grid",
+        forward,
+        tolerance=args.tolerance,
+    )
+
+
 def convert(args):
     """The `Conversion` of a vision_transformer or big_vision `.npz`; `args` is an `Options`."""
     origin = sources.resolve(args.src, "url", sha256=args.sha256)
@@ -339,7 +391,7 @@ def convert(args):
     )
     blocks = "scanned" if layout.scanned else "looped"
     provenance = (
-        f"Converted from the original JAX checkpoint `{path.name}` ({layout.name} layout, prefix "
+        f"Converted from the original JAX checkpoint `{path.name}` ({layout.name}{' NaFlex' * layout.naflex} layout, prefix "
         f"'{layout.prefix or '(none)'}', {blocks} blocks, {', '.join(dtypes)}), pooling {config.pooling}. "
         f"GELU: {'tanh approximation, as Flax nn.gelu' if args.gelu == 'tanh' else 'exact erf (not the original)'}; "
         f"{report[0]}."
@@ -353,6 +405,7 @@ def convert(args):
         provenance=provenance,
         command=command_line(args),
         family=layout.name,
+        citation_key=["big_vision", "siglip2"] if layout.naflex else None,
         dropped=report,
         source=origin.record(),
     )

@@ -29,6 +29,7 @@ class Layout:
     prefix: str
     scanned: bool
     depth: int
+    naflex: bool = False  # big_vision's NaFlex ViT: a Dense patch embedding and an (n, n, D) table
 
     def block(self, index):
         """Key prefix of block `index` and its index into the leading depth axis (None when blocks are looped)."""
@@ -73,7 +74,8 @@ def detect_layout(source, path):
                 f"'{prefix}Transformer/encoderblock/'. Keys found:\n{listing(source)}"
             )
         depth = max(indices) + 1
-    return Layout(name, prefix, scanned, depth)
+    naflex = name == "big_vision" and len(source[f"{prefix}embedding/kernel"].shape) == 2
+    return Layout(name, prefix, scanned, depth, naflex)
 
 
 def _shape(source, key, layout, path):
@@ -88,16 +90,14 @@ def read_config(source, layout, args, path):
     """(HubViTConfig fields, number of labels) read from the array shapes and the few options the keys cannot tell."""
     p = layout.prefix
     kernel = _shape(source, f"{p}embedding/kernel", layout, path)
+    if layout.naflex:
+        return naflex_config(source, layout, args, path)
     if len(kernel) != 4:
         raise ConversionError(
             f"{path}: {p}embedding/kernel has shape {kernel}; expected 4 dimensions "
             "(patch height, patch width, channels, width)"
         )
-    ph, pw, channels, width = kernel
-    names = BLOCK_NAMES[layout.name]
-    first, _ = layout.block(0)
-    heads = _shape(source, f"{first}/{names[1]}/query/kernel", layout, path)[-2]
-    mlp = _shape(source, f"{first}/{names[3]}/Dense_0/kernel", layout, path)[-1]
+    ph, pw, channels, _ = kernel
     class_token = f"{p}cls" in source
     has_map = f"{p}MAPHead_0/probe" in source
 
@@ -144,27 +144,12 @@ def read_config(source, layout, args, path):
             image_size=args.image_size or DEFAULT_NATIVE_SIZE,
         )
 
-    if args.drop_pre_logits and f"{p}pre_logits/kernel" not in source:
-        raise ConversionError(f"--drop-pre-logits: {path} has no {p}pre_logits layer to drop")
-    representation = None
-    if f"{p}pre_logits/kernel" in source and not args.drop_pre_logits:
-        representation = source[f"{p}pre_logits/kernel"].shape[-1]
-    if args.num_labels is not None:
-        num_labels = args.num_labels
-    elif args.drop_pre_logits and f"{p}pre_logits/kernel" in source:
-        num_labels = 0
-    else:
-        num_labels = source[f"{p}head/kernel"].shape[-1] if f"{p}head/kernel" in source else 0
+    representation, num_labels = head_fields(source, layout, args, path)
 
     return dict(
         patch_size=[ph, pw] if ph != pw else ph,
         num_channels=channels,
-        hidden_size=width,
-        num_hidden_layers=layout.depth,
-        num_attention_heads=heads,
-        intermediate_size=mlp,
-        hidden_act="gelu_pytorch_tanh" if args.gelu == "tanh" else "gelu",
-        layer_norm_eps=1e-6,
+        **encoder_fields(source, layout, args, path),
         class_token=class_token,
         pooling=POOL_TYPES[pool_type],
         representation_size=representation,
@@ -172,4 +157,85 @@ def read_config(source, layout, args, path):
         interpolation_antialias=False,
         interpolation_align_corners=True,
         **fields,
+    ), num_labels
+
+
+def encoder_fields(source, layout, args, path):
+    """Width, depth, heads, MLP width, GELU and LayerNorm epsilon, from the first block's shapes."""
+    names = BLOCK_NAMES[layout.name]
+    first, _ = layout.block(0)
+    return dict(
+        hidden_size=_shape(source, f"{layout.prefix}embedding/kernel", layout, path)[-1],
+        num_hidden_layers=layout.depth,
+        num_attention_heads=_shape(source, f"{first}/{names[1]}/query/kernel", layout, path)[-2],
+        intermediate_size=_shape(source, f"{first}/{names[3]}/Dense_0/kernel", layout, path)[-1],
+        hidden_act="gelu_pytorch_tanh" if args.gelu == "tanh" else "gelu",
+        layer_norm_eps=1e-6,
+    )
+
+
+def head_fields(source, layout, args, path):
+    """(representation size or None, number of labels) after --drop-pre-logits and --num-labels."""
+    p = layout.prefix
+    if args.drop_pre_logits and f"{p}pre_logits/kernel" not in source:
+        raise ConversionError(f"--drop-pre-logits: {path} has no {p}pre_logits layer to drop")
+    representation = None
+    if f"{p}pre_logits/kernel" in source and not args.drop_pre_logits:
+        representation = source[f"{p}pre_logits/kernel"].shape[-1]
+    if args.num_labels is not None:
+        return representation, args.num_labels
+    if args.drop_pre_logits and f"{p}pre_logits/kernel" in source:
+        return representation, 0
+    return representation, source[f"{p}head/kernel"].shape[-1] if f"{p}head/kernel" in source else 0
+
+
+NAFLEX_POOL_TYPES = {"gap": "mean", "map": "map"}
+
+
+def naflex_config(source, layout, args, path):
+    """big_vision's NaFlex ViT (models/proj/image_text/naflex_vit.py): a Dense patch embedding over (row, column,
+    channel) pixels, an (n, n, D) table resized to each image's grid bilinearly with antialias (SigLIP 2's rule),
+    no [CLS], pooling over patches only."""
+    p = layout.prefix
+    pixels, _ = _shape(source, f"{p}embedding/kernel", layout, path)
+    patch = math.isqrt(pixels // 3)
+    if patch * patch * 3 != pixels:
+        raise ConversionError(
+            f"{path}: {p}embedding/kernel embeds {pixels} values per patch; expected P * P * 3 (RGB patches)"
+        )
+    if f"{p}patchln_pre/scale" in source:
+        raise ConversionError(
+            f"{path}: '{p}patchln_pre' normalises each patch's pixels before the embedding; hubvit has no norm there "
+            "(patchln_post, after it, converts)"
+        )
+    if args.image_size:
+        raise ConversionError(
+            f"--image-size {args.image_size}: a NaFlex table is resized to each image's own grid as it runs; "
+            "nothing is converted for one size"
+        )
+    table = _shape(source, f"{p}pos_embedding", layout, path)
+    if len(table) != 3 or table[0] != table[1]:
+        raise ConversionError(f"{path}: {p}pos_embedding has shape {table}; expected a square (n, n, width) grid")
+    has_map = f"{p}MAPHead_0/probe" in source
+    pool_type = args.pool_type or ("map" if has_map else "gap")
+    if (pool_type == "map") != has_map or pool_type not in NAFLEX_POOL_TYPES:
+        raise ConversionError(
+            f"{path}: --pool-type {pool_type} with{'' if has_map else 'out'} a MAP head; a NaFlex tower pools with "
+            f"{'map' if has_map else 'gap'}"
+        )
+    representation, num_labels = head_fields(source, layout, args, path)
+    return dict(
+        patch_size=patch,
+        num_channels=3,
+        **encoder_fields(source, layout, args, path),
+        class_token=False,
+        pooling=NAFLEX_POOL_TYPES[pool_type],
+        representation_size=representation,
+        patch_norm=f"{p}patchln_post/scale" in source,
+        position_embedding_type="learned",
+        position_embedding_includes_prefix=False,
+        image_size=table[0] * patch,
+        interpolation_mode="bilinear",
+        interpolation_antialias=True,
+        interpolation_align_corners=False,
     ), num_labels
