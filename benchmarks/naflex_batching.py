@@ -4,7 +4,8 @@
 
 Two training sets of images at their own aspect ratios: the embedded NaFlex default (5,000 digits on canvases of
 five aspect ratios, 16 patches of 7 px) and photographs (scikit-image's, cut at random aspect ratios from 1:3 to
-3:1, 256 patches of 16 px). One epoch of each is batched three ways:
+3:1, 256 patches of 16 px). One epoch of each is batched three ways (`--augment inception` adds random crops of
+aspect ratio 3/4 to 4/3 in all three):
 
 - `random`: hubvit's loader, batches drawn at random and padded to their longest sequence;
 - `patch_count`: hubvit's loader grouping images of one patch count (`PatchCountBatches`, the default);
@@ -78,7 +79,7 @@ def training_set(name, quick):
     return photographs(60 if quick else 600)
 
 
-def hubvit_batches(dataset, patch, budget, order):
+def hubvit_batches(dataset, patch, budget, order, augment="none"):
     """One epoch (epoch 0) of hubvit's NaFlex training loader under `--naflex_batching order`."""
     from hubvit import training
     from hubvit.training.data import make_loaders
@@ -88,7 +89,7 @@ def hubvit_batches(dataset, patch, budget, order):
             output_dir="unused",
             max_num_patches=budget,
             naflex_batching=order,
-            augment="none",
+            augment=augment,
             per_device_train_batch_size=BATCH,
             dataloader_num_workers=0,
         )
@@ -118,7 +119,7 @@ class Pairs(torch.utils.data.Dataset):
         return example["image"].convert("RGB"), example["label"]
 
 
-def timm_batches(dataset, patch, budget):
+def timm_batches(dataset, patch, budget, augment="none"):
     """One epoch of timm's NaFlex training loader, its batches in hubvit's input names (the grid of each image from
     its patches' coordinates)."""
     from timm.data import create_naflex_loader
@@ -130,7 +131,7 @@ def timm_batches(dataset, patch, budget):
         train_seq_lens=lengths,
         batch_size=BATCH,
         is_training=True,
-        no_aug=True,
+        no_aug=augment == "none",
         mean=(0.5, 0.5, 0.5),
         std=(0.5, 0.5, 0.5),
         num_workers=0,
@@ -169,13 +170,13 @@ def epoch_seconds(model, batches):
     return time.perf_counter() - started
 
 
-def measure(name, rounds, quick):
+def measure(name, rounds, quick, augment="none"):
     from hubvit import HubViTConfig, HubViTForImageClassification
 
     patch, budget, fields = SETS[name]
     dataset = training_set(name, quick)
-    orders = {order: hubvit_batches(dataset, patch, budget, order) for order in ("random", "patch_count")}
-    orders["timm schedule"], lengths = timm_batches(dataset, patch, budget)
+    orders = {order: hubvit_batches(dataset, patch, budget, order, augment) for order in ("random", "patch_count")}
+    orders["timm schedule"], lengths = timm_batches(dataset, patch, budget, augment)
     side = int(np.sqrt(budget)) * patch
     config = HubViTConfig(
         image_size=side,
@@ -207,6 +208,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--json", type=Path, default=None, help="also write the record here")
     parser.add_argument("--quick", action="store_true", help="small sets and one round (a smoke test)")
+    parser.add_argument(
+        "--augment",
+        choices=("none", "inception"),
+        default="none",
+        help="inception: random crops of aspect ratio 3/4-4/3 (hubvit's `inception`, timm's RandomResizedCropToSequence)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds = 1
@@ -220,11 +227,11 @@ def main(argv=None):
     print(f"CPU ISA {isa}, {args.threads} threads, torch {torch.__version__}, timm {timm.__version__}")
     records = {}
     for name in SETS:
-        record = records[name] = measure(name, args.rounds, args.quick)
+        record = records[name] = measure(name, args.rounds, args.quick, args.augment)
         print(
             f"\n{name}: budget {record['budget']} patches of {record['patch_size']} px, batch {BATCH} "
             f"(timm: lengths {record['timm_lengths']}, {BATCH * max(record['timm_lengths'])} tokens per batch), "
-            f"{args.rounds} rounds ({isa}):"
+            f"{args.rounds} rounds, augmentation {args.augment} ({isa}):"
         )
         base = record["orders"]["random"]["images_per_second"]
         for order, row in record["orders"].items():
@@ -241,7 +248,13 @@ def main(argv=None):
             "torch": torch.__version__,
             "timm": timm.__version__,
         }
-        record = {"environment": environment, "batch_size": BATCH, "rounds": args.rounds, "sets": records}
+        record = {
+            "environment": environment,
+            "batch_size": BATCH,
+            "rounds": args.rounds,
+            "augment": args.augment,
+            "sets": records,
+        }
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

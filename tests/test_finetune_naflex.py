@@ -226,3 +226,37 @@ def test_a_batch_order_without_its_batches_is_refused_by_name(tmp_path, options,
     whole_sets = {k: v for k, v in TINY.items() if k not in ("max_train_samples", "max_eval_samples")}
     with pytest.raises(UsageError, match=message):
         hubvit.train(output_dir=str(tmp_path / "out"), **{**whole_sets, **options})
+
+
+def test_an_image_folder_of_mixed_sizes_trains_in_batches_of_one_patch_count(tmp_path):
+    """PNG files of four sizes in class folders: the counts come from the files' headers (paths, not bytes), and
+    under an augmentation that keeps sizes (affine) every training batch holds one patch count (batch 4, budget 16
+    of 7 px: 16 files of 15 patches, 8 of 16, 8 of 14)."""
+    from hubvit.training import loop
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "validation"):
+        for label in ("round", "square"):
+            folder = tmp_path / split / label
+            folder.mkdir(parents=True)
+            for k, (h, w) in enumerate([(28, 56), (56, 28), (30, 30), (21, 70)] * (1 if split == "validation" else 4)):
+                Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8")).save(folder / f"{k}.png")
+    seen = []
+    real = loop.train_epoch
+
+    def train_epoch(run, *args, **kwargs):
+        seen.extend(batch.mask.sum(1).unique().tolist() for batch, _ in run.train_loader)
+        return real(run, *args, **kwargs)
+
+    options = {k: v for k, v in TINY.items() if not k.startswith("max_") or k == "max_num_patches"}
+    options.update(per_device_train_batch_size=4, max_train_steps=8, augment="affine")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "train_epoch", train_epoch)
+        result = hubvit.train(
+            output_dir=str(tmp_path / "out"),
+            train_dir=str(tmp_path / "train"),
+            validation_dir=str(tmp_path / "validation"),
+            **options,
+        )
+    assert result.metrics["global_step"] == 8 and result.metrics["eval_samples"] == 8
+    assert len(seen) == 8 and all(len(counts) == 1 for counts in seen), seen
