@@ -252,6 +252,23 @@ class LearnedRowColumnTables(PositionKind):
         table = torch.cat([rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1)
         return table.reshape(1, grid[0] * grid[1], -1)
 
+    def sequence_tables(self, embeddings, spatial_shapes, length):
+        """Each position's row vector (the row table resized to its image's rows) and column vector, from the
+        interpolation weights of its own place: no loop over the images, so the graph exports."""
+        config, (gh, gw) = self.config, embeddings.grid_size
+        row, column, rows, columns = patch_positions(spatial_shapes, length)
+        mode = (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners)
+        halves = [
+            torch.matmul(interpolation_weights(old, at[..., None], new[..., None], *mode), table.float())
+            for old, at, new, table in (
+                (gh, row, rows, embeddings.position_embedding_rows),
+                (gw, column, columns, embeddings.position_embedding_columns),
+            )
+        ]
+        patches = torch.cat(halves, dim=-1) * (row < rows)[..., None]
+        zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens, patches.shape[2])
+        return torch.cat([zeros, patches], dim=1).to(embeddings.position_embedding_rows.dtype)
+
     def resize(self, embeddings, new_grid):
         table = self.patch_table(embeddings, new_grid).reshape(new_grid[0], new_grid[1], -1)
         half = table.shape[-1] // 2
@@ -392,19 +409,24 @@ class RelativeBiasMLP(RelativeBias2D):
         """Nothing is stored per grid."""
 
 
-def sincos_2d_position_table(grid, dim, temperature=10000.0, device=None, dtype=torch.float32):
-    """big_vision's fixed table: [sin x, cos x, sin y, cos y] over the patch grid, shape (1, gh*gw, dim)."""
+def sincos_2d_vectors(y, x, dim, temperature=10000.0):
+    """big_vision's sine-cosine vectors [sin x, cos x, sin y, cos y] of patches at rows `y` and columns `x` (float
+    tensors of one shape), shape (*y.shape, dim)."""
     quarter = dim // 4
-    omega = torch.arange(quarter, device=device, dtype=torch.float32) / (quarter - 1)
+    omega = torch.arange(quarter, device=y.device, dtype=torch.float32) / (quarter - 1)
     omega = 1.0 / temperature**omega
+    y, x = y[..., None] * omega, x[..., None] * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=-1)
+
+
+def sincos_2d_position_table(grid, dim, temperature=10000.0, device=None, dtype=torch.float32):
+    """big_vision's fixed table over the patch grid, shape (1, gh*gw, dim)."""
     y, x = torch.meshgrid(
         torch.arange(grid[0], device=device, dtype=torch.float32),
         torch.arange(grid[1], device=device, dtype=torch.float32),
         indexing="ij",
     )
-    y = y.reshape(-1, 1) * omega
-    x = x.reshape(-1, 1) * omega
-    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None].to(dtype)
+    return sincos_2d_vectors(y.reshape(-1), x.reshape(-1), dim, temperature)[None].to(dtype)
 
 
 class SinCos2D(PositionKind):
@@ -428,6 +450,13 @@ class SinCos2D(PositionKind):
     def embed(self, embeddings, prefix, patches, grid):
         patches = patches + self.patch_table(embeddings, grid).to(patches.dtype)
         return torch.cat(prefix + [patches], dim=1) if prefix else patches
+
+    def sequence_tables(self, embeddings, spatial_shapes, length):
+        """Each position's vector from its own row and column (zeros over padding and prefix tokens)."""
+        row, column, rows, _ = patch_positions(spatial_shapes, length)
+        patches = sincos_2d_vectors(row, column, self.config.hidden_size) * (row < rows)[..., None]
+        zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens, patches.shape[2])
+        return torch.cat([zeros, patches], dim=1)
 
 
 class NoPosition(PositionKind):

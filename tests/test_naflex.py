@@ -147,8 +147,14 @@ def test_an_unpadded_sequence_of_a_whole_image_computes_what_the_image_does(fiel
 
 @pytest.mark.parametrize(
     "fields",
-    [{}, dict(rope_type="dinov3", position_embedding_type="none"), dict(rope_type="mixed")],
-    ids=["table", "dinov3-rotary", "mixed-rotary-beside-a-table"],
+    [
+        {},
+        dict(position_embedding_type="learned_2d"),
+        dict(position_embedding_type="sincos_2d", class_token=False, pooling="mean"),
+        dict(rope_type="dinov3", position_embedding_type="none"),
+        dict(rope_type="mixed"),
+    ],
+    ids=["table", "row-column-tables", "sincos", "dinov3-rotary", "mixed-rotary-beside-a-table"],
 )
 @torch.no_grad()
 def test_the_classifier_takes_a_mixed_batch(fields):
@@ -281,8 +287,10 @@ def test_the_backbone_returns_each_images_maps_at_its_own_grid(tmp_path):
         dict(class_token=False, pooling="map"),
         dict(num_register_tokens=1, num_labels=3),
         dict(rope_type="dinov3", position_embedding_type="none", num_labels=3),
+        dict(position_embedding_type="learned_2d", num_labels=3),
+        dict(position_embedding_type="sincos_2d", class_token=False, pooling="mean"),
     ],
-    ids=["map", "cls", "dinov3-rotary"],
+    ids=["map", "cls", "dinov3-rotary", "row-column-tables", "sincos"],
 )
 def test_the_onnx_graph_of_patch_sequences_runs_any_batch_and_length(tmp_path, fields):
     """`hubvit export onnx --patch_sequences` (checked in onnxruntime and OpenVINO on two mixed batches before it is
