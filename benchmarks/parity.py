@@ -354,6 +354,49 @@ def siglip2_naflex_row(root):
     ]
 
 
+@torch.no_grad()
+def big_vision_naflex_row(root):
+    """big_vision NaFlex B/16 (a 16 x 16 table, MAP head, scanned blocks; Flax in big_vision's module layout, random
+    weights): converted from its `.npz`; on one batch of four grids padded to the longest, the logits against Flax,
+    and each image of the batch against itself alone."""
+    import jax
+    import numpy as np
+
+    import flax_reference
+    from hubvit.conversion.flax_vit import VisionTransformerNaFlex, naflex_inputs, run
+
+    model = VisionTransformerNaFlex(num_classes=1000, posemb_side=16, pool_type="map", scan=True)
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), naflex_inputs(np.zeros((1, 256, 256, 3)), 16))
+    params = flax_reference.randomize(shapes["params"], seed=1)
+    flax_reference.flatten_to_npz(params, root / "naflex.npz", prefix="params/img/")
+    assert quietly(cli, ["convert", "jax", str(root / "naflex.npz"), str(root / "naflex-hubvit")]) == 0
+    converted = load(root / "naflex-hubvit", headless=False)
+    grids, rng = ((11, 22), (26, 9), (16, 16), (7, 36)), np.random.default_rng(0)
+    parts = [naflex_inputs(rng.uniform(-1, 1, (1, 16 * h, 16 * w, 3)).astype(np.float32), 16) for h, w in grids]
+    length = max(part[0].shape[1] for part in parts)
+    padded = [
+        np.concatenate([np.pad(p[k], [(0, 0), (0, length - p[k].shape[1])] + [(0, 0)] * (k == 0)) for p in parts])
+        for k in range(4)
+    ]
+    batch = dict(
+        pixel_values=torch.from_numpy(padded[0]),
+        pixel_attention_mask=torch.from_numpy(padded[1]).long(),
+        spatial_shapes=torch.tensor(grids),
+    )
+    logits = converted(**batch).logits
+    error = relative_error(logits, torch.from_numpy(np.array(run(model, params, tuple(padded)))))
+    alone = []
+    for index, part in enumerate(parts):
+        single = dict(
+            pixel_values=torch.from_numpy(part[0]),
+            pixel_attention_mask=torch.ones(part[1].shape, dtype=torch.long),
+            spatial_shapes=torch.tensor([grids[index]]),
+        )
+        alone.append(relative_error(converted(**single).logits[0], logits[index]))
+    shapes = ", ".join(f"{h}x{w}" for h, w in grids)
+    return f"big_vision NaFlex B/16 (MAP, scanned), grids {shapes} in one batch", [error, max(alone)]
+
+
 EXPORT_TIMM_CASES = (
     ("ViT-B/16, [CLS], 1000 classes", dict(num_labels=1000)),
     (
@@ -433,6 +476,8 @@ def main(argv=None):
         if args.only in (None, "naflex"):
             print("\nSigLIP 2 NaFlex: converted on a mixed batch / each image alone, unpadded / exported back")
             print_table("SigLIP 2 NaFlex", [siglip2_naflex_row(root)], sizes=1)
+            print("\nbig_vision NaFlex: converted, against Flax on a mixed batch / each image alone, unpadded")
+            print_table("big_vision NaFlex", [big_vision_naflex_row(root)], sizes=1)
         if args.only in (None, "export-timm"):
             print_table("export timm (timm against hubvit)", [export_timm_row(*c, root) for c in EXPORT_TIMM_CASES])
 
