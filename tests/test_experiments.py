@@ -24,6 +24,7 @@ from scripts.experiments import (
     position_controls,
     position_embeddings,
     resolution,
+    summary,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,6 +259,7 @@ def quick_results(tmp_path_factory):
             ("resolution", common_argv),
             ("attention_distance", [*common_argv, "--models_dir", str(out / "distance_models")]),
             ("patch_size", common_argv),
+            ("native_resolution", common_argv),
             ("summary", ["--output_dir", str(out)]),
         ]
     )
@@ -266,7 +268,8 @@ def quick_results(tmp_path_factory):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize(
-    "name", ["position_embeddings", "inductive_bias", "resolution", "attention_distance", "patch_size"]
+    "name",
+    ["position_embeddings", "inductive_bias", "resolution", "attention_distance", "patch_size", "native_resolution"],
 )
 def test_quick_run_writes_json_figure_and_markdown_with_its_command(quick_results, name):
     results = json.loads((quick_results / f"{name}.json").read_text())
@@ -313,7 +316,7 @@ def test_summary_has_one_row_per_verdict_and_marks_quick_runs(quick_results):
     rows = [line for line in text.splitlines() if line.startswith("| [")]
     expected = sum(
         len(json.loads((quick_results / f"{n}.json").read_text())["verdicts"])
-        for n in ("position_embeddings", "inductive_bias", "resolution", "attention_distance", "patch_size")
+        for n in summary.EXPERIMENTS
     )
     assert len(rows) == expected and all("quick run only" in row for row in rows)
 
