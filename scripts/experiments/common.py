@@ -418,6 +418,20 @@ class Context:
         return self._accelerator
 
 
+def run_experiment(experiment, argv=None):
+    """An experiment module's `main`: every (seed, arm) unit in this process, then its page (`report`, `figure`,
+    `markdown`) written by the main process."""
+    options = experiment.parse_args(argv)
+    started = time.time()
+    seeds = setup(options)
+    context = experiment.Context(options)
+    records = [experiment.run_unit(options, arm, seed, context) for seed in seeds for arm in experiment.ARMS]
+    results = experiment.report(records, command(experiment.NAME, argv), environment(started))
+    if context.accelerator.is_main_process:
+        write(options.output_dir, experiment.NAME, results, experiment.figure(results), experiment.markdown(results))
+    return 0
+
+
 def checkpoint_file(folder, name):
     return None if folder is None else Path(folder) / f"{name}.pt"
 

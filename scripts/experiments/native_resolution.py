@@ -13,7 +13,6 @@ are scored once, overall and per aspect ratio.
 
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -119,15 +118,7 @@ def run_unit(options, arm, seed, context=None, checkpoints=None):
 
 
 def main(argv=None):
-    options = parse_args(argv)
-    started = time.time()
-    seeds = common.setup(options)
-    context = Context(options)
-    records = [run_unit(options, arm, seed, context) for seed in seeds for arm in ARMS]
-    results = report(records, common.command(NAME, argv), common.environment(started))
-    if context.accelerator.is_main_process:
-        common.write(options.output_dir, NAME, results, figure(results), markdown(results))
-    return 0
+    return common.run_experiment(sys.modules[__name__], argv)
 
 
 def report(records, command, environment):
