@@ -142,7 +142,7 @@ def report(records, command, environment):
             f"with its `{setup['augment']}` augmentation; {common.Plateau(**setup['plateau']).text()}",
             "splits": setup["splits"],
             "plateau": setup["plateau"],
-            "comparisons": "fixed before any run: NaFlex against each fixed square, paired by seed",
+            "comparisons": "fixed before any run: NaFlex against the fixed square on all test canvases, paired by seed",
         },
         "runs": runs,
         "minutes_per_run": common.minutes_per_run(records),
@@ -166,8 +166,8 @@ def verdicts(results):
         )
         out.append(
             {
-                "claim": f"at the same patch budget, keeping each image's aspect ratio (NaFlex) is more accurate "
-                f"than one fixed square ({LABELS[other].split(': ', 1)[1]})",
+                "claim": "at the same patch budget, keeping each image's aspect ratio (NaFlex) is more accurate "
+                f"than reading every image at one fixed square ({LABELS[other]})",
                 "measured": f"NaFlex {common.pct(s['naflex']['mean'])}% vs {common.pct(s[other]['mean'])}%: "
                 f"{common.interval_text(diff)}",
                 "verdict": verdict,
