@@ -314,10 +314,7 @@ def test_quick_position_run_records_validation_accuracy_and_updates_per_seed(qui
 def test_summary_has_one_row_per_verdict_and_marks_quick_runs(quick_results):
     text = (quick_results / "README.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| [")]
-    expected = sum(
-        len(json.loads((quick_results / f"{n}.json").read_text())["verdicts"])
-        for n in summary.EXPERIMENTS
-    )
+    expected = sum(len(json.loads((quick_results / f"{n}.json").read_text())["verdicts"]) for n in summary.EXPERIMENTS)
     assert len(rows) == expected and all("quick run only" in row for row in rows)
 
 
