@@ -274,8 +274,9 @@ def flax_reference(source, layout, config, args):
         approximate_gelu=args.gelu == "tanh",
     )
     grid = (config.image_size_2d[0] // ph, config.image_size_2d[1] // pw)
+    head_kept = bool(args.num_labels is None and not args.drop_pre_logits and num_classes)
     if layout.naflex:
-        return naflex_reference(params, layout, config, args, common)
+        return naflex_reference(params, layout, config, args, common, head_kept)
     if layout.name == "vision_transformer":
         classifier = "token" if config.class_token else "gap"
         model = flax_vit.VisionTransformerOrig(
@@ -303,14 +304,10 @@ def flax_reference(source, layout, config, args):
         )
         if learned and params["pos_embedding"].shape[1] != grid[0] * grid[1]:
             params["pos_embedding"] = flax_vit.resize_posemb_bv(params["pos_embedding"], grid)
-    head_kept = args.num_labels is None and not args.drop_pre_logits and num_classes
 
     def forward(pixels):
         logits, _, pooled = flax_vit.run(model, params, pixels.permute(0, 2, 3, 1).numpy(), intermediates=True)
-        outputs = {"pooler_output": torch.tensor(np.asarray(pooled))}
-        if head_kept:
-            outputs["logits"] = torch.tensor(np.asarray(logits))
-        return outputs
+        return reference_outputs(logits, pooled, head_kept)
 
     import flax
 
@@ -323,7 +320,16 @@ def flax_reference(source, layout, config, args):
     )
 
 
-def naflex_reference(params, layout, config, args, common):
+def reference_outputs(logits, pooled, head_kept):
+    """The Flax model's outputs the converted folder is compared on: pooled features, and logits where the head
+    was converted as it is."""
+    outputs = {"pooler_output": torch.tensor(np.asarray(pooled))}
+    if head_kept:
+        outputs["logits"] = torch.tensor(np.asarray(logits))
+    return outputs
+
+
+def naflex_reference(params, layout, config, args, common, head_kept):
     """big_vision's NaFlex ViT (hubvit.conversion.flax_vit.VisionTransformerNaFlex) on the file's arrays, given
     whole images as patch sequences of their full grids."""
     import flax
@@ -345,16 +351,12 @@ def naflex_reference(params, layout, config, args, common):
         patchln_post=config.patch_norm,
         approximate_gelu=args.gelu == "tanh",
     )
-    head_kept = args.num_labels is None and not args.drop_pre_logits and common["num_classes"]
 
     def forward(pixels):
         grid = max(pixels.shape[-2:]) // patch
         inputs = flax_vit.naflex_inputs(pixels.permute(0, 2, 3, 1).numpy(), patch)
         logits, _, pooled = flax_vit.run(model.clone(canvas=max(64, grid)), params, inputs, intermediates=True)
-        outputs = {"pooler_output": torch.tensor(np.asarray(pooled))}
-        if head_kept:
-            outputs["logits"] = torch.tensor(np.asarray(logits))
-        return outputs
+        return reference_outputs(logits, pooled, head_kept)
 
     return Reference(
         f"Flax {flax.__version__} `VisionTransformerNaFlex` (hubvit.conversion.flax_vit, big_vision's NaFlex module "

@@ -91,16 +91,20 @@ class PositionKind:
         return None
 
     def sequence_tables(self, embeddings, spatial_shapes, length):
-        """(B, prefix + N, D) vectors for a batch of patch sequences (naflex_hubvit.py): each image's `patch_table` at
-        its own grid (`spatial_shapes` (B, 2)), zeros over the padding and the prefix tokens; None for the kinds that
-        add no table (asked before reading the shapes, which an exported graph keeps symbolic)."""
+        """(B, prefix + N, D) vectors for a batch of patch sequences (naflex_hubvit.py): each position's
+        `vectors_at` its own row and column of its image's grid (`spatial_shapes` (B, 2)), zeros over the padding and
+        the prefix tokens; None for the kinds that add no table. Elementwise in the shapes, so graphs export."""
         if not self.adds_table:
             return None
-        rows = []
-        for grid in spatial_shapes.tolist():
-            table = self.patch_table(embeddings, tuple(grid))
-            rows.append(F.pad(table[0], (0, 0, embeddings.num_prefix_tokens, length - table.shape[1])))
-        return torch.stack(rows)
+        row, column, rows, columns = patch_positions(spatial_shapes, length)
+        patches = self.vectors_at(embeddings, row, column, rows, columns) * (row < rows)[..., None]
+        zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens, patches.shape[2])
+        return torch.cat([zeros, patches], dim=1)
+
+    def vectors_at(self, embeddings, row, column, rows, columns):
+        """(B, N, D) vectors of patches at `row`, `column` (B, N) of grids of `rows` x `columns` (B, 1): what
+        `patch_table` gives each patch, for the kinds that add a table."""
+        raise NotImplementedError(f"{type(self).__name__} adds a table but reads no patch sequences")
 
     def embed(self, embeddings, prefix, patches, grid):
         """The encoder's input: `prefix` tokens (a list of (B, n, D)) before the patch tokens (B, gh * gw, D), with
@@ -252,11 +256,10 @@ class LearnedRowColumnTables(PositionKind):
         table = torch.cat([rows[:, None, :].expand(-1, grid[1], -1), cols[None, :, :].expand(grid[0], -1, -1)], dim=-1)
         return table.reshape(1, grid[0] * grid[1], -1)
 
-    def sequence_tables(self, embeddings, spatial_shapes, length):
-        """Each position's row vector (the row table resized to its image's rows) and column vector, from the
-        interpolation weights of its own place: no loop over the images, so the graph exports."""
+    def vectors_at(self, embeddings, row, column, rows, columns):
+        """The row table resized to each image's rows, read at the patch's row, beside the column table's vector,
+        from the interpolation weights of that one place."""
         config, (gh, gw) = self.config, embeddings.grid_size
-        row, column, rows, columns = patch_positions(spatial_shapes, length)
         mode = (config.interpolation_mode, config.interpolation_antialias, config.interpolation_align_corners)
         halves = [
             torch.matmul(interpolation_weights(old, at[..., None], new[..., None], *mode), table.float())
@@ -265,9 +268,7 @@ class LearnedRowColumnTables(PositionKind):
                 (gw, column, columns, embeddings.position_embedding_columns),
             )
         ]
-        patches = torch.cat(halves, dim=-1) * (row < rows)[..., None]
-        zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens, patches.shape[2])
-        return torch.cat([zeros, patches], dim=1).to(embeddings.position_embedding_rows.dtype)
+        return torch.cat(halves, dim=-1).to(embeddings.position_embedding_rows.dtype)
 
     def resize(self, embeddings, new_grid):
         table = self.patch_table(embeddings, new_grid).reshape(new_grid[0], new_grid[1], -1)
@@ -451,12 +452,8 @@ class SinCos2D(PositionKind):
         patches = patches + self.patch_table(embeddings, grid).to(patches.dtype)
         return torch.cat(prefix + [patches], dim=1) if prefix else patches
 
-    def sequence_tables(self, embeddings, spatial_shapes, length):
-        """Each position's vector from its own row and column (zeros over padding and prefix tokens)."""
-        row, column, rows, _ = patch_positions(spatial_shapes, length)
-        patches = sincos_2d_vectors(row, column, self.config.hidden_size) * (row < rows)[..., None]
-        zeros = patches.new_zeros(patches.shape[0], embeddings.num_prefix_tokens, patches.shape[2])
-        return torch.cat([zeros, patches], dim=1)
+    def vectors_at(self, embeddings, row, column, rows, columns):
+        return sincos_2d_vectors(row, column, self.config.hidden_size)
 
 
 class NoPosition(PositionKind):

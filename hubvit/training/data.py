@@ -307,7 +307,7 @@ def make_loaders(args, train_split, eval_split, size, preprocessing, rank=0, wor
         )
     else:
         train_set = SeededImages(train_split, train_tf, args.image_column_name, args.label_column_name, args.seed)
-        if budget is not None and (getattr(args, "naflex_batching", None) or "patch_count") == "patch_count":
+        if budget is not None and args.naflex_batching != "random":
             from .naflex import PatchCountBatches, natural_patch_counts
 
             counts = natural_patch_counts(train_split, args.image_column_name, *budget)

@@ -129,11 +129,11 @@ class PatchCountBatches(torch.utils.data.Sampler):
     def __init__(self, counts, batch_size, images, seed=0):
         self.counts, self.batch_size, self.images, self.seed = np.asarray(counts), batch_size, images, seed
         self.drop_last = False
-        sizes = np.unique(self.counts, return_counts=True)[1]
-        self.length = int(sum(sizes // batch_size) + -(-sum(sizes % batch_size) // batch_size))
 
     def __len__(self):
-        return self.length
+        """Every count's whole batches and the pooled remainders' batches: as many as `len(counts) / batch_size`
+        rounded up, as random batches give."""
+        return -(-len(self.counts) // self.batch_size)
 
     def epoch_batches(self, epoch):
         rng = np.random.default_rng([self.seed, epoch])
