@@ -278,6 +278,9 @@ NOT_STRUCTURAL = {
     "interpolation_mode",
     "interpolation_antialias",
     "interpolation_align_corners",
+    "patch_resize",
+    "decode_head_pixels",
+    "semantic_loss_ignore_index",
 }
 """Config fields a read-back need not reproduce: training-only rates, the backbone's outputs, and the resize mode
 (the target's own, said in the export's notes)."""
@@ -287,26 +290,23 @@ def effective_settings(config):
     """The structural fields of `config` as the model uses them (defaults resolved, fields that only matter beside
     another left out), for comparing two configs of one model."""
     from ..modeling import HubViTConfig
+    from ..modeling.heads_hubvit import POOLING_KINDS
+    from ..modeling.positions_hubvit import POSITION_KINDS
 
     values = {name: getattr(config, name) for name in HubViTConfig.__annotations__ if name not in NOT_STRUCTURAL}
     values.update(image_size=tuple(config.image_size_2d), patch_size=tuple(config.patch_size_2d))
     values["layer_scale_init_value"] = config.layer_scale_init_value is not None
-    values["final_layer_norm_eps"] = config.final_layer_norm_eps or config.layer_norm_eps
-    kind = config.rotary_kind
-    if kind is None:
+    values["final_layer_norm_eps"] = config.final_norm_eps
+    if config.rotary_kind is None:
         values = {k: v for k, v in values.items() if not k.startswith("rope_") or k == "rope_type"}
     else:
-        values["rope_temperature"] = float(config.rope_temperature or kind.default_temperature)
-        half = config.rope_rotate_half
-        values["rope_rotate_half"] = kind.default_rotate_half if half is None else half
+        values.update(rope_temperature=config.rope_base, rope_rotate_half=config.rope_pairs_halves)
         values["rope_reference_grid"] = list(config.rope_reference_grid) if config.rope_reference_grid else None
-    if config.pooling == "map":
-        values["map_num_heads"] = config.map_num_heads or config.num_attention_heads
-        values["map_intermediate_size"] = config.map_intermediate_size or config.intermediate_size
-    else:
-        del values["map_num_heads"], values["map_intermediate_size"]
-    if not config.position_kind.bias_mlp:
-        del values["relative_position_hidden_size"]
+    values.update(map_num_heads=config.map_heads, map_intermediate_size=config.map_width)
+    for registry, chosen in ((POOLING_KINDS, config.pooling_kind), (POSITION_KINDS, config.position_kind)):
+        for kind in registry.values():
+            for name in kind.own_fields if kind is not chosen else ():
+                values.pop(name, None)
     if not config.distillation_token:
         del values["distillation_head"]
     if not config.qkv_bias:

@@ -91,7 +91,7 @@ class Outputs(torch.nn.Module):
         self.model = model
         classifier = hasattr(model, "classifier")
         self.names = ["logits"] if classifier else ["last_hidden_state"]
-        if not classifier and model.config.pooling != "none":
+        if not classifier and model.config.pooling_kind.pools:
             self.names.append("pooler_output")
         self.num_output_tokens = model.hubvit.pooler.num_tokens_read if classifier and skip_unread_tokens else None
 

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..modeling.heads_hubvit import AttentionPooling, ClassTokenPooling, MeanPooling
+from ..modeling.positions_hubvit import RelativeBias2DWithClass, RelativeBiasMLP
 from ..options import argument
 from ..preprocessing import RESAMPLE_NAMES
 from .common import (
@@ -29,6 +31,7 @@ from .common import (
 )
 from ..folder import check_output_path, expected_shapes, staged_folder
 from . import timm_beit, timm_eva, timm_relpos, timm_sam
+from .kinds import TIMM_GLOBAL_POOL, TIMM_POS_EMBED
 from .mapping import inverse
 from .timm import RENAMES, import_timm, map_weights, timm_reference
 from .timm_layers import mlp_ratio
@@ -44,12 +47,13 @@ ACTIVATIONS = {
     "silu": "silu",
     "relu": "relu",
 }
-POOLS = {"cls": "token", "mean": "avg", "map": "map"}
+POOLS = {kind: TIMM_GLOBAL_POOL[kind] for kind in (ClassTokenPooling, MeanPooling, AttentionPooling)}
+"""The pooling kinds timm's `VisionTransformer` export writes, with their `global_pool`."""
 # timm entry points whose code sets the LayerNorm eps (a JSON model_args cannot carry a norm_layer with another eps);
 # every structural argument is passed explicitly on top of them.
 ENTRY_POINTS = {1e-6: "vit_base_patch16_224", 1e-5: "vit_base_patch16_clip_224"}
 DISTILLED_ENTRY_POINT = "deit_base_distilled_patch16_224"
-FAMILY_BY_POSITION = {"relative_2d_class": timm_beit, "relative_2d_mlp": timm_relpos}
+FAMILY_BY_POSITION = {RelativeBias2DWithClass: timm_beit, RelativeBiasMLP: timm_relpos}
 """The position kinds only one timm class has; any other folder whose settings `model_args` alone cannot give
 `VisionTransformer` is tried as a `VisionTransformer` from an entry point that sets a constructor, then as `Eva`."""
 CONSTRUCTOR_ENTRY_POINTS = [
@@ -84,10 +88,10 @@ def export_problems(config):
     eps = config.layer_norm_eps
     checks = [
         (
-            config.position_kind.timm_pos_embed is None,
+            config.position_kind not in TIMM_POS_EMBED,
             f"position_embedding_type={config.position_embedding_type!r} (timm's ViT has a learned 1D table or none)",
         ),
-        (config.pooling not in POOLS, f"pooling={config.pooling!r} (timm pools with 'token', 'avg' or 'map')"),
+        (config.pooling_kind not in POOLS, f"pooling={config.pooling!r} (timm pools with 'token', 'avg' or 'map')"),
         (
             config.representation_size is not None,
             f"representation_size={config.representation_size} (timm's ViT has no Dense + tanh pre-logits layer)",
@@ -111,7 +115,8 @@ def export_problems(config):
             "distillation_token=True with distillation_head=False (timm's distilled DeiT always has both heads)",
         ),
         (
-            config.distillation_token and (config.num_register_tokens or eps != 1e-6 or config.pooling != "cls"),
+            config.distillation_token
+            and (config.num_register_tokens or eps != 1e-6 or config.pooling_kind is not ClassTokenPooling),
             "distillation_token=True with registers, eps other than 1e-6 or pooling other than cls",
         ),
         (config.hidden_act not in ACTIVATIONS, f"hidden_act={config.hidden_act!r}"),
@@ -137,13 +142,13 @@ def timm_arguments(config, entry_point=True):
         architecture = None
     else:
         architecture = DISTILLED_ENTRY_POINT if config.distillation_token else ENTRY_POINTS[config.layer_norm_eps]
-    pool_include_prefix = config.pooling == "map" and config.num_prefix_tokens > 0
+    pool_include_prefix = config.pooling_kind.attention_pool and config.num_prefix_tokens > 0
     args = dict(
         img_size=list(config.image_size_2d),
         patch_size=list(config.patch_size_2d),
         in_chans=config.num_channels,
         num_classes=config.num_labels,
-        global_pool=POOLS[config.pooling],
+        global_pool=POOLS[config.pooling_kind],
         embed_dim=config.hidden_size,
         depth=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
@@ -151,7 +156,7 @@ def timm_arguments(config, entry_point=True):
         qkv_bias=config.qkv_bias,
         init_values=config.layer_scale_init_value,
         class_token=config.class_token,
-        pos_embed=config.position_kind.timm_pos_embed,
+        pos_embed=TIMM_POS_EMBED.get(config.position_kind),
         no_embed_class=not config.position_embedding_includes_prefix,
         reg_tokens=config.num_register_tokens,
         pre_norm=config.pre_norm,
@@ -299,7 +304,7 @@ def create(timm, architecture, model_args, num_labels, device="cpu"):
 def constructor_arguments(config):
     """([(candidate entry point, model_args)], why not) for timm's `VisionTransformer` with every block setting it
     takes as a JSON argument; the entry point supplies what only code can (norm layer, MLP class, block class)."""
-    if config.hidden_act not in ACTIVATIONS or config.pooling not in POOLS or config.distillation_token:
+    if config.hidden_act not in ACTIVATIONS or config.pooling_kind not in POOLS or config.distillation_token:
         return [], f"hidden_act={config.hidden_act!r}, pooling={config.pooling!r} or a distillation token"
     args = timm_arguments(config, entry_point=False)[1]
     args.update(
@@ -320,7 +325,7 @@ def family_candidates(config):
     def pairs(entries, args):
         return ([(entry, args) for entry in entries], None) if entries else ([], args)
 
-    family = FAMILY_BY_POSITION.get(config.position_embedding_type)
+    family = FAMILY_BY_POSITION.get(config.position_kind)
     if config.attention_window_size or config.decomposed_relative_position or config.neck_size:
         family = timm_sam
     if family is not None:
@@ -376,7 +381,7 @@ def export(args):
 
     config, _ = read_hubvit_config(args.src)
     problems = export_problems(config)
-    built = family_build(timm, config) if problems or config.position_embedding_type in FAMILY_BY_POSITION else None
+    built = family_build(timm, config) if problems or config.position_kind in FAMILY_BY_POSITION else None
     if isinstance(built, list):
         raise ConversionError(
             "no timm class can express this hubvit model; nothing was written. Offending settings:\n"

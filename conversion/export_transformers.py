@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..modeling.heads_hubvit import ClassTokenPooling
 from ..options import argument
 from .common import (
     block_component_problems,
@@ -28,6 +29,7 @@ from .common import (
 )
 from ..folder import check_output_path, make_image_processor, staged_folder
 from . import export_transformers_towers as towers
+from .kinds import ABSOLUTE_TABLES
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +52,10 @@ def export_problems(config):
         (config.distillation_token, "distillation_token=True (DeiT, not ViT)"),
         (config.num_register_tokens, f"num_register_tokens={config.num_register_tokens} (ViT has no registers)"),
         (
-            not config.position_kind.transformers_vit,
+            config.position_kind not in ABSOLUTE_TABLES,
             f"position_embedding_type={config.position_embedding_type!r} (ViT has a learned 1D table)",
         ),
-        (config.pooling != "cls", f"pooling={config.pooling!r} (ViT classifies the [CLS] token)"),
+        (config.pooling_kind is not ClassTokenPooling, f"pooling={config.pooling!r} (ViT classifies the [CLS] token)"),
         (config.fc_norm, "fc_norm=True (ViT norms before pooling)"),
         (config.layer_scale_init_value is not None, "layer_scale_init_value set (ViT has no layer scale)"),
         (config.pre_norm, "pre_norm=True (ViT has no LayerNorm before the encoder)"),

@@ -13,7 +13,10 @@ from pathlib import Path
 import torch
 
 from ..folder import expected_shapes
+from ..modeling.heads_hubvit import MeanPooling
+from ..modeling.rotary_hubvit import DinoV3Rotary
 from .common import ConversionError, read_back_problems
+from .kinds import ABSOLUTE_TABLES, BEIT_RELATIVE_BIAS
 from .mapping import inverse
 from .transformers_beit import TOWERS as BEIT
 from .transformers_clip import TOWERS as CLIP
@@ -42,10 +45,10 @@ def dinov3_fields(config):
         value_bias=config.qkv_bias,
         proj_bias=config.proj_bias,
         mlp_bias=config.mlp_bias,
-        use_gated_mlp=config.mlp_type == "gated",
+        use_gated_mlp=config.mlp_kind.gated,
         layerscale_value=config.layer_scale_init_value if config.layer_scale_init_value is not None else 1.0,
         num_register_tokens=config.num_register_tokens,
-        rope_theta=config.rope_temperature or 100.0,
+        rope_theta=DinoV3Rotary.default_temperature if config.rope_base is None else config.rope_base,
         pos_embed_shift=config.rope_shift_coords,
         pos_embed_jitter=config.rope_jitter_coords,
         pos_embed_rescale=config.rope_rescale_coords,
@@ -58,7 +61,7 @@ def aimv2_fields(config):
         rms_norm_eps=config.layer_norm_eps,
         qkv_bias=config.qkv_bias,
         mlp_bias=config.mlp_bias,
-        use_head=config.pooling == "map",
+        use_head=config.pooling_kind.attention_pool,
     )
 
 
@@ -66,10 +69,10 @@ def beit_fields(config):
     return dict(
         **sizes(config),
         layer_norm_eps=config.layer_norm_eps,
-        use_relative_position_bias=config.position_kind.beit_bias,
-        use_absolute_position_embeddings=config.position_kind.transformers_vit,
+        use_relative_position_bias=config.position_kind in BEIT_RELATIVE_BIAS,
+        use_absolute_position_embeddings=config.position_kind in ABSOLUTE_TABLES,
         layer_scale_init_value=config.layer_scale_init_value or 0.0,
-        use_mean_pooling=config.pooling == "mean",
+        use_mean_pooling=config.pooling_kind is MeanPooling,
     )
 
 
@@ -80,7 +83,7 @@ def siglip2_fields(config):
         **fields,
         num_patches=rows * columns if rows == columns else -1,
         layer_norm_eps=config.layer_norm_eps,
-        vision_use_head=config.pooling == "map",
+        vision_use_head=config.pooling_kind.attention_pool,
     )
 
 

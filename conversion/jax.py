@@ -31,7 +31,8 @@ from .common import (
 )
 from ..folder import build_model, expected_shapes
 from .folder import run_conversion
-from .jax_layout import BLOCK_NAMES, NAFLEX_POOL_TYPES, POOL_TYPES, detect_layout, read_config
+from .jax_layout import BLOCK_NAMES, POOL_TYPES, detect_layout, read_config
+from .kinds import ABSOLUTE_TABLES, BIG_VISION_NAFLEX_POOL_TYPE, BIG_VISION_POOL_TYPE, BIG_VISION_POSEMB
 
 # For files without a position table: the kinds that need no learned weights.
 POSITION_EMBEDDINGS = tuple(name for name, kind in POSITION_KINDS.items() if not kind.learned)
@@ -185,7 +186,7 @@ def map_weights(source, layout, config, args, path):
     mapping.map("embeddings.patch_embedding.bias", f"{p}embedding/bias")
     if config.class_token:
         mapping.map("embeddings.class_token", f"{p}cls")
-    if config.position_kind.big_vision_posemb == "learn" and not layout.naflex:
+    if config.position_kind in ABSOLUTE_TABLES and not layout.naflex:
         table = "Transformer/posembed_input/pos_embedding" if layout.name == "vision_transformer" else "pos_embedding"
         mapping.map("embeddings.position_embedding", f"{p}{table}")
     ln1, attention, ln2, mlp = BLOCK_NAMES[layout.name]
@@ -197,7 +198,7 @@ def map_weights(source, layout, config, args, path):
         map_norm(mapping, f"{target}.norm2", f"{key}/{ln2}", index)
         map_mlp(mapping, f"{target}.mlp", f"{key}/{mlp}", index)
     map_norm(mapping, "norm", f"{p}Transformer/encoder_norm")
-    if config.pooling == "map":
+    if config.pooling_kind.attention_pool:
         head = f"{p}MAPHead_0"
         mapping.map("pooler.map_head.probe", f"{head}/probe")
         map_attention(mapping, "pooler.map_head", f"{head}/MultiHeadDotProductAttention_0", False)
@@ -243,7 +244,7 @@ def flax_reference(source, layout, config, args):
     converted resolution (the table resized as the original fine-tuning code does); unavailable without jax/flax."""
     if not args.verify:
         return Reference.unavailable("skipped (--no-verify)")
-    if config.position_kind.big_vision_posemb is None:
+    if config.position_kind not in BIG_VISION_POSEMB:
         return Reference.unavailable(
             f"big_vision has no ViT with {config.position_kind.description!r} position embeddings to run it with"
         )
@@ -290,8 +291,8 @@ def flax_reference(source, layout, config, args):
         if table["pos_embedding"].shape[1] != grid[0] * grid[1] + config.class_token:
             table["pos_embedding"] = flax_vit.resize_posemb_orig(table["pos_embedding"], grid, config.class_token)
     else:
-        pool_type = {value: key for key, value in POOL_TYPES.items()}[config.pooling]
-        posemb = config.position_kind.big_vision_posemb
+        pool_type = BIG_VISION_POOL_TYPE[config.pooling_kind]
+        posemb = BIG_VISION_POSEMB[config.position_kind]
         learned = posemb == "learn"
         model = flax_vit.VisionTransformerBV(
             width=config.hidden_size,
@@ -336,7 +337,7 @@ def naflex_reference(params, layout, config, args, common, head_kept):
 
     from . import flax_vit
 
-    pool_type = {value: key for key, value in NAFLEX_POOL_TYPES.items()}[config.pooling]
+    pool_type = BIG_VISION_NAFLEX_POOL_TYPE[config.pooling_kind]
     patch = config.patch_size_2d[0]
     model = flax_vit.VisionTransformerNaFlex(
         num_classes=common["num_classes"],

@@ -11,13 +11,14 @@ import re
 from dataclasses import dataclass
 
 from .common import ConversionError, listing
+from .kinds import BIG_VISION_NAFLEX_POOL_TYPE, BIG_VISION_POOL_TYPE, reading
 
 PREFIXES = ("params/img/", "opt/target/", "params/", "")
 BLOCK_NAMES = {
     "vision_transformer": ("LayerNorm_0", "MultiHeadDotProductAttention_1", "LayerNorm_2", "MlpBlock_3"),
     "big_vision": ("LayerNorm_0", "MultiHeadDotProductAttention_0", "LayerNorm_1", "MlpBlock_0"),
 }
-POOL_TYPES = {"tok": "cls", "gap": "mean", "map": "map", "0": "first"}
+POOL_TYPES = reading(BIG_VISION_POOL_TYPE)
 DEFAULT_NATIVE_SIZE = 224
 
 
@@ -189,7 +190,7 @@ def head_fields(source, layout, args, path):
     return representation, source[f"{p}head/kernel"].shape[-1] if f"{p}head/kernel" in source else 0
 
 
-NAFLEX_POOL_TYPES = {"gap": "mean", "map": "map"}
+NAFLEX_POOL_TYPES = reading(BIG_VISION_NAFLEX_POOL_TYPE)
 
 
 def naflex_config(source, layout, args, path):

@@ -97,7 +97,7 @@ def resize_converted(model, patch_size, resample):
         return f"Patch size: {side(old_patch)} as in the source (`--patch-size` asked for the same size)."
     interpolation = resize_interpolation(resample)
     check = None
-    if new_patch[0] >= old_patch[0] and new_patch[1] >= old_patch[1] and config.pooling != "none":
+    if new_patch[0] >= old_patch[0] and new_patch[1] >= old_patch[1] and config.pooling_kind.pools:
         check = exact_property_check(model, new_patch, interpolation)
         if not check <= PATCH_RESIZE_TOLERANCE:
             raise PatchSizeError(

@@ -9,6 +9,7 @@ resizes to another grid) and the class token's three beside it. A table shared b
 
 from torch import nn
 
+from .kinds import ABSOLUTE_TABLES, BEIT_RELATIVE_BIAS, TIMM_GLOBAL_POOL, reading
 from .timm_layers import (
     COMMON_RENAMES,
     GATED_MLP_KEYS,
@@ -91,7 +92,7 @@ def read_settings(model, architecture):
         problems.append("an absolute position table beside the relative bias (use_abs_pos_emb with use_rel_pos_bias)")
     eps, norm_type = norm_settings(model, problems)
     pool = model.global_pool
-    pooling = {"avg": "mean", "token": "cls", "": "none"}.get(pool, "cls")
+    pooling = reading(TIMM_GLOBAL_POOL).get(pool, "cls")
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     problems += final_norm_problems(model, fc_norm, pool)
     if problems:
@@ -128,11 +129,11 @@ def export_arguments(config):
         **size_arguments(config),
         qkv_bias=config.qkv_bias,
         mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
-        swiglu_mlp=config.mlp_type == "gated",
+        swiglu_mlp=config.mlp_kind.gated,
         scale_mlp=config.mlp_inner_norm,
         init_values=config.layer_scale_init_value,
-        use_abs_pos_emb=config.position_kind.timm_pos_embed == "learn",
-        use_rel_pos_bias=config.position_kind.beit_bias,
+        use_abs_pos_emb=config.position_kind in ABSOLUTE_TABLES,
+        use_rel_pos_bias=config.position_kind in BEIT_RELATIVE_BIAS,
         use_shared_rel_pos_bias=False,
         use_fc_norm=config.fc_norm,
     )

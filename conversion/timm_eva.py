@@ -8,6 +8,7 @@ kind: `RotaryEmbeddingCat` is `axial`, `RotaryEmbeddingDinoV3` is `dinov3`, `Rot
 
 from torch import nn
 
+from .kinds import ABSOLUTE_TABLES, TIMM_GLOBAL_POOL, TIMM_ROPE_TYPE, reading
 from .timm_layers import (
     COMMON_RENAMES,
     GATED_MLP_KEYS,
@@ -181,7 +182,7 @@ def read_settings(model, architecture):
     block, kv_heads = eva_block_settings(blocks, problems)
     eps, norm_type = norm_settings(model, problems)
     pool = model.global_pool
-    pooling = {"token": "cls", "avg": "mean", "map": "map", "": "none"}.get(pool)
+    pooling = reading(TIMM_GLOBAL_POOL).get(pool)
     if pooling is None:
         problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg', 'map' or none)")
     pool_settings = map_settings(model, block, problems) if pool == "map" else {}
@@ -217,8 +218,6 @@ other argument is given explicitly, but timm's `create_model` drops arguments th
 sets (layer scale, EVA's reference grid) cannot be unset: the candidates of a norm cover those on and off, and the
 first that reads back as the folder's config is taken."""
 
-ROPE_TYPES = {"axial": "cat", "dinov3": "dinov3", "mixed": "mixed"}
-
 
 def export_arguments(config):
     """(candidate entry points, model_args) building timm's `Eva` for `config`, or ([], why) for a norm no entry
@@ -229,17 +228,17 @@ def export_arguments(config):
             "set " + ", ".join(f"{kind} {eps:g}" for kind, eps in EXPORT_ENTRY_POINTS) + ")"
         )
     rotary = config.rotary_kind
-    width = config.map_intermediate_size or config.intermediate_size
+    width = config.map_width
     args = dict(
         **size_arguments(config),
         num_kv_heads=None
-        if config.norm_placement == "residual_post"
+        if config.norm_placement_kind.norms_branch_output
         else tuple(config.key_value_heads(i) for i in range(config.num_hidden_layers)),
         qkv_bias=config.qkv_bias,
         qkv_fused=config.qkv_fused,
         qk_norm=config.qk_norm,
         mlp_ratio=mlp_ratio(config.hidden_size, config.intermediate_size),
-        swiglu_mlp=config.mlp_type == "gated",
+        swiglu_mlp=config.mlp_kind.gated,
         swiglu_align_to=0,
         scale_mlp=config.mlp_inner_norm,
         scale_attn_inner=config.attention_inner_norm,
@@ -249,23 +248,21 @@ def export_arguments(config):
         class_token=config.class_token,
         num_reg_tokens=config.num_register_tokens,
         no_embed_class=not config.position_embedding_includes_prefix,
-        use_abs_pos_emb=config.position_kind.timm_pos_embed == "learn",
+        use_abs_pos_emb=config.position_kind in ABSOLUTE_TABLES,
         use_rot_pos_emb=rotary is not None,
-        use_post_norm=config.norm_placement == "residual_post",
+        use_post_norm=config.norm_placement_kind.norms_branch_output,
         use_pre_transformer_norm=config.pre_norm,
         use_post_transformer_norm=config.final_norm and not config.fc_norm,
         use_fc_norm=config.fc_norm,
-        attn_pool_num_heads=config.map_num_heads or config.num_attention_heads,
+        attn_pool_num_heads=config.map_heads,
         attn_pool_mlp_ratio=mlp_ratio(config.hidden_size, width),
         dynamic_img_pad=config.dynamic_img_pad,
     )
     if rotary is not None:
         args.update(
-            rope_type=ROPE_TYPES[config.rope_type],
-            rope_temperature=config.rope_temperature or rotary.default_temperature,
-            rope_rotate_half=bool(
-                rotary.default_rotate_half if config.rope_rotate_half is None else config.rope_rotate_half
-            ),
+            rope_type=TIMM_ROPE_TYPE[config.rotary_kind],
+            rope_temperature=config.rope_base,
+            rope_rotate_half=bool(config.rope_pairs_halves),
             rope_grid_offset=config.rope_grid_offset,
             rope_grid_indexing=config.rope_grid_indexing,
             ref_feat_shape=config.rope_reference_grid,

@@ -3,6 +3,9 @@ embedding, the norms and the final norm."""
 
 from torch import nn
 
+from ..modeling.layers_hubvit import MLP_KINDS
+from .kinds import TIMM_GLOBAL_POOL, reading
+
 
 def activation_name(module):
     """hubvit's `hidden_act` for a timm activation module, or None when hubvit has no exact equivalent."""
@@ -170,13 +173,9 @@ def map_settings(model, block, problems):
     settings = {}
     if head.num_heads != block.get("num_attention_heads"):
         settings["map_num_heads"] = head.num_heads
-    if width != block.get("intermediate_size") or block.get("mlp_type") != "mlp":
+    if width != block.get("intermediate_size") or MLP_KINDS[block.get("mlp_type", "mlp")].gated:
         settings["map_intermediate_size"] = width
     return settings
-
-
-POOLS = {"cls": "token", "mean": "avg", "map": "map", "none": ""}
-"""hubvit's `pooling` as timm's `global_pool`."""
 
 
 def mlp_ratio(hidden_size, width):
@@ -193,7 +192,7 @@ def size_arguments(config):
         patch_size=list(config.patch_size_2d),
         in_chans=config.num_channels,
         num_classes=config.num_labels,
-        global_pool=POOLS.get(config.pooling, config.pooling),
+        global_pool=TIMM_GLOBAL_POOL.get(config.pooling_kind, config.pooling),
         embed_dim=config.hidden_size,
         depth=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
@@ -244,7 +243,7 @@ def head_settings(model, block, problems):
     final norm before or after pooling (and the norm before the blocks); what hubvit lacks goes to `problems`."""
     pool = model.global_pool
     prefix = model.num_prefix_tokens
-    pooling = {"token": "cls", "avg": "mean", "map": "map"}.get(pool)
+    pooling = {word: name for word, name in reading(TIMM_GLOBAL_POOL).items() if word}.get(pool)
     if pooling is None:
         problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg' or 'map')")
     if pool == "avg" and model.pool_include_prefix and prefix:

@@ -8,6 +8,7 @@ copied into each; the residual post-norm blocks (`rpn`) are hubvit's `norm_place
 
 from torch import nn
 
+from .kinds import TIMM_GLOBAL_POOL, reading
 from .timm_layers import (
     COMMON_RENAMES,
     size_arguments,
@@ -95,7 +96,7 @@ def read_settings(model, architecture):
     block = per_block[0] if per_block else {}
     eps, norm_type = norm_settings(model, problems)
     pool = model.global_pool
-    pooling = {"avg": "mean", "token": "cls", "": "none"}[pool]
+    pooling = reading(TIMM_GLOBAL_POOL)[pool]
     fc_norm = not isinstance(model.fc_norm, nn.Identity)
     problems += final_norm_problems(model, fc_norm, pool)
     if problems:

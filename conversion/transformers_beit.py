@@ -8,6 +8,7 @@ patch tokens (hubvit's `fc_norm`); a Data2Vec model saved without its pooler has
 """
 
 from .common import ConversionError
+from .kinds import ABSOLUTE_TABLES, BEIT_RELATIVE_BIAS
 from .timm_beit import split_table
 from .transformers_towers import HALF, MASK_TOKEN, VIT_LAYER, Tower, loader, map_params, map_qkv, vit_sizes
 
@@ -57,7 +58,7 @@ def beit_weights(mapping, config, p, cfg):
     mapping.drop(r".*relative_position_index", "index buffer, rebuilt from the grid")
     mapping.map("embeddings.class_token", f"{e}cls_token")
     map_params(mapping, "embeddings.patch_embedding", f"{e}patch_embeddings.projection")
-    if config.position_kind.transformers_vit:
+    if config.position_kind in ABSOLUTE_TABLES:
         mapping.map("embeddings.position_embedding", f"{e}position_embeddings")
     grid = tuple(config.grid_size)
     shared = f"{p}encoder.{TABLE}"
@@ -70,12 +71,12 @@ def beit_weights(mapping, config, p, cfg):
         if config.layer_scale_init_value is not None:
             mapping.map(f"{target}layer_scale1", f"{source}lambda_1")
             mapping.map(f"{target}layer_scale2", f"{source}lambda_2")
-        if config.position_kind.beit_bias:
+        if config.position_kind in BEIT_RELATIVE_BIAS:
             tables = [key for key in (f"{source}attention.attention.{TABLE}", shared) if mapping.has(key)]
             bias = f"{target}attention.relative_position_"
             mapping.combine(f"{bias}bias", tables, lambda *t: split_table(sum(t), grid)[0])
             mapping.combine(f"{bias}class_bias", tables, lambda *t: split_table(sum(t), grid)[1])
-    if config.pooling == "mean":
+    if config.fc_norm:
         map_params(mapping, "pooler.fc_norm", f"{p}pooler.layernorm")
     elif config.final_norm:
         map_params(mapping, "norm", f"{p}layernorm")

@@ -53,7 +53,7 @@ def siglip_weights(mapping, config, p, cfg, patches=True):
     mapping.map("embeddings.position_embedding", f"{e}position_embedding.weight", lambda t: t[None])
     map_encoder(mapping, config, p)
     map_params(mapping, "norm", f"{p}post_layernorm")
-    if config.pooling != "map":
+    if not config.pooling_kind.attention_pool:
         return
     h, dim = f"{p}head.", config.hidden_size
     mapping.map("pooler.map_head.probe", f"{h}probe")

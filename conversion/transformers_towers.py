@@ -179,7 +179,7 @@ def dinov3_weights(mapping, config, p, cfg):
         map_params(mapping, f"{target}attention.proj", f"{source}attention.o_proj", config.proj_bias)
         for n in (1, 2):
             mapping.map(f"{target}layer_scale{n}", f"{source}layer_scale{n}.lambda1")
-        if config.mlp_type == "gated":
+        if config.mlp_kind.gated:
             map_gated(mapping, f"{target}mlp.fc1", f"{source}mlp.gate_proj", f"{source}mlp.up_proj", config.mlp_bias)
         else:
             map_params(mapping, f"{target}mlp.fc1", f"{source}mlp.up_proj", config.mlp_bias)
@@ -239,7 +239,7 @@ def aimv2_weights(mapping, config, p, cfg):
         map_gated(mapping, f"{target}mlp.fc1", f"{source}ffn.gate_proj", f"{source}ffn.up_proj", config.mlp_bias)
         map_params(mapping, f"{target}mlp.fc2", f"{source}ffn.down_proj", config.mlp_bias)
     mapping.map("norm.weight", f"{p}rms_norm.weight")
-    if config.pooling != "map":
+    if not config.pooling_kind.attention_pool:
         return
     # AIMv2's head attends with its learned query as it is (no query projection, no norm, no MLP after): hubvit's
     # MAP head with an identity query projection and an MLP whose output is zero computes exactly that.

@@ -43,8 +43,6 @@ field is such a key. A folder saved on 5.25 loads with the same values on 4.46.
 
 import dataclasses
 import inspect
-import types
-import typing
 
 from transformers import PretrainedConfig
 from transformers.utils import logging
@@ -57,7 +55,9 @@ except ImportError:  # 4.46 to 5.24
 # transformers before 5.10 copies into its module cache only the files a loaded module imports itself, then imports
 # them with everything they import: so this file imports every modeling file it reaches, directly.
 from .compat_hubvit import check_kwargs  # noqa: F401
-from .layers_hubvit import MLP_KINDS, NORM_KINDS, check_key_value_heads
+from .fields_hubvit import check_types, to_2tuple
+from .heads_hubvit import POOLING_KINDS, HubViTNeck
+from .layers_hubvit import MLP_KINDS, NORM_KINDS, NORM_PLACEMENTS, check_key_value_heads
 from .patch_resize_hubvit import patch_pair  # noqa: F401
 from .positions_hubvit import POSITION_KINDS
 from .rotary_hubvit import ROTARY_KINDS, check_rope_settings
@@ -67,61 +67,12 @@ from .windows_hubvit import check_window_settings
 logger = logging.get_logger(__name__)
 
 
-POOLING_TYPES = ("cls", "mean", "map", "first", "cls_mean", "none")
-FC_NORM_POOLINGS = ("mean", "cls", "first")
 HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 INTERPOLATION_MODES = ("bicubic", "bilinear", "nearest")
 
 
-def to_2tuple(value, name):
-    """An int or an (h, w) pair as a tuple of two positive ints; `name` is the config field for errors."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        pair = (value, value)
-    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        pair = (int(value[0]), int(value[1]))
-    else:
-        raise ValueError(f"{name} must be an int or an (height, width) pair of ints, got {value!r}")
-    if min(pair) <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return pair
-
-
 # transformers 5.10 and later make every config class a dataclass (see the module's docstring); before, a plain class.
 DATACLASS_CONFIGS = dataclasses.is_dataclass(PretrainedConfig)
-
-
-def type_name(expected):
-    """An annotation as it is written: `int`, `float | None`, `int | list[int] | tuple[int, int]`."""
-    return expected.__name__ if isinstance(expected, type) and typing.get_origin(expected) is None else str(expected)
-
-
-def matches(value, expected):
-    """Whether `value` has the annotated type. `bool` is no `int` here, and a `float` field takes an `int` (PEP 484's
-    numeric tower: `layer_norm_eps=1`, or a `0` written by hand in config.json) but no `bool`."""
-    origin, args = typing.get_origin(expected), typing.get_args(expected)
-    if origin in (typing.Union, types.UnionType):
-        return any(matches(value, option) for option in args)
-    if origin is list:
-        return isinstance(value, list) and all(matches(item, args[0]) for item in value)
-    if origin is tuple:
-        return isinstance(value, tuple) and len(value) == len(args) and all(map(matches, value, args))
-    if expected is type(None):
-        return value is None
-    if expected is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected in (bool, str):
-        return isinstance(value, expected)
-    raise TypeError(f"no check for the annotation {expected!r}")  # a field declared with a type not handled above
-
-
-def check_types(config, annotations):
-    """Refuse the first field whose value does not have its annotated type, naming field, value and type."""
-    for name, expected in annotations.items():
-        value = getattr(config, name)
-        if not matches(value, expected):
-            raise ValueError(f"{name}={value!r} has type {type(value).__name__}; expected {type_name(expected)}")
 
 
 class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
@@ -210,6 +161,11 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             None: the blocks'.
         neck_size: SAM's convolutional neck to this many channels, pooled by its mean (`modeling/heads_hubvit.py`).
         representation_size: Dense + tanh before the head (ImageNet-21k checkpoints of the original repo).
+        patch_resize: set by `resize_patch_embeddings`: the patch size the kernel was trained at and how it was
+            resized (`from_patch_size`, `method`, `interpolation`, `antialias`); None for a kernel as trained.
+        decode_head_pixels: the segmentation head classifies every pixel of each patch (`HubViTForSemanticSegmentation`)
+            instead of the patch as a whole.
+        semantic_loss_ignore_index: the label the segmentation loss leaves out (transformers' convention, 255).
         dynamic_img_pad: pad inputs on the bottom/right to a multiple of the patch instead of refusing them (timm).
         initializer_range: std of the learned position table and tokens at initialisation.
         out_features, out_indices: which stages `HubViTBackbone` returns, as transformers' backbones name them:
@@ -285,6 +241,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     representation_size: int | None = None
     dynamic_img_pad: bool = False
     initializer_range: float = 0.02
+    patch_resize: dict | None = None
+    decode_head_pixels: bool = False
+    semantic_loss_ignore_index: int = 255
     # `out_features=` and `out_indices=` (properties below, so not fields of their own name, as in transformers'
     # Dinov2Config): both None means the last stage; `__post_init__` aligns them into these two.
     _out_features: list[str] | None = None
@@ -447,12 +406,41 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     @property
     def pooled_size(self):
         """Width of `pooler_output`: what the representation layer or the head reads."""
-        return self.neck_size or (2 * self.hidden_size if self.pooling == "cls_mean" else self.hidden_size)
+        return self.neck_size or self.pooling_kind.width_factor * self.hidden_size
+
+    # --- defaulted fields, resolved once: what the model and the converters read --------------------------------
 
     @property
     def final_norm_eps(self):
         """The final norm's eps: `final_layer_norm_eps` where set, else the blocks' `layer_norm_eps`."""
         return self.layer_norm_eps if self.final_layer_norm_eps is None else self.final_layer_norm_eps
+
+    @property
+    def map_heads(self):
+        """The MAP head's head count: `map_num_heads` where set, else the blocks'."""
+        return self.num_attention_heads if self.map_num_heads is None else self.map_num_heads
+
+    @property
+    def map_width(self):
+        """The MAP head's MLP width: `map_intermediate_size` where set, else the blocks'."""
+        return self.intermediate_size if self.map_intermediate_size is None else self.map_intermediate_size
+
+    @property
+    def rope_base(self):
+        """The rotation frequencies' base: `rope_temperature` where set, else the rotary kind's; None without one."""
+        kind = self.rotary_kind
+        if kind is None:
+            return None
+        return float(kind.default_temperature if self.rope_temperature is None else self.rope_temperature)
+
+    @property
+    def rope_pairs_halves(self):
+        """Whether rotary pairs are (x_i, x_{i + d/2}): `rope_rotate_half` where set, else the rotary kind's; None
+        without one."""
+        kind = self.rotary_kind
+        if kind is None:
+            return None
+        return kind.default_rotate_half if self.rope_rotate_half is None else self.rope_rotate_half
 
     @property
     def position_kind(self):
@@ -464,6 +452,26 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
     def rotary_kind(self):
         """The class of the configured rotary kind (`ROTARY_KINDS`), or None without `rope_type`."""
         return None if self.rope_type is None else ROTARY_KINDS[self.rope_type]
+
+    @property
+    def pooling_kind(self):
+        """The class of the configured pooling kind (`modeling/heads_hubvit.py` `POOLING_KINDS`)."""
+        return POOLING_KINDS[self.pooling]
+
+    @property
+    def mlp_kind(self):
+        """The class of the configured MLP kind (`MLP_KINDS`)."""
+        return MLP_KINDS[self.mlp_type]
+
+    @property
+    def norm_kind(self):
+        """The configured norm kind (`NORM_KINDS`)."""
+        return NORM_KINDS[self.norm_type]
+
+    @property
+    def norm_placement_kind(self):
+        """The class of the configured norm placement (`NORM_PLACEMENTS`)."""
+        return NORM_PLACEMENTS[self.norm_placement]
 
     @property
     def num_prefix_tokens(self):
@@ -489,9 +497,9 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         choice("rope_grid_indexing", ("ij", "xy"))
         choice("rope_normalize_coords", ("separate", "min", "max"))
         choice("norm_type", NORM_KINDS)
-        choice("norm_placement", ("pre", "residual_post"))
+        choice("norm_placement", NORM_PLACEMENTS)
         choice("mlp_type", MLP_KINDS)
-        choice("pooling", POOLING_TYPES)
+        choice("pooling", POOLING_KINDS)
         choice("hidden_act", HIDDEN_ACTS)
         choice("interpolation_mode", INTERPOLATION_MODES)
         sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_channels")
@@ -511,27 +519,32 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
             raise ValueError(
                 f"image_size={self.image_size!r} is smaller than one patch of patch_size={self.patch_size!r}"
             )
-        if self.pooling in ("cls", "cls_mean") and not self.class_token:
+        pooling = self.pooling_kind
+        if pooling.needs_class_token and not self.class_token:
             raise ValueError(
                 f"pooling={self.pooling!r} needs class_token=True; use pooling='mean', 'map' or 'first' without it"
             )
         if self.distillation_token and not self.class_token:
             raise ValueError("distillation_token=True needs class_token=True (DeiT puts it after [CLS])")
-        if self.distillation_token and self.pooling != "cls":
+        if self.distillation_token and not pooling.reads_distillation_token:
             raise ValueError(
                 f"distillation_token=True reads the [CLS] and distillation tokens; needs pooling='cls', got pooling={self.pooling!r}"
             )
-        for name in ("map_num_heads", "map_intermediate_size"):
-            value = getattr(self, name)
-            if value is not None and (value <= 0 or self.pooling != "map"):
-                raise ValueError(f"{name}={value!r} sets the MAP head; expected a positive int with pooling='map'")
+        for kind in POOLING_KINDS.values():
+            for name in kind.own_fields:
+                value = getattr(self, name)
+                if value is not None and (value <= 0 or kind is not pooling):
+                    raise ValueError(
+                        f"{name}={value!r} is read by pooling={kind.name!r} only; expected a positive int with it"
+                    )
         if self.map_num_heads is not None and self.hidden_size % self.map_num_heads:
             raise ValueError(f"map_num_heads={self.map_num_heads} does not divide hidden_size={self.hidden_size}")
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True is the final norm applied after pooling; it needs final_norm=True")
-        if self.fc_norm and self.pooling not in FC_NORM_POOLINGS:
+        if self.fc_norm and not pooling.takes_fc_norm:
+            takers = tuple(name for name, kind in POOLING_KINDS.items() if kind.takes_fc_norm)
             raise ValueError(
-                f"fc_norm=True norms the pooled vector of pooling in {FC_NORM_POOLINGS}, got pooling={self.pooling!r}"
+                f"fc_norm=True norms the pooled vector of pooling in {takers}, got pooling={self.pooling!r}"
             )
         self.position_kind.check(self)
         if self.rotary_kind is not None:
@@ -541,6 +554,7 @@ class HubViTConfig(BackboneConfigMixin, PretrainedConfig):
         ]
         check_rope_settings(self, {name: getattr(HubViTConfig, name) for name in rope_fields})
         check_window_settings(self)
+        HubViTNeck.check(self)
         if self.scale_attention_branch_only and self.layer_scale_init_value is None:
             raise ValueError(
                 "scale_attention_branch_only=True scales the attention branch; needs layer_scale_init_value"

@@ -51,14 +51,45 @@ NORM_KINDS = {
 }
 
 
+NORM_MODULES = tuple(kind.make for kind in NORM_KINDS.values())
+"""The module classes of every norm kind: what weight initialisation recognises as a norm (weight 1, bias 0)."""
+
+
 def make_norm(config, dim=None, eps=None):
     """The configured norm over `dim` channels (default the width) with `eps` (default `layer_norm_eps`)."""
-    kind = NORM_KINDS[config.norm_type]
+    kind = config.norm_kind
     return kind.make(config.hidden_size if dim is None else dim, eps=config.layer_norm_eps if eps is None else eps)
 
 
 def norm_parameters(config, dim=None):
-    return NORM_KINDS[config.norm_type].parameters_per_channel * (config.hidden_size if dim is None else dim)
+    return config.norm_kind.parameters_per_channel * (config.hidden_size if dim is None else dim)
+
+
+NORM_PLACEMENTS = {}
+
+
+class NormPlacement:
+    """Where each block's norms sit (`norm_placement`); a subclass with a `name` enters `NORM_PLACEMENTS`."""
+
+    name = None
+    description = ""
+    norms_branch_output = False  # the norm reads the sub-layer's output (True) or its input (False)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name is not None:
+            NORM_PLACEMENTS[cls.name] = cls
+
+
+class PreNorm(NormPlacement):
+    name = "pre"
+    description = "x + f(norm(x)): each sub-layer reads a normed input (the paper)"
+
+
+class ResidualPostNorm(NormPlacement):
+    name = "residual_post"
+    description = "x + norm(f(x)): each sub-layer's output is normed before the sum (Swin v2, EVA-02 enormous)"
+    norms_branch_output = True
 
 
 def linear_parameters(n_in, n_out, bias=True):
@@ -87,6 +118,7 @@ class HubViTMLP(FeedForward):
 
     name = "mlp"
     description = "fc1, activation, fc2 (the paper; GELU, tanh GELU or quick GELU by hidden_act)"
+    gated = False  # fc1 gives a gate and a value (what SwiGLU flags in timm and transformers mean)
     activation_reads_fc1 = True  # the activation's input is fc1's output as it is (what ONNX fusion rewrites)
     fc1_widths = 1  # fc1 gives this many vectors of intermediate_size per token
 
@@ -132,6 +164,7 @@ class HubViTGatedMLP(HubViTMLP):
 
     name = "gated"
     description = "activation(gate) * value, then fc2 (SwiGLU with hidden_act='silu')"
+    gated = True
     activation_reads_fc1 = False
     fc1_widths = 2
 
@@ -385,7 +418,7 @@ class HubViTEmbeddings(nn.Module):
         self.position = position
         position.build(self)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        resize = getattr(config, "patch_resize", None) or {}
+        resize = config.patch_resize or {}
         self.patch_resize_options = {
             "method": "pi",
             "interpolation": resize.get("interpolation", "bicubic"),
@@ -444,13 +477,13 @@ class HubViTLayer(GradientCheckpointingLayer):
         self.norm1 = make_norm(config)
         self.attention = HubViTAttention(config, position, index)
         self.norm2 = make_norm(config)
-        self.mlp = MLP_KINDS[config.mlp_type](config)
+        self.mlp = config.mlp_kind(config)
         scale = config.layer_scale_init_value
         self.layer_scale1 = nn.Parameter(torch.full((dim,), float(scale))) if scale is not None else None
         on_mlp = scale is not None and not config.scale_attention_branch_only
         self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if on_mlp else None
         self.drop_path_rate = drop_path_rate
-        self.post_norm = config.norm_placement == "residual_post"
+        self.post_norm = config.norm_placement_kind.norms_branch_output
 
     @classmethod
     def parameter_parts(cls, config, index=0):
@@ -462,7 +495,7 @@ class HubViTLayer(GradientCheckpointingLayer):
             parts += config.rotary_kind.block_parameters(config)
         if config.decomposed_relative_position:
             parts += DecomposedRelativePositions.block_parameters(config, index)
-        parts += [("norm2", norm), *MLP_KINDS[config.mlp_type].parameter_parts(config)]
+        parts += [("norm2", norm), *config.mlp_kind.parameter_parts(config)]
         if config.layer_scale_init_value is not None:
             branches = 1 if config.scale_attention_branch_only else 2
             parts.append(("layer_scale", branches * config.hidden_size))

@@ -34,13 +34,14 @@ from .compat_hubvit import (
     select_hidden_states,
 )
 from .configuration_hubvit import HubViTConfig, to_2tuple
+from .fields_hubvit import check_types  # noqa: F401
 from .body_hubvit import HubViTBody
 from .heads_hubvit import HubViTMAPHead, HubViTPooler
 from .layers_hubvit import (
     HubViTAttention,
     HubViTEmbeddings,
+    NORM_MODULES,
     HubViTLayer,
-    RMSNorm,
     take_indices,
 )
 from .patch_resize_hubvit import check_resize_options, patch_pair, resize_patch_kernel
@@ -112,11 +113,10 @@ class HubViTPreTrainedModel(PreTrainedModel):
             lecun_normal_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, NORM_MODULES):
             init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, RMSNorm):
-            init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, HubViTEmbeddings):
             module.position.init_weights(module, init)
             if module.class_token is not None:
@@ -239,7 +239,7 @@ class HubViTModel(HubViTBody, HubViTPreTrainedModel):
         embeddings.patch_size = new_patch
         config.patch_size = new_patch[0] if new_patch[0] == new_patch[1] else list(new_patch)
         self.resize_position_embeddings(new_size)
-        previous = getattr(config, "patch_resize", None) or {}
+        previous = config.patch_resize or {}
         config.patch_resize = {
             "from_patch_size": previous.get("from_patch_size", list(old_patch)),
             "method": method,
@@ -280,7 +280,7 @@ class HubViTForImageClassification(HubViTPreTrainedModel):
 
     def __init__(self, config: HubViTConfig):
         super().__init__(config)
-        if config.pooling == "none" and config.num_labels > 0:
+        if not config.pooling_kind.pools and config.num_labels > 0:
             raise ValueError("pooling='none' has no vector to classify; use HubViTModel or another pooling")
         self.num_labels = config.num_labels
         self.hubvit = HubViTModel(config)
@@ -443,7 +443,7 @@ class HubViTForSemanticSegmentation(HubViTPreTrainedModel):
             raise ValueError(f"num_labels={config.num_labels}: a segmentation head needs at least one class")
         self.num_labels = config.num_labels
         self.hubvit = HubViTModel(config)
-        self.pixel_head = bool(getattr(config, "decode_head_pixels", False))
+        self.pixel_head = config.decode_head_pixels
         outputs = config.num_labels * (math.prod(config.patch_size_2d) if self.pixel_head else 1)
         self.decode_head = nn.Linear(config.hidden_size, outputs)
         self.post_init()
@@ -476,7 +476,7 @@ class HubViTForSemanticSegmentation(HubViTPreTrainedModel):
                     f"got shape {tuple(labels.shape)}"
                 )
             upsampled = F.interpolate(logits, size=labels.shape[-2:], mode="bilinear", align_corners=False)
-            ignore = getattr(self.config, "semantic_loss_ignore_index", 255)
+            ignore = self.config.semantic_loss_ignore_index
             loss = F.cross_entropy(upsampled.float(), labels.long(), ignore_index=ignore)
         return SemanticSegmenterOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions

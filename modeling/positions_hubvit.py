@@ -3,10 +3,10 @@
 A kind owns everything about itself: the parameters it adds to the patch embedding (`build`) or to every
 attention layer (`build_attention`), their initialisation, what it does in the forward pass (add a table to the
 patch tokens in `embed`, a bias to the attention logits in `logits_bias`, or a rotation of the queries and keys in
-`rotate`), how its tables follow a new native
-grid (`resize`), its parameter count, and the facts converters, exporters and analyses ask for (the class
-attributes). `config.position_embedding_type` names the kind; `POSITION_KINDS` maps names to classes, and a
-subclass with a `name` enters it by being defined, so a new kind is one class here.
+`rotate`), how its tables follow a new native grid (`resize`), its parameter count, and the facts the model, its
+analyses and `hubvit info` ask for (the class attributes; what other libraries call each kind is in hubvit's
+conversion/kinds.py, which does not travel). `config.position_embedding_type` names the kind; `POSITION_KINDS` maps
+names to classes, and a subclass with a `name` enters it by being defined, so a new kind is one class here.
 
 The kind's parameters are registered on the module that uses them (`embeddings.position_embedding`,
 `attention.relative_position_bias`): those names are the checkpoints' on-disk contract, unchanged since the first
@@ -45,11 +45,7 @@ class PositionKind:
     learned = False  # has parameters trained with the model
     attention_bias = False  # adds a bias over patch offsets to the attention logits of every block
     rotates = False  # rotates the patch tokens' queries and keys in every block (rotary position embeddings)
-    timm_pos_embed = None  # timm `VisionTransformer(pos_embed=...)` building the same kind, None where none does
-    beit_bias = False  # BEiT's relative bias with its class-token rows (timm `Beit`, transformers' BEiT, Data2Vec)
-    bias_mlp = False  # the bias comes from an MLP of the offsets (timm's relpos ViTs; `relative_position_hidden_size`)
-    big_vision_posemb = None  # big_vision `posemb=` naming the same kind, None where it has none
-    transformers_vit = False  # transformers' `ViTModel` has this kind (a learned 1D table)
+    own_fields = ()  # config fields only this kind reads
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -153,8 +149,7 @@ class LearnedTable(PositionKind):
 
     name = "learned"
     description = "learned 1D table, one row per token (the paper's default)"
-    positional = adds_table = learned = transformers_vit = True
-    timm_pos_embed = big_vision_posemb = "learn"
+    positional = adds_table = learned = True
 
     @classmethod
     def rows(cls, config):
@@ -328,7 +323,6 @@ class RelativeBias2DWithClass(RelativeBias2D):
     as BEiT and BEiT v2 learn them in every block."""
 
     name = "relative_2d_class"
-    beit_bias = True
     description = "learned bias per head and 2D offset, plus the class token's (BEiT)"
 
     @classmethod
@@ -379,7 +373,7 @@ class RelativeBiasMLP(RelativeBias2D):
     continuous bias. Any grid has its biases, so there is nothing to resize; prefix tokens get none."""
 
     name = "relative_2d_mlp"
-    bias_mlp = True
+    own_fields = ("relative_position_hidden_size",)
     description = "bias per head from an MLP of log-spaced 2D offsets (timm relpos ViT)"
 
     @classmethod
@@ -436,7 +430,6 @@ class SinCos2D(PositionKind):
     name = "sincos_2d"
     description = "fixed 2D sine-cosine table (MoCo v3, big_vision)"
     positional = adds_table = True
-    big_vision_posemb = "sincos2d"
 
     @classmethod
     def check(cls, config):
@@ -461,4 +454,3 @@ class NoPosition(PositionKind):
 
     name = "none"
     description = "no position information: the patches form a set"
-    timm_pos_embed = "none"

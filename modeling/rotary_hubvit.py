@@ -42,9 +42,8 @@ class RotaryKind(PositionKind):
     def __init__(self, config):
         super().__init__(config)
         self.head_dim = config.hidden_size // config.num_attention_heads
-        temperature = config.rope_temperature
-        self.temperature = float(self.default_temperature if temperature is None else temperature)
-        self.rotate_half = self.default_rotate_half if config.rope_rotate_half is None else config.rope_rotate_half
+        self.temperature = config.rope_base
+        self.rotate_half = config.rope_pairs_halves
         self.cache = {}
         self.draws = None
 

@@ -54,12 +54,6 @@ def check_window_settings(config):
             f"attention_window_size={size} with position_embedding_type={config.position_embedding_type!r} and "
             f"rope_type={config.rope_type!r}; windows take position tables and decomposed relative positions only"
         )
-    neck = config.neck_size
-    if neck is not None and (neck <= 0 or config.pooling != "mean" or config.fc_norm):
-        raise ValueError(
-            f"neck_size={neck!r} with pooling={config.pooling!r}, fc_norm={config.fc_norm}: the neck's map is "
-            "pooled by its mean; expected a positive neck_size, pooling='mean' and fc_norm=False"
-        )
 
 
 def partition(hidden_states, grid, window):

@@ -18,7 +18,8 @@ from torch import nn
 
 from hubvit import HubViTForImageClassification
 from hubvit.folder import MODELING_FILES
-from hubvit.modeling.layers_hubvit import MLP_KINDS, NORM_KINDS, HubViTAttention, RMSNorm
+from hubvit.modeling.heads_hubvit import POOLING_KINDS
+from hubvit.modeling.layers_hubvit import MLP_KINDS, NORM_KINDS, NORM_PLACEMENTS, HubViTAttention, RMSNorm
 from hubvit.modeling.positions_hubvit import POSITION_KINDS, LearnedTable, NoPosition, PositionKind
 from hubvit.modeling.rotary_hubvit import ROTARY_KINDS
 from utils import TINY, assert_close, randomize_, run_without_hubvit, tiny_config
@@ -26,38 +27,59 @@ from utils import TINY, assert_close, randomize_, run_without_hubvit, tiny_confi
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ["modeling", "conversion", "analysis", "hubvit", "cli", "training", "scripts", "benchmarks"]
 KIND_NAMES = {"learned", "learned_2d", "relative_2d", "relative_2d_class", "relative_2d_mlp", "sincos_2d", "none"}
-DISTINCT_NAMES = KIND_NAMES - {"none"}  # "none" also names a pooling, a tracker and a class weighting
+KIND_FIELDS = {
+    # field: (its registry, words that mark an expression as reading the field, the file that defines the kinds)
+    "position_embedding_type": (POSITION_KINDS, ("position", "posemb", "kind"), "positions_hubvit.py"),
+    "rope_type": (ROTARY_KINDS, ("rope", "rotary"), "rotary_hubvit.py"),
+    "mlp_type": (MLP_KINDS, (), "layers_hubvit.py"),
+    "norm_type": (NORM_KINDS, (), "layers_hubvit.py"),
+    "norm_placement": (NORM_PLACEMENTS, ("placement",), "layers_hubvit.py"),
+    "pooling": (POOLING_KINDS, (), "heads_hubvit.py"),
+}
 
 
 # --- no kind compared by name ---------------------------------------------------------------------------------------
 
 
-def kind_comparisons(source, filename="<source>"):
-    """(line, text) of every comparison of a position kind's name: `==`, `!=`, `in`, `not in` with a kind's name as
-    a constant (alone or in a literal tuple, list or set). "none" counts where the other side reads a position kind
-    (its text names `position`, `posemb` or `kind`)."""
-    found = []
+def strings(node):
+    """The string constants of `node`, alone or in a literal tuple, list or set."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return {item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)}
+
+
+def kind_name_uses(source, filename="<source>"):
+    """(line, text) of every place a kind's name stands for the kind outside the file that defines it: a comparison
+    (`==`, `!=`, `in`, `not in`) with a kind's name, and a dict literal keyed by kinds' names. A name with an
+    underscore counts anywhere; a plain word ("none", "mean", "map", "pre") only where the other side of the
+    comparison reads the field (its text names the field or one of its marks), and as dict keys only when every key
+    is a name of that one registry (two or more)."""
+    found, home = [], filename.rsplit("/", 1)[-1]
+    fields = [
+        (registry, (field, *marks)) for field, (registry, marks, defines) in KIND_FIELDS.items() if home != defines
+    ]
     for node in ast.walk(ast.parse(source, filename)):
-        if not isinstance(node, ast.Compare) or not all(
+        if isinstance(node, ast.Compare) and all(
             isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops
         ):
-            continue
-        operands = [node.left, *node.comparators]
-
-        def names(operand):
-            items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
-            return {item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)}
-
-        constants = set().union(*map(names, operands))
-        others = " ".join(ast.get_source_segment(source, o) or "" for o in operands if not names(o))
-        if constants & DISTINCT_NAMES or (
-            "none" in constants and any(w in others for w in ("position", "posemb", "kind"))
-        ):
-            found.append((node.lineno, ast.get_source_segment(source, node)))
+            operands = [node.left, *node.comparators]
+            constants = set().union(*map(strings, operands))
+            others = " ".join(ast.get_source_segment(source, o) or "" for o in operands if not strings(o))
+            for registry, marks in fields:
+                names = constants & set(registry)
+                if any("_" in name for name in names) or (names and any(mark in others for mark in marks)):
+                    found.append((node.lineno, ast.get_source_segment(source, node)))
+                    break
+        elif isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            for registry, _ in fields:
+                named = keys & set(registry)
+                if named and keys <= set(registry) and (len(named) >= 2 or any("_" in name for name in named)):
+                    found.append((node.lineno, ast.get_source_segment(source, node)))
+                    break
     return found
 
 
-def test_the_kind_name_check_finds_the_comparisons_it_forbids():
+def test_the_kind_name_check_finds_the_uses_it_forbids():
     source = textwrap.dedent(
         """
         if config.position_embedding_type == "learned": pass
@@ -65,25 +87,33 @@ def test_the_kind_name_check_finds_the_comparisons_it_forbids():
         if config.position_embedding_type != "none": pass
         if config.pooling == "none": pass
         if args.report_to != "none": pass
+        if config.mlp_type == "gated": pass
+        if config.norm_placement == "residual_post": pass
+        if pool_type == "map": pass
+        FAMILY = {"relative_2d_class": 1, "relative_2d_mlp": 2}
+        POOLS = {"cls": "token", "mean": "avg"}
+        READ = {"token": "cls", "avg": "mean"}
+        if block.get("mlp_type") != "mlp": pass
         """
     )
-    assert [line for line, _ in kind_comparisons(source)] == [2, 3, 4]
+    assert [line for line, _ in kind_name_uses(source)] == [2, 3, 4, 5, 7, 8, 10, 11, 13]
 
 
-def test_no_position_kind_is_compared_by_name_outside_its_class():
-    """The positions file is where the names live; every other file asks the kind (`config.position_kind`)."""
+def test_no_kind_is_named_outside_its_class():
+    """Each registry's file is where its names live; every other file asks the kind (`config.position_kind`,
+    `config.pooling_kind`, `config.mlp_kind`, ...) or a table keyed by kind classes (conversion/kinds.py)."""
     found = []
     for folder in LIBRARY:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path.name == "positions_hubvit.py":
-                continue
-            found += [(str(path.relative_to(ROOT)), *hit) for hit in kind_comparisons(path.read_text(), str(path))]
+            found += [(str(path.relative_to(ROOT)), *hit) for hit in kind_name_uses(path.read_text(), str(path))]
     assert found == []
 
 
 def test_every_registry_is_filled_by_its_classes():
     assert set(POSITION_KINDS) == KIND_NAMES
     assert set(MLP_KINDS) == {"mlp", "gated"} and set(NORM_KINDS) == {"layer_norm", "rms_norm"}
+    assert set(NORM_PLACEMENTS) == {"pre", "residual_post"}
+    assert set(POOLING_KINDS) == {"cls", "mean", "map", "first", "cls_mean", "none"}
     assert set(ROTARY_KINDS) == {"axial", "dinov3", "mixed"}
     assert tiny_config().position_kind is LearnedTable
     with pytest.raises(ValueError, match=r"mlp_type='swish' is not supported; expected one of \['mlp', 'gated'\]"):
@@ -418,3 +448,86 @@ def test_the_files_transformers_loads_import_every_modeling_file_they_reach_dire
         frontier |= relative_imports(ROOT / "modeling" / f"{name}.py") - reached
     assert reached - {entry} <= relative_imports(ROOT / "modeling" / f"{entry}.py")
     assert {f"{name}.py" for name in reached} <= set(MODELING_FILES)
+
+
+TOY_POOLING = '''
+
+class MaxPooling(PoolingKind):
+    """A toy pooling for the test: the channel-wise maximum over the patch tokens (big_vision's `max`)."""
+
+    name = "max_patches"
+    description = "channel-wise maximum over the patch tokens"
+    takes_fc_norm = True
+
+    @classmethod
+    def pool(cls, pooler, hidden_states, attention_mask):
+        return hidden_states[:, pooler.num_prefix_tokens :].amax(dim=1)
+'''
+
+TOY_MLP = '''
+
+class SquaredReLUMLP(HubViTMLP):
+    """A toy MLP kind for the test: fc1, relu(x)^2, fc2 (Primer's squared ReLU), whatever `hidden_act` says."""
+
+    name = "squared_relu"
+    description = "fc1, relu(x)^2, fc2"
+
+    def hidden(self, hidden_states):
+        return torch.relu(self.fc1(hidden_states)) ** 2
+'''
+
+
+@pytest.mark.heavy
+def test_a_new_pooling_kind_and_a_new_mlp_kind_are_each_one_class_that_saves_and_loads_as_remote_code(tmp_path):
+    """Appended to a copy of heads_hubvit.py and layers_hubvit.py (and nothing else), each kind is chosen by its
+    config field, computes what it says (checked against the same sums written out from the blocks' own modules),
+    and the folder loads without hubvit with the same outputs (float32, the same code path: 1e-6)."""
+    package = tmp_path / "toykinds"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in MODELING_FILES:
+        shutil.copy(ROOT / "modeling" / name, package / name)
+    with open(package / "heads_hubvit.py", "a") as handle:
+        handle.write(TOY_POOLING)
+    with open(package / "layers_hubvit.py", "a") as handle:
+        handle.write(TOY_MLP)
+    folder, x = tmp_path / "folder", tmp_path / "x.pt"
+    torch.save(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)), x)
+    fields = dict(pooling="max_patches", fc_norm=True, mlp_type="squared_relu")
+    built = run_without_hubvit(
+        f"""
+        import json, sys, torch
+        sys.path.insert(0, {str(tmp_path)!r})
+        from toykinds.configuration_hubvit import HubViTConfig
+        from toykinds.modeling_hubvit import HubViTModel
+        torch.manual_seed(0)
+        model = HubViTModel(HubViTConfig(**{dict(TINY, **fields)!r})).eval()
+        x = torch.load({str(x)!r}, weights_only=True)
+        with torch.no_grad():
+            out = model(x, output_hidden_states=True)
+            mlp = model.encoder.layers[0].mlp
+            probe = torch.randn(3, {TINY["hidden_size"]})
+            by_hand = mlp.fc2(torch.relu(mlp.fc1(probe)) ** 2)
+            pooled = model.pooler.fc_norm(out.last_hidden_state[:, 1:].amax(dim=1))
+        model.save_pretrained({str(folder)!r})
+        print(json.dumps(dict(
+            mlp=type(mlp).__name__, mlp_error=(mlp(probe) - by_hand).abs().max().item(),
+            pooled_error=(out.pooler_output - pooled).abs().max().item(), pooled=out.pooler_output.tolist(),
+        )))
+        """,
+        tmp_path,
+    )
+    assert built["mlp"] == "SquaredReLUMLP" and built["mlp_error"] == 0.0 and built["pooled_error"] == 0.0
+    loaded = run_without_hubvit(
+        f"""
+        import json, torch
+        from transformers import AutoModel
+        model, info = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True, output_loading_info=True)
+        with torch.no_grad():
+            pooled = model.eval()(torch.load({str(x)!r}, weights_only=True)).pooler_output
+        print(json.dumps(dict(pooled=pooled.tolist(), missing=sorted(info["missing_keys"]), kind=model.pooler.kind.__name__)))
+        """,
+        tmp_path,
+    )
+    assert loaded["missing"] == [] and loaded["kind"] == "MaxPooling"
+    assert_close(torch.tensor(loaded["pooled"]), torch.tensor(built["pooled"]), "pooled", rtol=1e-6)

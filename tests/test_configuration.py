@@ -19,7 +19,8 @@ PUBLIC = {name: kind for name, kind in DECLARED.items() if not name.startswith("
 
 def test_every_field_is_declared_with_its_type_and_the_default_the_constructor_uses():
     config = HubViTConfig()
-    assert len(PUBLIC) == 65 and {"_out_features", "_out_indices"} <= set(DECLARED)
+    assert len(PUBLIC) == 68 and {"_out_features", "_out_indices"} <= set(DECLARED)
+    assert DECLARED["patch_resize"] == dict | None and DECLARED["semantic_loss_ignore_index"] is int
     assert DECLARED["hidden_size"] is int and HubViTConfig.hidden_size == 768
     assert DECLARED["image_size"] == int | list[int] | tuple[int, int] and HubViTConfig.image_size == 224
     assert DECLARED["qkv_bias"] is bool and DECLARED["final_layer_norm_eps"] == float | None
@@ -149,3 +150,13 @@ def test_key_value_heads_are_read_per_block():
     config = HubViTConfig(num_hidden_layers=3, num_key_value_heads=[12, 6, 12], qkv_fused=False)
     assert [config.key_value_heads(i) for i in range(3)] == [12, 6, 12]
     assert HubViTConfig(num_key_value_heads=12).key_value_heads(5) == 12
+
+
+def test_the_fields_the_model_reads_are_declared_so_no_read_needs_a_fallback():
+    """`patch_resize`, `decode_head_pixels` and `semantic_loss_ignore_index` were once read with `getattr(config,
+    name, default)`: declared, a config written without them loads with the declared default, and a wrong type is
+    refused by name like any field's."""
+    config = HubViTConfig.from_dict({"model_type": "hubvit"})
+    assert (config.patch_resize, config.decode_head_pixels, config.semantic_loss_ignore_index) == (None, False, 255)
+    with pytest.raises(ValueError, match=r"patch_resize=\[8, 8\] has type list; expected dict \| None"):
+        HubViTConfig(patch_resize=[8, 8])

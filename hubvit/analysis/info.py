@@ -137,7 +137,7 @@ def parameter_parts(config, head=True):
     depth = config.num_hidden_layers
     parts += [(f"blocks.{name} (x{depth})", count) for name, count in block_parameters(config)]
     parts.append(("final_norm", norm_parameters(config) if config.final_norm else 0))
-    if config.pooling == "map":
+    if config.pooling_kind.attention_pool:
         parts.append(("pooler.map_head", HubViTMAPHead.parameters_of(config)))
     if config.neck_size is not None:
         parts.append(("pooler.neck", HubViTNeck.parameters_of(config)))
@@ -183,7 +183,7 @@ def mac_parts(config, image_size=None, head=True):
         parts.append(("decomposed_relative_positions", decomposed))
     if config.neck_size is not None:
         parts.append(("neck", HubViTNeck.macs(config, n)))
-    if config.pooling == "map":
+    if config.pooling_kind.attention_pool:
         parts.append(("map_head", HubViTMAPHead.macs(config, seq)))
     if head and config.representation_size is not None:
         parts.append(("pre_logits", config.pooled_size * config.representation_size))
