@@ -243,7 +243,7 @@ def head_settings(model, block, problems):
     final norm before or after pooling (and the norm before the blocks); what hubvit lacks goes to `problems`."""
     pool = model.global_pool
     prefix = model.num_prefix_tokens
-    pooling = {word: name for word, name in reading(TIMM_GLOBAL_POOL).items() if word}.get(pool)
+    pooling = reading(TIMM_GLOBAL_POOL).get(pool) if pool else None
     if pooling is None:
         problems.append(f"global_pool={pool!r} (hubvit pools with 'token', 'avg' or 'map')")
     if pool == "avg" and model.pool_include_prefix and prefix:
