@@ -255,6 +255,7 @@ class HubViTAttention(nn.Module):
         beside_fused = config.qkv_fused and config.qkv_bias and not config.key_bias
         self.q_bias = nn.Parameter(torch.zeros(dim)) if beside_fused else None
         self.v_bias = nn.Parameter(torch.zeros(dim)) if beside_fused else None
+        self.qkv = self.q = self.k = self.v = None
         if config.qkv_fused:
             self.qkv = nn.Linear(dim, 3 * dim, bias=key_bias)
         else:
@@ -300,7 +301,7 @@ class HubViTAttention(nn.Module):
     def project(self, hidden_states):
         """Queries, keys and values, each (B, H, N, d)."""
         batch_size, num_tokens = hidden_states.shape[0], hidden_states.shape[1]
-        if self.config.qkv_fused:
+        if self.q is None:
             qkv = self.qkv(hidden_states)
             if self.q_bias is not None:
                 qkv = qkv + torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
@@ -337,10 +338,13 @@ class HubViTAttention(nn.Module):
         """Attention over all of `hidden_states`, tokens on a `grid` of patches after any prefix tokens."""
         batch_size, num_tokens = hidden_states.shape[0], hidden_states.shape[1]
         query, key, value = self.project(hidden_states)
-        bias = self.position.query_bias(self, query, grid)
-        query, key = self.position.rotate(self, query, key, grid)
-        query = query[:, :, :num_queries]
-        mask = self.position.logits_bias(self, grid, num_tokens)
+        position = self.position
+        bias = None if position.query_bias is None else position.query_bias(self, query, grid)
+        if position.rotate is not None:
+            query, key = position.rotate(self, query, key, grid)
+        if num_queries is not None:
+            query = query[:, :, :num_queries]
+        mask = None if position.logits_bias is None else position.logits_bias(self, grid, num_tokens)
         if bias is not None:
             mask = bias if mask is None else mask + bias
         padding = kwargs.get("attention_mask")  # (B, 1, 1, N) additive: a batch of patch sequences (naflex_hubvit.py)

@@ -21,11 +21,13 @@ def is_tracing():
 def resize_position_grid(table, old_grid, new_grid, mode, antialias, align_corners):
     """Resize a (1, gh*gw, C) table laid out row-major over the patch grid to `new_grid`.
 
-    Interpolates in float32 (as timm does). Every size takes the same path, so traced and exported graphs run at
-    any grid; at the native grid each supported mode is the identity (tests check it bit for bit).
+    Interpolates in float32 (as timm does). The native grid returns the table itself, as timm and transformers do,
+    except while tracing: there every size takes the same path, so traced and exported graphs run at any grid.
     """
     if torch.jit.is_tracing():
         return resize_position_grid_by_matrices(table, old_grid, new_grid, mode, antialias, align_corners)
+    if not is_tracing() and tuple(old_grid) == tuple(new_grid):
+        return table
     channels = table.shape[-1]
     grid = table.reshape(1, old_grid[0], old_grid[1], channels).permute(0, 3, 1, 2).float()
     if mode == "nearest":

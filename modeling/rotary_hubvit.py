@@ -280,9 +280,21 @@ class MixedRotary(RotaryKind):
         return self.turn(query, sin, cos), self.turn(key, sin, cos)
 
 
+def defines(part, hook):
+    """Whether `part` does something at `hook`: it has the method, and it is not `PositionKind`'s no-op."""
+    method = getattr(type(part), hook, None)
+    return method is not None and method is not getattr(PositionKind, hook, None)
+
+
 class Positions:
-    """What the embeddings and every attention layer call: the configured position kind, and the rotary kind beside
-    it where `rope_type` is set (EVA-02: a learned table and rotation; DINOv3: rotation alone)."""
+    """What the embeddings and every attention layer call: the configured position kind, the rotary kind beside it
+    where `rope_type` is set (EVA-02: a learned table and rotation; DINOv3: rotation alone), and the decomposed
+    relative positions where set (SAM).
+
+    Every hook is listed here. The embeddings' hooks are the position kind's. The three an attention layer calls in
+    each forward pass (`query_bias`, `rotate`, `logits_bias`) are bound once, to the one part that defines the hook
+    or to a method that combines several, and are None where no part defines it: a block skips them without a call,
+    and a part's hook is never silently left out."""
 
     def __init__(self, config):
         self.kind = config.position_kind(config)
@@ -290,17 +302,26 @@ class Positions:
         decomposed = config.decomposed_relative_position
         self.decomposed = DecomposedRelativePositions(config) if decomposed else None
         self.parts = [part for part in (self.kind, self.rotary, self.decomposed) if part is not None]
+        kind = self.kind
+        self.description = kind.description
+        self.build, self.init_weights, self.resize = kind.build, kind.init_weights, kind.resize
+        self.patch_table, self.sequence_tables, self.bias_table = (
+            kind.patch_table,
+            kind.sequence_tables,
+            kind.bias_table,
+        )
+        self.hooks = {
+            hook: [getattr(part, hook) for part in self.parts if defines(part, hook)]
+            for hook in ("build_attention", "init_attention", "resize_attention", "query_bias", "rotate", "logits_bias")
+        }
+        self.query_bias = self.bound("query_bias", self.query_terms)
+        self.rotate = self.bound("rotate", self.rotate_all)
+        self.logits_bias = self.bound("logits_bias", self.logits_terms)
 
-    def __getattr__(self, name):
-        """Hooks on the embeddings (`build`, `embed`, `patch_table`, `resize`, ...) and the bias hooks are the
-        position kind's."""
-        if name in ("kind", "rotary", "decomposed", "parts") or name.startswith("__"):  # before `__init__`
-            raise AttributeError(name)
-        return getattr(self.kind, name)
-
-    def query_bias(self, attention, query, grid):
-        """The decomposed relative positions' terms for these queries (windows_hubvit.py), or None."""
-        return None if self.decomposed is None else self.decomposed.query_bias(attention, query, grid)
+    def bound(self, hook, combined):
+        """The callable the attention layers call for `hook`: None, the one part's method, or `combined`."""
+        parts = self.hooks[hook]
+        return None if not parts else parts[0] if len(parts) == 1 else combined
 
     def embed(self, embeddings, prefix, patches, grid):
         """The position kind's `embed`; a new forward pass, so the rotary kind draws its augmentations anew."""
@@ -309,21 +330,33 @@ class Positions:
         return self.kind.embed(embeddings, prefix, patches, grid)
 
     def build_attention(self, attention):
-        for part in self.parts:
-            part.build_attention(attention)
+        for hook in self.hooks["build_attention"]:
+            hook(attention)
 
     def init_attention(self, attention, init):
-        for part in self.parts:
-            part.init_attention(attention, init)
+        for hook in self.hooks["init_attention"]:
+            hook(attention, init)
 
     def resize_attention(self, attention, new_grid):
-        for part in self.parts:
-            part.resize_attention(attention, new_grid)
+        for hook in self.hooks["resize_attention"]:
+            hook(attention, new_grid)
 
-    def rotate(self, attention, query, key, grid):
-        for part in self.parts:
-            query, key = part.rotate(attention, query, key, grid)
+    def rotate_all(self, attention, query, key, grid):
+        for hook in self.hooks["rotate"]:
+            query, key = hook(attention, query, key, grid)
         return query, key
+
+    def query_terms(self, attention, query, grid):
+        return summed(hook(attention, query, grid) for hook in self.hooks["query_bias"])
+
+    def logits_terms(self, attention, grid, num_tokens):
+        return summed(hook(attention, grid, num_tokens) for hook in self.hooks["logits_bias"])
+
+
+def summed(terms):
+    """The sum of the terms that are not None, or None."""
+    terms = [term for term in terms if term is not None]
+    return None if not terms else sum(terms[1:], terms[0])
 
 
 def check_rope_settings(config, defaults):

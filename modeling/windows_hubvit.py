@@ -157,9 +157,6 @@ class DecomposedRelativePositions:
             table = getattr(attention, name)
             setattr(attention, name, nn.Parameter(resized_table(table.data, 2 * size - 1).contiguous()))
 
-    def rotate(self, attention, query, key, grid):
-        return query, key
-
     def query_bias(self, attention, query, grid):
         """(B, H, T, T) terms added to the logits of queries (B, H, T, d) over a `grid` of patches after any prefix
         tokens (their rows and columns get none)."""

@@ -1,8 +1,10 @@
 """Folders written by the single-file model of 2026-12-07 (tests/fixtures/before-components-2026-12-07) load into
 today's components and compute what they computed then.
 
-Tolerance: 1e-6 of each output's largest magnitude. The split moved code, not arithmetic, so most outputs are
-expected bit for bit; the margin covers an operation regrouped inside one kind (a few float32 ulps).
+Tolerance: 1e-5 of each output's largest magnitude, float32 parity. The split moved code, not arithmetic, but the
+outputs were recorded on one CPU kind (AVX2) and are replayed on others, whose matrix kernels sum in another order:
+on an AVX-512 machine (AMD family 26) three outputs of this set differ by 1.1e-6 of their scale at the commit that
+recorded them.
 """
 
 import json
@@ -14,7 +16,7 @@ from safetensors.torch import load_file
 from component_fixtures import FIXTURES, ROOT, fixture_outputs
 from hubvit import HubViTForImageClassification, HubViTForSemanticSegmentation
 
-TOLERANCE = 1e-6
+TOLERANCE = 1e-5
 
 
 @pytest.mark.parametrize("name", list(FIXTURES))

@@ -21,7 +21,7 @@ from hubvit.folder import MODELING_FILES
 from hubvit.modeling.heads_hubvit import POOLING_KINDS
 from hubvit.modeling.layers_hubvit import MLP_KINDS, NORM_KINDS, NORM_PLACEMENTS, HubViTAttention, RMSNorm
 from hubvit.modeling.positions_hubvit import POSITION_KINDS, LearnedTable, NoPosition, PositionKind
-from hubvit.modeling.rotary_hubvit import ROTARY_KINDS
+from hubvit.modeling.rotary_hubvit import ROTARY_KINDS, Positions
 from utils import TINY, assert_close, randomize_, run_without_hubvit, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -317,6 +317,31 @@ def test_a_rotating_kind_turns_the_patch_queries_and_keys_before_the_product_and
         _, unrotated = plain(x, (4, 4), output_attentions=True)
     assert_close(weights, expected, "attention weights")
     assert not torch.allclose(weights, unrotated), "the rotation changed nothing"
+
+
+def test_no_attention_hook_is_called_where_no_part_defines_it():
+    """A learned table alone adds nothing inside the blocks, so `Positions` hands them no hook to call."""
+    positions = Positions(tiny_config())
+    assert (positions.query_bias, positions.rotate, positions.logits_bias) == (None, None, None)
+
+
+def test_every_part_that_defines_an_attention_hook_is_called(monkeypatch):
+    """A rotary part that also biases the logits has its bias added to the position kind's, not silently dropped
+    (as a hook reached only through the position kind would be)."""
+
+    class BiasingRotary(ROTARY_KINDS["axial"]):
+        rope_type = None  # kept out of the registry
+
+        def logits_bias(self, attention, grid, num_tokens):
+            return torch.full((1, attention.num_heads, num_tokens, num_tokens), 0.5)
+
+    config = tiny_config(position_embedding_type="relative_2d", rope_type="axial")
+    monkeypatch.setattr(type(config), "rotary_kind", property(lambda self: BiasingRotary))
+    positions = Positions(config)
+    attention = randomize_(HubViTAttention(config, positions), seed=3)
+    alone = positions.kind.logits_bias(attention, (4, 4), 17)
+    assert_close(positions.logits_bias(attention, (4, 4), 17), alone + 0.5, "summed logits bias")
+    assert positions.rotate == positions.rotary.rotate
 
 
 # --- a new position kind is one class -------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from transformers import AutoModel, AutoModelForImageClassification
 
 from hubvit import HubViTConfig, HubViTForImageClassification, HubViTModel
 from hubvit.modeling.positions_hubvit import sincos_2d_position_table
-from hubvit.modeling.resize_hubvit import resize_position_grid
+from hubvit.modeling.resize_hubvit import resize_position_grid, resize_position_grid_by_matrices
 from utils import assert_close, randomize_, tiny_config
 
 
@@ -108,7 +108,7 @@ def test_position_table_resize_equals_interpolate(mode, antialias, align_corners
     )
     embeddings = make(config).hubvit.embeddings
     table = embeddings.position_embedding
-    resized = embeddings.position.table(embeddings, new_grid)
+    resized = embeddings.position.kind.table(embeddings, new_grid)
     grid = table[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
     expected = F.interpolate(grid, size=new_grid, mode=mode, antialias=antialias, align_corners=align_corners)
     expected = expected.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1)
@@ -145,10 +145,12 @@ def test_sincos_table_matches_big_vision_formula():
 )
 @pytest.mark.parametrize("grid", [(4, 4), (3, 5), (1, 7)])
 def test_resize_to_the_same_grid_is_the_identity_bit_for_bit(mode, antialias, align_corners, grid):
-    """Every size takes the resize path (one traced graph for all sizes), so the native grid must come back exact:
-    this is what keeps converted checkpoints bit-exact at their own resolution."""
+    """A traced graph takes the resize path at every size (one graph for all grids), so there the native grid must
+    come back exact: this keeps exported checkpoints bit-exact at their own resolution. Eager forwards skip the
+    interpolation at the native grid and hand back the stored table itself (timm's and transformers' early return)."""
     table = torch.randn(1, grid[0] * grid[1], 24, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(resize_position_grid(table, grid, grid, mode, antialias, align_corners), table)
+    assert resize_position_grid(table, grid, grid, mode, antialias, align_corners) is table
+    assert torch.equal(resize_position_grid_by_matrices(table, grid, grid, mode, antialias, align_corners), table)
 
 
 @pytest.mark.parametrize("kind", ["learned", "learned_2d", "relative_2d", "sincos_2d"])

@@ -97,7 +97,7 @@ def test_forward_patch_size_equals_the_resized_model_and_trains_the_stored_kerne
 
 def test_new_grid_gets_the_position_table_resized_with_the_checkpoint_method():
     model = tiny_classifier(interpolation_mode="bilinear", interpolation_antialias=False)
-    expected = model.hubvit.embeddings.position.table(model.hubvit.embeddings, (2, 2)).detach().clone()
+    expected = model.hubvit.embeddings.position.kind.table(model.hubvit.embeddings, (2, 2)).detach().clone()
     model.resize_patch_embeddings(16)
     assert model.config.grid_size == (2, 2) and model.config.image_size == 32
     assert torch.equal(model.hubvit.embeddings.position_embedding, expected)
