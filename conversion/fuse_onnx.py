@@ -8,9 +8,9 @@ each: `com.microsoft.MultiHeadAttention` takes the qkv projection's output split
 MLP projection's output. The fused graph runs in onnxruntime only (OpenVINO does not read the `com.microsoft`
 domain), which is why the plain export stays the default. Each block is located from the exporter's node metadata
 (the module scope of the projections), the region between the projections is bypassed, and the operators nothing
-reads any more are removed. Blocks whose attention is not the plain product (`HubViTAttention.plain_product`: a bias
-on the logits, q/k norm, q and v biases only, separate projections) keep their attention as exported, and a gated
-MLP keeps its activation.
+reads any more are removed. Blocks whose attention layer is not fusable (`HubViTAttention.fusable`: a bias on the
+logits, a rotation, q/k norm, q and v biases only, separate projections, windows) keep their attention as exported,
+and a gated MLP keeps its activation.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..modeling.layers_hubvit import MLP_KINDS, HubViTAttention
+from ..modeling.rotary_hubvit import Positions
 from .common import ConversionError
 
 DOMAIN = "com.microsoft"
@@ -52,6 +53,16 @@ def encoder_blocks(graph) -> dict[int, Block]:
     return blocks
 
 
+def attention_fusable(config):
+    """Per block, whether its attention layer says it is fusable (`HubViTAttention.fusable`), asked of the layers
+    themselves, built on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        positions = Positions(config)
+        return [HubViTAttention(config, positions, index).fusable for index in range(config.num_hidden_layers)]
+
+
 def fuse_for_onnxruntime(model, config) -> dict[str, int]:
     """Rewrite the ONNX `model` (a ModelProto from `export_graph`) in place; returns how many of each were fused."""
     from onnx import helper
@@ -67,11 +78,11 @@ def fuse_for_onnxruntime(model, config) -> dict[str, int]:
     properties = {entry.key: entry.value for entry in model.metadata_props}
     last_queries = int(properties[LAST_BLOCK_QUERIES]) if LAST_BLOCK_QUERIES in properties else None
     last = max(blocks)
-    fuse_attention = HubViTAttention.plain_product(config)
+    fusable = attention_fusable(config)
     activation = ACTIVATIONS.get(config.hidden_act) if MLP_KINDS[config.mlp_type].activation_reads_fc1 else None
     counts = {"MultiHeadAttention": 0, activation or "activation": 0}
     for index, block in sorted(blocks.items()):
-        if fuse_attention:
+        if fusable[index]:
             parts = [f"layers.{index}.{name}" for name in ("query", "key", "value")]
             attended = f"layers.{index}.attended"
             proj = block.matmul("attention.proj")

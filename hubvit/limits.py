@@ -275,11 +275,25 @@ def check_folder_weights(folder):
             check_safetensors(file)
 
 
-def estimated_model_bytes(hidden_size, num_layers, intermediate_size, tokens, num_heads=1):
-    """float32 bytes of an encoder's parameters plus one image's attention scores: a lower bound of what it needs."""
-    params = num_layers * (4 * hidden_size * hidden_size + 2 * hidden_size * intermediate_size)
+def encoder_parameters(hidden_size, num_layers, intermediate_size, num_heads=1, num_key_value_heads=None):
+    """A lower bound of the encoder's parameters from a source's size fields, before anything is built: the query
+    and output projections, keys and values at their head count, two MLP matrices per block (a gated MLP's third
+    and every bias and norm left out)."""
+    kv_width = hidden_size * (num_key_value_heads or num_heads) // num_heads
+    return num_layers * (2 * hidden_size * (hidden_size + kv_width) + 2 * hidden_size * intermediate_size)
+
+
+def counted_parameters(config):
+    """A hubvit config's parameters, exact: counted on the model built on the meta device (`hubvit info`)."""
+    from .analysis.info import meta_model
+
+    return sum(parameter.numel() for parameter in meta_model(config, head=False).parameters())
+
+
+def estimated_model_bytes(parameters, hidden_size, intermediate_size, tokens, num_heads=1):
+    """float32 bytes of the parameters plus one image's attention scores: a lower bound of what it needs."""
     activations = num_heads * tokens * tokens + tokens * max(hidden_size, intermediate_size)
-    return 4 * (params + activations)
+    return 4 * (parameters + activations)
 
 
 def _int_field(config, name, default=None):
@@ -293,17 +307,19 @@ def _pair(value):
     return int(value), int(value)
 
 
-def estimated_training_bytes(hidden_size, num_layers, intermediate_size, tokens, batch_size):
+def estimated_training_bytes(parameters, hidden_size, num_layers, intermediate_size, tokens, batch_size):
     """What a training step adds to `estimated_model_bytes`, a lower bound: gradients and two Adam moments of the
     float32 parameters, and per image each layer's product inputs kept for the backward pass (no attention matrix:
     SDPA keeps none; measured 2.4x this bound at 4096 tokens)."""
-    params = num_layers * (4 * hidden_size * hidden_size + 2 * hidden_size * intermediate_size)
-    return 4 * (3 * params + batch_size * num_layers * tokens * (4 * hidden_size + intermediate_size))
+    return 4 * (3 * parameters + batch_size * num_layers * tokens * (4 * hidden_size + intermediate_size))
 
 
 def check_config_sizes(config, where="config.json", image_size=None, batch_size=None):
     """Refuse a config whose model (or one image's attention at `image_size`, or with `batch_size` a training step
-    on that many images) cannot fit this machine, naming the field, before anything is built."""
+    on that many images) cannot fit this machine, naming the field, before anything is built. A source's config
+    (a dict) is bounded from its size fields, unset ones at hubvit's defaults; a hubvit config is counted exactly."""
+    from .modeling.configuration_hubvit import HubViTConfig
+
     fields = {}
     for name in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_channels"):
         value = _int_field(config, name)
@@ -325,20 +341,33 @@ def check_config_sizes(config, where="config.json", image_size=None, batch_size=
             f"{where}: image_size {height}x{width} with patch_size {ph}x{pw} gives {tokens} tokens, more than "
             f"{MAX_TOKENS} (attention grows with their square); expected a smaller image_size"
         )
-    hidden = fields.get("hidden_size", 768)
-    sizes = (hidden, fields.get("num_hidden_layers", 12), fields.get("intermediate_size", 4 * hidden))
-    nbytes = estimated_model_bytes(*sizes, tokens, fields.get("num_attention_heads", 12))
-    if batch_size:
-        nbytes += estimated_training_bytes(*sizes, tokens, batch_size)
+    hidden = fields.get("hidden_size", HubViTConfig.hidden_size)
+    layers = fields.get("num_hidden_layers", HubViTConfig.num_hidden_layers)
+    intermediate = fields.get("intermediate_size", 4 * hidden)
+    heads = fields.get("num_attention_heads", HubViTConfig.num_attention_heads)
+    kv_heads = _int_field(config, "num_key_value_heads")
+    kv_heads = kv_heads if isinstance(kv_heads, int) and not isinstance(kv_heads, bool) and kv_heads > 0 else None
     budget, source = (int(_env_float("HUBVIT_MAX_MODEL_BYTES", 0)), "HUBVIT_MAX_MODEL_BYTES")
     budget, source = (budget, source) if budget else memory_budget(with_source=True)
+
+    def needed(parameters):
+        nbytes = estimated_model_bytes(parameters, hidden, intermediate, tokens, heads)
+        if batch_size:
+            nbytes += estimated_training_bytes(parameters, hidden, layers, intermediate, tokens, batch_size)
+        return nbytes
+
+    parameters = encoder_parameters(hidden, layers, intermediate, heads, kv_heads)
+    # the bound first: building an absurd config, even on the meta device, overflows before it can be refused
+    if isinstance(config, HubViTConfig) and needed(parameters) <= budget:
+        parameters = counted_parameters(config)
+    nbytes = needed(parameters)
     if nbytes > budget:
         largest = max(("hidden_size", "intermediate_size", "num_hidden_layers"), key=lambda n: fields.get(n, 0))
         step = f" (a training step on {batch_size} images)" if batch_size else ""
-        weights = estimated_model_bytes(*sizes, 0, 0) * (4 if batch_size else 1)
+        weights = 4 * parameters * (4 if batch_size else 1)
         hint = f"check {largest}" if weights * 2 > nbytes else "expected a smaller image_size"
         raise SizeError(
-            f"{where}: hidden_size={hidden}, intermediate_size={sizes[2]}, num_hidden_layers={sizes[1]}, "
+            f"{where}: hidden_size={hidden}, intermediate_size={intermediate}, num_hidden_layers={layers}, "
             f"{tokens} tokens at image_size {height}x{width} need at least {_human(nbytes)}{step}, more than the "
             f"{_human(budget)} available ({source}); {hint}"
             + (" or batch size" if batch_size and "image" in hint else "")

@@ -10,9 +10,7 @@ from torch import nn
 from .layers_hubvit import (
     HubViTMLP,
     attention_function,
-    linear_parameters,
     make_norm,
-    norm_parameters,
     split_into_heads,
 )
 
@@ -34,21 +32,6 @@ class HubViTMAPHead(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.norm = make_norm(config)
         self.mlp = HubViTMLP(config, inner_norm=False, width=config.map_width)
-
-    @classmethod
-    def parameters_of(cls, config):
-        d = config.hidden_size
-        attention = d + linear_parameters(d, d) + linear_parameters(d, 2 * d) + linear_parameters(d, d)
-        return (
-            attention
-            + norm_parameters(config)
-            + sum(count for _, count in HubViTMLP.parameter_parts(config, inner_norm=False, width=config.map_width))
-        )
-
-    @classmethod
-    def macs(cls, config, tokens):
-        d = config.hidden_size
-        return d * d + tokens * 2 * d * d + 2 * tokens * d + d * d + HubViTMLP.macs(config, 1, config.map_width)
 
     def forward(self, hidden_states, attention_mask=None):
         """`attention_mask`: (B, 1, 1, N) additive, keeping the probe from padding tokens."""
@@ -85,15 +68,6 @@ class HubViTNeck(nn.Module):
                 f"neck_size={neck!r} with pooling={config.pooling!r}, fc_norm={config.fc_norm}: the neck's map is "
                 "pooled by its mean; expected a positive neck_size, pooling='mean' and fc_norm=False"
             )
-
-    @classmethod
-    def parameters_of(cls, config):
-        d, width = config.hidden_size, config.neck_size
-        return d * width + 9 * width * width + 4 * width
-
-    @classmethod
-    def macs(cls, config, patches):
-        return patches * config.neck_size * (config.hidden_size + 9 * config.neck_size)
 
     def forward(self, feature_map):
         """(B, D, rows, columns) -> (B, neck_size, rows, columns)."""

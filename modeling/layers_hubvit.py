@@ -2,8 +2,7 @@
 attention layer (fused or separate q/k/v projections, per-projection biases, q/k norm), the pre-norm encoder block
 and the encoder's one loop over the blocks.
 
-Each part also says what it costs (`parameter_parts`, `macs`), so `hubvit info` counts a model from its config with
-the same facts the model is built from.
+No part keeps a formula for what it costs: `hubvit info` counts the model itself, built on the meta device.
 
 This file travels to the Hub next to every checkpoint: flat, no I/O, imported relatively.
 """
@@ -17,7 +16,7 @@ from transformers.activations import ACT2FN
 
 from .compat_hubvit import ALL_ATTENTION_FUNCTIONS, GradientCheckpointingLayer
 from .patch_resize_hubvit import patch_pair, resize_patch_kernel
-from .windows_hubvit import DecomposedRelativePositions, block_window, partition, unpartition, unpartition_weights
+from .windows_hubvit import block_window, partition, unpartition, unpartition_weights
 
 # --- norms ---------------------------------------------------------------------------------------------------------
 
@@ -61,10 +60,6 @@ def make_norm(config, dim=None, eps=None):
     return kind.make(config.hidden_size if dim is None else dim, eps=config.layer_norm_eps if eps is None else eps)
 
 
-def norm_parameters(config, dim=None):
-    return config.norm_kind.parameters_per_channel * (config.hidden_size if dim is None else dim)
-
-
 NORM_PLACEMENTS = {}
 
 
@@ -90,10 +85,6 @@ class ResidualPostNorm(NormPlacement):
     name = "residual_post"
     description = "x + norm(f(x)): each sub-layer's output is normed before the sum (Swin v2, EVA-02 enormous)"
     norms_branch_output = True
-
-
-def linear_parameters(n_in, n_out, bias=True):
-    return n_in * n_out + (n_out if bias else 0)
 
 
 # --- MLPs ----------------------------------------------------------------------------------------------------------
@@ -134,21 +125,9 @@ class HubViTMLP(FeedForward):
         self.fc2 = nn.Linear(width, config.hidden_size, bias=config.mlp_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    @classmethod
-    def parameter_parts(cls, config, inner_norm=None, width=None):
-        d, m, bias = config.hidden_size, width or config.intermediate_size, config.mlp_bias
-        parts = [("mlp.fc1", linear_parameters(d, cls.fc1_widths * m, bias))]
-        if config.mlp_inner_norm if inner_norm is None else inner_norm:
-            parts.append(("mlp.norm", norm_parameters(config, m)))
-        return parts + [("mlp.fc2", linear_parameters(m, d, bias))]
-
     def hidden(self, hidden_states):
         """The vector fc2 reads: the activation of fc1's output."""
         return self.activation(self.fc1(hidden_states))
-
-    @classmethod
-    def macs(cls, config, tokens, width=None):
-        return (cls.fc1_widths + 1) * tokens * config.hidden_size * (width or config.intermediate_size)
 
     def forward(self, hidden_states):
         hidden = self.hidden(hidden_states)
@@ -270,33 +249,16 @@ class HubViTAttention(nn.Module):
         self.position = position
         position.build_attention(self)
 
-    @classmethod
-    def plain_product(cls, config):
-        """Whether the attention is softmax(q k^T / sqrt(d)) v read straight off the fused `qkv` output: nothing
-        added to it, no norm, no rotation, no bias on the logits (what onnxruntime's fused attention computes)."""
-        q_and_v_only = config.qkv_bias and not config.key_bias
-        kind = config.position_kind
-        turned = kind.rotates or config.rotary_kind is not None
-        extra = q_and_v_only or config.qk_norm or config.attention_inner_norm
-        extra = extra or config.attention_window_size or config.decomposed_relative_position
-        return config.qkv_fused and not (extra or kind.attention_bias or turned)
-
-    @classmethod
-    def parameter_parts(cls, config, index=0):
-        d = config.hidden_size
-        key_bias = config.qkv_bias and config.key_bias
-        if config.qkv_fused:
-            parts = [("attention.qkv", linear_parameters(d, 3 * d, key_bias))]
-            if config.qkv_bias and not config.key_bias:
-                parts.append(("attention.q_bias, v_bias", 2 * d))
-        else:
-            kv = d * config.key_value_heads(index) // config.num_attention_heads
-            parts = [("attention.q, k, v", d * (d + 2 * kv) + (d + kv) * config.qkv_bias + kv * key_bias)]
-        if config.qk_norm:
-            parts.append(("attention.q_norm, k_norm", 2 * norm_parameters(config, d // config.num_attention_heads)))
-        if config.attention_inner_norm:
-            parts.append(("attention.norm", norm_parameters(config)))
-        return parts + [("attention.proj", linear_parameters(d, d, config.proj_bias))]
+    @property
+    def fusable(self):
+        """Whether this layer computes softmax(q k^T / sqrt(d)) v straight off its fused `qkv` output, with nothing
+        between the two projections: what onnxruntime's fused attention computes. Read off the parts the layer was
+        built with (a bias beside `qkv`, a norm, windows, grouped heads, any position hook), so a new part that acts
+        on the product makes the layer unfusable by being there."""
+        position = self.position
+        hooks = (position.query_bias, position.rotate, position.logits_bias)
+        parts = (self.q_bias, self.q_norm, self.norm, *hooks)
+        return self.qkv is not None and not self.window and all(part is None for part in parts)
 
     def project(self, hidden_states):
         """Queries, keys and values, each (B, H, N, d)."""
@@ -488,22 +450,6 @@ class HubViTLayer(GradientCheckpointingLayer):
         self.layer_scale2 = nn.Parameter(torch.full((dim,), float(scale))) if on_mlp else None
         self.drop_path_rate = drop_path_rate
         self.post_norm = config.norm_placement_kind.norms_branch_output
-
-    @classmethod
-    def parameter_parts(cls, config, index=0):
-        """(sub-layer, parameters) of block `index`, in forward order."""
-        norm = norm_parameters(config)
-        parts = [("norm1", norm), *HubViTAttention.parameter_parts(config, index)]
-        parts += config.position_kind.block_parameters(config)
-        if config.rotary_kind is not None:
-            parts += config.rotary_kind.block_parameters(config)
-        if config.decomposed_relative_position:
-            parts += DecomposedRelativePositions.block_parameters(config, index)
-        parts += [("norm2", norm), *config.mlp_kind.parameter_parts(config)]
-        if config.layer_scale_init_value is not None:
-            branches = 1 if config.scale_attention_branch_only else 2
-            parts.append(("layer_scale", branches * config.hidden_size))
-        return parts
 
     def forward(self, hidden_states, grid, num_queries=None, **kwargs):
         """`num_queries`: update (and return) the first tokens only."""

@@ -3,7 +3,7 @@
 A kind owns everything about itself: the parameters it adds to the patch embedding (`build`) or to every
 attention layer (`build_attention`), their initialisation, what it does in the forward pass (add a table to the
 patch tokens in `embed`, a bias to the attention logits in `logits_bias`, or a rotation of the queries and keys in
-`rotate`), how its tables follow a new native grid (`resize`), its parameter count, and the facts the model, its
+`rotate`), how its tables follow a new native grid (`resize`), and the facts the model, its
 analyses and `hubvit info` ask for (the class attributes; what other libraries call each kind is in hubvit's
 conversion/kinds.py, which does not travel). `config.position_embedding_type` names the kind; `POSITION_KINDS` maps
 names to classes, and a subclass with a `name` enters it by being defined, so a new kind is one class here.
@@ -58,21 +58,6 @@ class PositionKind:
     @classmethod
     def check(cls, config):
         """Refuse a config this kind cannot run, naming the fields (a `ValueError`)."""
-
-    @classmethod
-    def table_parameters(cls, config):
-        """Parameters the kind adds outside the blocks."""
-        return 0
-
-    @classmethod
-    def block_parameters(cls, config):
-        """(name, parameters) the kind adds to each block."""
-        return []
-
-    @classmethod
-    def macs(cls, config, grid):
-        """Multiply-accumulates the kind computes in each block for a `grid` of patches (beyond the attention)."""
-        return 0
 
     # --- on the embeddings -------------------------------------------------------------------------------------
 
@@ -157,10 +142,6 @@ class LearnedTable(PositionKind):
         (gh, gw), prefix = config.grid_size, config.num_prefix_tokens
         return gh * gw + (prefix if config.position_embedding_includes_prefix else 0)
 
-    @classmethod
-    def table_parameters(cls, config):
-        return cls.rows(config) * config.hidden_size
-
     def build(self, embeddings):
         embeddings.position_embedding = nn.Parameter(torch.zeros(1, self.rows(self.config), self.config.hidden_size))
 
@@ -226,10 +207,6 @@ class LearnedRowColumnTables(PositionKind):
                 f"position_embedding_type='learned_2d' needs an even hidden_size, got {config.hidden_size}"
             )
 
-    @classmethod
-    def table_parameters(cls, config):
-        return sum(config.grid_size) * (config.hidden_size // 2)
-
     def build(self, embeddings):
         (gh, gw), half = embeddings.grid_size, self.config.hidden_size // 2
         embeddings.position_embedding_rows = nn.Parameter(torch.zeros(gh, half))
@@ -280,11 +257,6 @@ class RelativeBias2D(PositionKind):
     description = "learned bias per head and 2D offset on the attention logits"
     positional = learned = attention_bias = True
 
-    @classmethod
-    def block_parameters(cls, config):
-        gh, gw = config.grid_size
-        return [("attention.relative_position_bias", config.num_attention_heads * (2 * gh - 1) * (2 * gw - 1))]
-
     def build_attention(self, attention):
         gh, gw = self.config.grid_size
         attention.relative_position_bias = nn.Parameter(torch.zeros(attention.num_heads, 2 * gh - 1, 2 * gw - 1))
@@ -333,11 +305,6 @@ class RelativeBias2DWithClass(RelativeBias2D):
                 f"register or distillation token, got {config.num_prefix_tokens} prefix tokens"
             )
 
-    @classmethod
-    def block_parameters(cls, config):
-        heads = config.num_attention_heads
-        return super().block_parameters(config) + [("attention.relative_position_class_bias", 3 * heads)]
-
     def build_attention(self, attention):
         super().build_attention(attention)
         attention.relative_position_class_bias = nn.Parameter(torch.zeros(attention.num_heads, 3))
@@ -375,16 +342,6 @@ class RelativeBiasMLP(RelativeBias2D):
     name = "relative_2d_mlp"
     own_fields = ("relative_position_hidden_size",)
     description = "bias per head from an MLP of log-spaced 2D offsets (timm relpos ViT)"
-
-    @classmethod
-    def block_parameters(cls, config):
-        hidden, heads = config.relative_position_hidden_size, config.num_attention_heads
-        return [("attention.relative_position_mlp", 3 * hidden + hidden * heads + heads)]
-
-    @classmethod
-    def macs(cls, config, grid):
-        hidden = config.relative_position_hidden_size
-        return (2 * grid[0] - 1) * (2 * grid[1] - 1) * (2 * hidden + hidden * config.num_attention_heads)
 
     def build_attention(self, attention):
         hidden = self.config.relative_position_hidden_size

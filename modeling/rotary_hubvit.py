@@ -246,10 +246,6 @@ class MixedRotary(RotaryKind):
         if config.rope_rotate_half:
             raise ValueError("rope_type='mixed' pairs neighbouring channels; rope_rotate_half=True is not supported")
 
-    @classmethod
-    def block_parameters(cls, config):
-        return [("attention.rope_frequencies", config.hidden_size)]
-
     def build_attention(self, attention):
         attention.rope_frequencies = nn.Parameter(torch.zeros(2, attention.num_heads, attention.head_dim // 2))
 

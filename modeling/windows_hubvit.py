@@ -129,17 +129,6 @@ class DecomposedRelativePositions:
         window = block_window(config, index)
         return (window, window) if window else config.grid_size
 
-    @classmethod
-    def block_parameters(cls, config, index):
-        rows, columns = cls.table_sides(config, index)
-        head_dim = config.hidden_size // config.num_attention_heads
-        return [("attention.relative_position_rows, columns", (2 * rows - 1 + 2 * columns - 1) * head_dim)]
-
-    @classmethod
-    def macs(cls, config, index, tokens, sides):
-        """The two offset products of every query (`tokens` of them, in windows or over the grid of `sides`)."""
-        return tokens * (sides[0] + sides[1]) * config.hidden_size
-
     def build_attention(self, attention):
         rows, columns = self.table_sides(self.config, attention.index)
         attention.relative_position_rows = nn.Parameter(torch.zeros(2 * rows - 1, attention.head_dim))

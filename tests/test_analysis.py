@@ -123,6 +123,36 @@ def test_training_step_macs_agree_with_flop_counter():
     assert counter.get_total_flops() == info.summary(config)["macs_per_image"]["training_step_flops"]
 
 
+TIMM_BUILDS = [
+    "paper",
+    "no_prefix_row",
+    "mean_fc_norm_no_head",
+    "grouped_key_value_heads_per_block",
+    "attention_only_layer_scale",
+    "rope_mixed_learned_frequencies",
+]
+
+
+@pytest.mark.parametrize("variant", TIMM_BUILDS)
+def test_parameters_and_macs_equal_timms_count_of_the_same_architecture(variant):
+    """The peer's count: timm's model for the same config (the one `hubvit export timm` builds), its parameters and
+    FlopCounterMode's count of its forward with timm's unfused attention, whose two products the counter sees."""
+    import timm
+
+    from hubvit.conversion.export_timm import family_build
+
+    config = tiny_config(**{"num_labels": 5, **VARIANTS[variant]})
+    _, _, peer = family_build(timm, config)
+    for module in peer.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        peer(torch.randn(1, 3, *config.image_size_2d))
+    summary = info.summary(config)
+    assert summary["parameters"]["total"] == sum(p.numel() for p in peer.parameters())
+    assert summary["macs_per_image"]["forward_flops"] == counter.get_total_flops()
+
+
 def test_patch_size_rows_grow_tokens_and_macs_with_fixed_encoder():
     rows = info.patch_size_rows(info.preset_config("b/16"), [32, 16, 14, 8])
     assert [r["num_patches"] for r in rows] == [7 * 7, 14 * 14, 16 * 16, 28 * 28]

@@ -355,10 +355,6 @@ class LearnedRows(PositionKind):
     description = "learned vector per patch row"
     positional = adds_table = learned = True
 
-    @classmethod
-    def table_parameters(cls, config):
-        return config.grid_size[0] * config.hidden_size
-
     def build(self, embeddings):
         embeddings.position_rows = nn.Parameter(torch.zeros(embeddings.grid_size[0], self.config.hidden_size))
 

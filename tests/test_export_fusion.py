@@ -88,10 +88,20 @@ def test_a_relative_position_bias_keeps_its_attention_as_exported(tmp_path):
     [dict(key_bias=False), dict(qk_norm=True), dict(qkv_fused=False), WINDOWED],
     ids=["q-and-v-biases", "qk-norm", "separate-projections", "windows-decomposed-positions-neck"],
 )
-def test_an_attention_that_is_not_the_plain_product_keeps_its_operators(tmp_path, fields):
+def test_an_attention_that_is_not_fusable_keeps_its_operators(tmp_path, fields):
     model, path = export(tmp_path, "--onnxruntime_fusion", **fields)
     found = operators(path)
     assert "MultiHeadAttention" not in found and found.count("Softmax") == 2 and found.count("Gelu") == 2
+    assert worst_relative_difference(model, path) <= 1e-5
+
+
+def test_each_block_says_whether_it_fuses_so_a_global_block_among_windowed_ones_fuses(tmp_path):
+    """Block 1 attends globally with nothing added to its product; block 0 attends within windows and keeps its
+    operators."""
+    fields = dict(attention_window_size=3, global_attention_blocks=[1], class_token=False, pooling="mean")
+    model, path = export(tmp_path, "--onnxruntime_fusion", **fields)
+    found = operators(path)
+    assert found.count("MultiHeadAttention") == 1 and found.count("Softmax") == 1
     assert worst_relative_difference(model, path) <= 1e-5
 
 

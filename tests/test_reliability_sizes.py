@@ -166,6 +166,21 @@ def test_the_budget_refuses_a_billion_wide_layer_by_name():
         check_config_sizes({"hidden_size": 10**9, "num_hidden_layers": 1})
 
 
+def test_a_hubvit_config_is_sized_by_its_counted_parameters(monkeypatch):
+    """A converted config is counted on its model (a gated MLP's third matrix included), not bounded from the plain
+    ViT's formula: a budget between the two refuses the gated model and passes the plain one."""
+    from hubvit import HubViTConfig
+    from hubvit.limits import SizeError, check_config_sizes, counted_parameters
+
+    sizes = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024, image_size=32)
+    plain, gated = HubViTConfig(**sizes), HubViTConfig(**sizes, mlp_type="gated", hidden_act="silu")
+    assert counted_parameters(gated) - counted_parameters(plain) == 4 * (256 * 1024 + 1024)  # fc1 twice as wide
+    monkeypatch.setenv("HUBVIT_MAX_MODEL_BYTES", str(4 * (counted_parameters(plain) + 300_000)))
+    check_config_sizes(plain)
+    with pytest.raises(SizeError, match="intermediate_size=1024"):
+        check_config_sizes(gated)
+
+
 SPARSE_CHILD = """
 import json, resource, sys
 from pathlib import Path

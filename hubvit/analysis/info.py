@@ -1,20 +1,23 @@
 """The arithmetic of the blog post "Vision Transformer (ViT) from First Principles", from a config: tokens, attention memory, parameters and MACs by part.
 
-Everything here is counted from the config alone (no model is built), so it works for a ViT-H as fast as for a
-ViT-Ti; the tests check the totals against `sum(p.numel())` and `torch.utils.flop_counter.FlopCounterMode` on the
-real model. MACs are those of the matrix products (linear layers, the patch convolution, the two attention
-products): the operations FlopCounterMode counts, and FLOPs = 2 x MACs. Norms, softmax, activations, biases and
-residual additions cost O(T x d) each and are left out, as in the paper's and timm's counts.
+Parameters and multiply-accumulates are counted on the model itself, built on the meta device (no memory, no
+weights), so every component counts as it computes and none keeps a formula of its own: `sum(p.numel())` by part,
+and `torch.utils.flop_counter.FlopCounterMode` over one forward (and one backward) pass. MACs are those of the
+matrix products (linear layers, the patch convolution, the two attention products), FLOPs = 2 x MACs. Norms,
+softmax, activations, biases and residual additions cost O(T x d) each and are left out, as in the paper's and
+timm's counts.
 """
 
+import re
 from dataclasses import dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from .. import presets
 from ..errors import HubViTError
 from ..folder import ACCURACY_FILE
-from ..modeling.heads_hubvit import HubViTMAPHead, HubViTNeck
-from ..modeling.layers_hubvit import MLP_KINDS, HubViTLayer, linear_parameters, norm_parameters
-from ..modeling.windows_hubvit import DecomposedRelativePositions, attention_span
+from ..modeling.windows_hubvit import DecomposedRelativePositions
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
 
@@ -102,102 +105,81 @@ def attention_memory(config, image_size=None, batch_size=1, dtype="float32"):
     }
 
 
-def position_parameters(config):
-    """Position parameters outside the blocks (a kind that biases the attention counts in each block)."""
-    return config.position_kind.table_parameters(config)
+def meta_model(config, head=True):
+    """The model `config` describes, built on the meta device: its real modules and shapes, with no memory and no
+    weights to initialise, so a ViT-H counts as fast as a ViT-Ti. Eager attention, whose two products FlopCounterMode
+    sees as matrix products. `head=False`: the body alone (`HubViTModel`)."""
+    from .. import HubViTForImageClassification, HubViTModel
+
+    with torch.device("meta"):
+        return (HubViTForImageClassification if head else HubViTModel)._from_config(config, attn_implementation="eager")
 
 
-def block_parameters(config):
-    """(sub-layer, parameters) of all encoder blocks together, in forward order, as each block's parts count
-    themselves (blocks may differ: grouped key/value heads in some of them)."""
-    totals = {}
-    for index in range(config.num_hidden_layers):
-        for name, count in HubViTLayer.parameter_parts(config, index):
-            totals[name] = totals.get(name, 0) + count
-    return list(totals.items())
+def part_name(path, depth, suffix=""):
+    """A parameter's or module's path (and `suffix`) as a part of the model: the body's prefix dropped, each block's
+    own parts merged across the `depth` blocks."""
+    path = path.removeprefix("hubvit.")
+    block = re.fullmatch(r"encoder\.layers\.\d+\.(.+)", path)
+    return f"blocks.{block[1]}{suffix} (x{depth})" if block else path + suffix
 
 
-def head_features(config):
-    return config.representation_size or config.pooled_size
+def parameter_parts(config, head=True, model=None):
+    """(part, parameters) in the model's order, each part a module's weight and bias together (or a parameter of its
+    own: the class token, a position table); blocks are listed once, times the depth."""
+    model = meta_model(config, head) if model is None else model
+    parts = {}
+    for name, parameter in model.named_parameters():
+        part = part_name(re.sub(r"\.(weight|bias)$", "", name), config.num_hidden_layers)
+        parts[part] = parts.get(part, 0) + parameter.numel()
+    return list(parts.items())
 
 
-def parameter_parts(config, head=True):
-    """(part, parameters) in forward order; blocks are listed once, times the depth. `head=False`: the body alone
-    (`HubViTModel`: no representation layer, no classifier)."""
-    d, c = config.hidden_size, config.num_channels
-    ph, pw = config.patch_size_2d
-    parts = [
-        ("patch_embedding", ph * pw * c * d + (d if config.patch_bias else 0)),
-        ("patch_norm", norm_parameters(config) if config.patch_norm else 0),
-        ("prefix_tokens", config.num_prefix_tokens * d),
-        ("position_embedding", position_parameters(config)),
-    ]
-    if config.pre_norm:
-        parts.append(("pre_norm", norm_parameters(config)))
-    depth = config.num_hidden_layers
-    parts += [(f"blocks.{name} (x{depth})", count) for name, count in block_parameters(config)]
-    parts.append(("final_norm", norm_parameters(config) if config.final_norm else 0))
-    if config.pooling_kind.attention_pool:
-        parts.append(("pooler.map_head", HubViTMAPHead.parameters_of(config)))
-    if config.neck_size is not None:
-        parts.append(("pooler.neck", HubViTNeck.parameters_of(config)))
-    if head and config.representation_size is not None:
-        parts.append(("pre_logits", linear_parameters(config.pooled_size, config.representation_size)))
-    heads = 2 if config.distillation_token and config.distillation_head else 1
-    if head and config.num_labels > 0:
-        parts.append(
-            (
-                "head" if heads == 1 else "heads (cls + distillation)",
-                heads * linear_parameters(head_features(config), config.num_labels),
-            )
-        )
-    return [(name, count) for name, count in parts if count]
+def encoder_parameters(config, model=None):
+    """Parameters of the encoder blocks alone: what stays the same when only the patch size changes."""
+    model = meta_model(config, head=False) if model is None else model
+    return sum(p.numel() for name, p in model.named_parameters() if re.match(r"(hubvit\.)?encoder\.layers\.", name))
 
 
-def encoder_parameters(config):
-    return sum(count for _, count in block_parameters(config))
+def counted_macs(model, pixels, backward=False):
+    """(part, multiply-accumulates) FlopCounterMode counts for `model` on `pixels` (FLOPs / 2): each module's products
+    outside its submodules (an attention layer's own: QK^T and AV), in forward order."""
+    with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(backward):
+        output = model(pixels)
+        if backward:
+            (output.logits if hasattr(output, "logits") else output.last_hidden_state).sum().backward()
+    totals = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items() if name != "Global"}
+    root = type(model).__name__
+    parts = {}
+    for name, flops in totals.items():
+        below = [n for n in totals if n.startswith(name + ".")]
+        children = [n for n in below if not any(n.startswith(other + ".") for other in below)]
+        own = flops - sum(totals[child] for child in children)
+        if own:
+            path = name.removeprefix(root).removeprefix(".") or "model"
+            part = part_name(path, model.config.num_hidden_layers, " products" if children else "")
+            parts[part] = parts.get(part, 0) + own // 2
+    return list(parts.items())
 
 
-def mac_parts(config, image_size=None, head=True):
-    """(part, multiply-accumulates) of one image's forward pass, in forward order (batch 1)."""
-    t = tokens(config, image_size)
-    n, seq = t.num_patches, t.sequence_length
-    d, depth = config.hidden_size, config.num_hidden_layers
-    ph, pw = config.patch_size_2d
-    grid = grid_of(config, image_size)
-    spans = [attention_span(config, i, grid, seq) for i in range(depth)]  # windowed blocks attend in windows
-    heads = config.num_attention_heads
-    parts = [
-        ("patch_embedding", n * ph * pw * config.num_channels * d),
-        ("qkv", d * sum(span[0] * (d + 2 * d * config.key_value_heads(i) // heads) for i, span in enumerate(spans))),
-        ("attention_scores (QK^T)", sum(tokens * keys * d for tokens, keys, _ in spans)),
-        ("attention_weighted_sum (AV)", sum(tokens * keys * d for tokens, keys, _ in spans)),
-        ("attention_output_projection", sum(tokens * d * d for tokens, _, _ in spans)),
-        ("mlp", depth * MLP_KINDS[config.mlp_type].macs(config, seq)),
-    ]
-    position = config.position_kind.macs(config, grid)
-    if position:
-        parts.append(("position_bias", depth * position))
-    if config.decomposed_relative_position:
-        decomposed = sum(DecomposedRelativePositions.macs(config, i, t, sides) for i, (t, _, sides) in enumerate(spans))
-        parts.append(("decomposed_relative_positions", decomposed))
-    if config.neck_size is not None:
-        parts.append(("neck", HubViTNeck.macs(config, n)))
-    if config.pooling_kind.attention_pool:
-        parts.append(("map_head", HubViTMAPHead.macs(config, seq)))
-    if head and config.representation_size is not None:
-        parts.append(("pre_logits", config.pooled_size * config.representation_size))
-    heads = 2 if config.distillation_token and config.distillation_head else 1
-    if head and config.num_labels > 0:
-        parts.append(("head", heads * head_features(config) * config.num_labels))
-    return parts
+def mac_parts(config, image_size=None, head=True, model=None):
+    """(part, multiply-accumulates) of one image's forward pass (batch 1), as FlopCounterMode counts them on the
+    model itself: matrix products and convolutions, FLOPs = 2 x MACs."""
+    model = meta_model(config, head) if model is None else model
+    height, width = tuple(image_size) if image_size is not None else config.image_size_2d
+    grid_of(config, (height, width))
+    return counted_macs(model.eval(), torch.empty(1, config.num_channels, height, width, device="meta"))
 
 
-def training_step_macs(config, image_size=None, head=True):
-    """One image's forward and backward: every product costs 3x its forward (the output and two gradients),
-    except the patch embedding, whose input (the pixels) needs no gradient: 2x."""
-    parts = dict(mac_parts(config, image_size, head))
-    return 3 * sum(parts.values()) - parts["patch_embedding"]
+def training_step_macs(config, image_size=None, head=True, model=None):
+    """One image's forward and backward, counted on the model in training mode: most products cost 3x their forward
+    (the output and two gradients); the patch embedding 2x, as the pixels need no gradient."""
+    model = meta_model(config, head) if model is None else model
+    height, width = tuple(image_size) if image_size is not None else config.image_size_2d
+    pixels = torch.empty(1, config.num_channels, height, width, device="meta")
+    try:
+        return sum(count for _, count in counted_macs(model.train(), pixels, backward=True))
+    finally:
+        model.eval()
 
 
 def position_description(config):
@@ -213,9 +195,11 @@ def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
     """Everything `hubvit info` prints, as a JSON-able dict."""
     size = tuple(image_size) if image_size is not None else config.image_size_2d
     t = tokens(config, size)
-    params = parameter_parts(config, head)
-    macs = mac_parts(config, size, head)
+    model = meta_model(config, head)
+    params = parameter_parts(config, head, model)
+    macs = mac_parts(config, size, head, model)
     forward = sum(count for _, count in macs)
+    training_step = training_step_macs(config, size, head, model)
     return {
         "image_size": list(size),
         "patch_size": list(config.patch_size_2d),
@@ -227,15 +211,15 @@ def summary(config, image_size=None, batch_size=1, dtype="float32", head=True):
         "attention": attention_memory(config, size, batch_size, dtype),
         "parameters": {
             "parts": dict(params),
-            "encoder": encoder_parameters(config),
+            "encoder": encoder_parameters(config, model),
             "total": sum(count for _, count in params),
         },
         "macs_per_image": {
             "parts": dict(macs),
             "forward": forward,
             "forward_flops": 2 * forward,
-            "training_step": training_step_macs(config, size, head),
-            "training_step_flops": 2 * training_step_macs(config, size, head),
+            "training_step": training_step,
+            "training_step_flops": 2 * training_step,
         },
     }
 
