@@ -131,6 +131,11 @@ def read_source(src, architecture, model_args):
     return architecture, dict(model_args), None, src
 
 
+def pair(value):
+    """timm's sizes as [height, width]: most patch embeddings keep a pair, some an int (XCiT's `ConvPatchEmbed`)."""
+    return [value, value] if isinstance(value, int) else list(value)
+
+
 def check_timm_sizes(meta_model, architecture):
     """The size budget of `hubvit.limits` for the timm model about to be built on the CPU (as the reference)."""
     from ..limits import check_config_sizes
@@ -139,8 +144,8 @@ def check_timm_sizes(meta_model, architecture):
     sizes = {
         "hidden_size": getattr(meta_model, "embed_dim", None),
         "num_hidden_layers": len(getattr(meta_model, "blocks", [])) or None,
-        "image_size": list(getattr(embed, "img_size", None) or (224, 224)),
-        "patch_size": list(getattr(embed, "patch_size", None) or (16, 16)),
+        "image_size": pair(getattr(embed, "img_size", None) or 224),
+        "patch_size": pair(getattr(embed, "patch_size", None) or 16),
     }
     check_config_sizes({k: v for k, v in sizes.items() if v is not None}, f"{architecture} model_args")
 
@@ -378,10 +383,10 @@ def convert(args):
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
         raise ConversionError(f"num_classes={classes!r} (config.json or --model-args); expected an integer >= 0")
     meta_model = create_timm_model(architecture, model_args)
-    check_timm_sizes(meta_model, architecture)
-    settings, problems = read_settings(meta_model, architecture)
+    settings, problems = read_settings(meta_model, architecture)  # the class and its parts first: the real reason
     if problems:
         raise refuse(architecture, problems, weights, meta_model)
+    check_timm_sizes(meta_model, architecture)
     labels, label_source = label_names(hub_config, meta_model.num_classes)
     mapping = map_weights(weights, f"timm {architecture} checkpoint ({weights_path})", meta_model)
     config = HubViTConfig(**settings, num_labels=len(labels))

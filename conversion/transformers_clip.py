@@ -127,10 +127,11 @@ class WholeImages:
 
 
 def siglip2_processor(cfg):
-    """SigLIP 2's own processor at the tower's patch size, its table's patch count as the budget."""
+    """SigLIP 2's own processor at the tower's patch size, its table's patch count as the budget, converting
+    grayscale, RGBA and palette images to RGB (transformers' default leaves that off)."""
     from transformers import Siglip2ImageProcessor
 
-    return Siglip2ImageProcessor(patch_size=cfg["patch_size"], max_num_patches=cfg["num_patches"])
+    return Siglip2ImageProcessor(patch_size=cfg["patch_size"], max_num_patches=cfg["num_patches"], do_convert_rgb=True)
 
 
 def siglip2(reference, nested=None):

@@ -163,8 +163,14 @@ def _read_torch(path):
     return loaded
 
 
+def is_clipping_bound(key):
+    """A buffer bounding a clamp (`input_min`, `output_max`: timm's Gemma 4 tower), where -inf / inf mean no bound."""
+    return re.search(r"(^|[._])(\w+_)?(min|max)$", key) is not None
+
+
 def check_finite(weights, path):
-    """Refuse tensors holding NaN or infinity, naming them: they convert to a model whose outputs are NaN."""
+    """Refuse tensors holding NaN or infinity, naming them: they convert to a model whose outputs are NaN. A
+    clipping bound may be infinite (unbounded), never NaN."""
     bad = []
     for key, value in weights.items():
         if not isinstance(value, (torch.Tensor, np.ndarray)):
@@ -174,7 +180,7 @@ def check_finite(weights, path):
         except ConversionError:
             continue
         if tensor.is_floating_point() or tensor.is_complex():
-            finite = torch.isfinite(tensor)
+            finite = ~torch.isnan(tensor) if is_clipping_bound(key) else torch.isfinite(tensor)
             if not bool(finite.all()):
                 bad.append(f"{key} ({int((~finite).sum())} of {finite.numel()} values)")
     if bad:

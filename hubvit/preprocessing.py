@@ -88,7 +88,8 @@ def expressible(preprocessing: Preprocessing, size):
 
 def patch_budget_processor(patch_size, max_num_patches, resample, mean, std):
     """SigLIP 2's NaFlex `Siglip2ImageProcessor`: each image at its aspect ratio within `max_num_patches` patches,
-    cut into patches, with the mask and grid the model reads (a folder trained with `--max_num_patches`)."""
+    cut into patches, with the mask and grid the model reads (a folder trained with `--max_num_patches`); grayscale,
+    RGBA and palette images converted to RGB first, which transformers' default leaves off."""
     from transformers import Siglip2ImageProcessor
 
     return Siglip2ImageProcessor(
@@ -97,6 +98,7 @@ def patch_budget_processor(patch_size, max_num_patches, resample, mean, std):
         resample=RESAMPLE_IDS[resample_name(resample)],
         image_mean=list(mean),
         image_std=list(std),
+        do_convert_rgb=True,
     )
 
 

@@ -264,6 +264,26 @@ def test_unsupported_settings_are_refused(tmp_path, capsys):
         (tmp_path / "timm" / "config.json").unlink()
 
 
+@pytest.mark.parametrize(
+    "name, args, reason",
+    [
+        ("xcit_nano_12_p16_224", dict(img_size=32, depth=1), "builds timm's Xcit"),  # an int patch_size: no crash
+        ("crossvit_tiny_240", dict(img_size=[32, 48], embed_dim=[32, 48], num_heads=[2, 2]), "builds timm's CrossVit"),
+        (
+            "vit_small_r26_s32_224",
+            dict(img_size=64, depth=1, embed_dim=32, num_heads=2),
+            "HybridEmbed (hybrid stems are not supported",
+        ),
+    ],
+    ids=["xcit", "crossvit", "hybrid"],
+)
+def test_a_class_or_stem_hubvit_lacks_is_the_reason_given_before_any_size_check(tmp_path, capsys, name, args, reason):
+    """Sizes are checked after the class and its parts: a hybrid's stem, not its token count, is why it is refused."""
+    save_for_hf(timm.create_model(name, pretrained=False, **args).eval(), tmp_path / "timm")
+    error = refused(tmp_path, capsys, tmp_path / "timm")
+    assert reason in error and "Traceback" not in error and "tokens at image_size" not in error, error
+
+
 def test_a_refusal_lists_the_source_tensors_no_rule_knows(tmp_path, capsys):
     weights = timm_model("vit_base_patch16_224", dict(global_pool="avgmax")).state_dict()
     weights["blocks.0.attn.relative_position_bias_table"] = torch.zeros(3, 4)

@@ -168,3 +168,18 @@ def test_a_transformers_source_keeps_its_own_processor(tmp_path):
             source(images=image, return_tensors="pt")["pixel_values"],
         )
     assert "Resize the shorter side to 36 (bicubic), centre crop 32x32" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P"])
+def test_the_patch_budget_processors_hubvit_writes_take_grayscale_rgba_and_palette_images(mode):
+    """The converters' SigLIP 2 processor and the one `hubvit train --max_num_patches` writes see the RGB image."""
+    from hubvit.conversion.transformers_clip import siglip2_processor
+    from hubvit.preprocessing import patch_budget_processor
+
+    image = Image.fromarray(data.astronaut()[::8, ::8]).convert(mode)
+    for processor in (
+        siglip2_processor({"patch_size": 16, "num_patches": 16}),
+        patch_budget_processor(16, 16, "bilinear", (0.5,) * 3, (0.5,) * 3),
+    ):
+        converted, rgb = (processor(images=[x], return_tensors="pt") for x in (image, image.convert("RGB")))
+        assert torch.equal(converted["pixel_values"], rgb["pixel_values"])

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -199,6 +200,19 @@ def test_jax_checkpoint_with_nan_is_refused_naming_the_tensor(tmp_path, capsys):
     assert status == 2
     assert "NaN or infinite" in err and "MlpBlock_3/Dense_0/kernel (1 of 128 values)" in err and "head/bias" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_infinite_clipping_bounds_pass_and_a_nan_bound_or_infinite_weight_is_refused():
+    """timm's Gemma 4 tower stores unbounded clamps as -inf / inf buffers by design; NaN means nothing anywhere."""
+    from hubvit.conversion.weights import check_finite
+    from hubvit.errors import ConversionError
+
+    bounds = {"blocks.0.attn.input_min": torch.tensor(-np.inf), "blocks.0.attn.output_max": torch.tensor(np.inf)}
+    check_finite({**bounds, "blocks.0.attn.qkv.weight": torch.ones(3)}, "model.safetensors")
+    bad = {"blocks.0.attn.input_min": torch.tensor(np.nan), "blocks.0.attn.qkv.weight": torch.full((3,), np.inf)}
+    for key, value in bad.items():
+        with pytest.raises(ConversionError, match=rf"1 tensors hold NaN or infinite values:\s+{re.escape(key)} "):
+            check_finite({**bounds, key: value}, "model.safetensors")
 
 
 def test_clean_jax_checkpoint_converts(npz, tmp_path, capsys):
