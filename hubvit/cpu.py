@@ -19,6 +19,7 @@ autocast where the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), and is
 from __future__ import annotations
 
 import functools
+import logging
 import statistics
 import time
 import warnings
@@ -30,6 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import HubViTError
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FastestLinear", "KernelChooser", "cpu_isa", "has_native_bf16", "optimize_for_cpu", "PRECISIONS"]
 
@@ -252,17 +255,81 @@ class FastestLinear(nn.Linear):
         return LINEAR[kernel](input, self.weight, self.bias)
 
 
+BF16_ROUTES = ("float32", "bf16")
+
+
+def time_encoder_routes(run: Callable[[str], object], rounds: int = 3) -> dict[str, float]:
+    """Median seconds of `run(route)` for each of `BF16_ROUTES`: one warm-up each (bfloat16's first call packs its
+    weights), then interleaved rounds."""
+    for route in BF16_ROUTES:
+        run(route)
+    times = {route: [] for route in BF16_ROUTES}
+    for _ in range(rounds):
+        for route in BF16_ROUTES:
+            start = time.perf_counter()
+            run(route)
+            times[route].append(time.perf_counter() - start)
+    return {route: statistics.median(values) for route, values in times.items()}
+
+
+class BFloat16Probe:
+    """Whether the encoder runs faster under bfloat16 autocast than in float32 on this CPU, per input shape and
+    thread count, measured at the first forward of that shape (`measure(run)`: seconds per route). bfloat16 is kept
+    only where it beats float32 by more than `margin`: native bfloat16 is not always faster (a 2-core Xeon with
+    AVX512-BF16 and no AMX ran ViT-S/16 at 0.60x float32; a Zen 5 EPYC at 3.1x), so the opt-in never runs slower
+    than the float32 it replaces."""
+
+    def __init__(self, measure: Callable | None = None, margin: float = 0.05):
+        self.measure = measure or time_encoder_routes
+        self.margin = margin
+        self.choices: dict[tuple, str] = {}
+        self.timings: dict[tuple, dict[str, float]] = {}
+
+    def route(self, key: tuple, run: Callable[[str], object]) -> str:
+        if key not in self.choices:
+            timings = self.measure(run)
+            faster = timings["bf16"] * (1 + self.margin) < timings["float32"]
+            self.choices[key], self.timings[key] = ("bf16" if faster else "float32"), timings
+            if not faster:
+                logger.info(
+                    "precision='bf16': the encoder at input %s took %.1f ms in bfloat16 against %.1f ms in float32 on "
+                    "this CPU (%s); keeping float32",
+                    key[0],
+                    1000 * timings["bf16"],
+                    1000 * timings["float32"],
+                    cpu_isa(),
+                )
+        return self.choices[key]
+
+
 class BFloat16Encoder:
-    """Mixin for the encoder's class: its forward under CPU bfloat16 autocast, the result cast back to the input's
-    dtype. Autocast runs the projections, the attention products and the MLP in bfloat16 and keeps what it lists as
+    """Mixin for the encoder's class: its forward under CPU bfloat16 autocast where that is faster on this CPU
+    (`BFloat16Probe`, measured at the first forward of each input shape), the result cast back to the input's dtype.
+    Autocast runs the projections, the attention products and the MLP in bfloat16 and keeps what it lists as
     float32-sensitive (softmax, norms) in float32; the residual stream stays float32, as do the patch embedding,
     pooler and head outside the encoder. Converting only the projections (the first version of this route) ran
-    ViT-S/16 at 58.6 img/s on an AMX Xeon against 101.5 with the attention in bfloat16 too."""
+    ViT-S/16 at 58.6 img/s on an AMX Xeon against 101.5 with the attention in bfloat16 too. A forward that records
+    block outputs or attention weights is not timed (the probe would record each run): it takes the route measured
+    for its shape, or bfloat16 before any; so does a traced or compiled one."""
 
-    def forward(self, hidden_states, *args, **kwargs):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            output = super().forward(hidden_states, *args, **kwargs)
-        return output.to(hidden_states.dtype)
+    def forward(self, hidden_states, grid, num_output_tokens=None, last_block=None, states=None, **kwargs):
+        def run(route):
+            encoder = super(BFloat16Encoder, self).forward
+            if route == "float32":
+                return encoder(hidden_states, grid, num_output_tokens, last_block, states, **kwargs)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                output = encoder(hidden_states, grid, num_output_tokens, last_block, states, **kwargs)
+            return output.to(hidden_states.dtype)
+
+        key = (tuple(hidden_states.shape), hidden_states.dtype, torch.get_num_threads())
+        probe = self.bfloat16_probe
+        recording = states is not None or kwargs.get("output_attentions")
+        if recording or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return run(probe.choices.get(key, "bf16"))
+        if key not in probe.choices:
+            with torch.no_grad():
+                probe.route(key, run)
+        return run(probe.choices[key])
 
 
 @functools.cache
@@ -382,7 +449,9 @@ def optimize_for_cpu(model, skip_unread_tokens: bool = True, precision: str = "f
     activation quantization, patch embedding, LayerNorms, pooler and head in float. The state dict changes (packed
     int8 weights): save the float model, not this one. `precision="bf16"`: inference only, the encoder under bfloat16
     autocast (products in bfloat16, residual stream, norms and softmax in float32), on CPUs with native bfloat16
-    (AVX512-BF16, AMX); refused with `HubViTError` on others. The state dict is unchanged.
+    (AVX512-BF16, AMX); refused with `HubViTError` on others. The first forward at each input shape times bfloat16
+    against float32 (eight encoder passes) and keeps float32, logged, where bfloat16 is not faster
+    (`BFloat16Probe`). The state dict is unchanged.
     """
     body = getattr(model, "hubvit", model)
     encoder = getattr(body, "encoder", None)
@@ -404,6 +473,7 @@ def optimize_for_cpu(model, skip_unread_tokens: bool = True, precision: str = "f
         model.eval()
         if not isinstance(encoder, BFloat16Encoder):
             encoder.__class__ = bfloat16_class(type(encoder))
+            encoder.bfloat16_probe = BFloat16Probe()
     else:
         for module in encoder_projections(model).values():
             module.__class__ = FastestLinear

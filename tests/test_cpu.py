@@ -374,13 +374,25 @@ def test_int8_agrees_with_float32_on_99_percent_of_held_out_digits(digits_model)
     assert accuracy_drop <= 0.01, f"held-out accuracy fell by {accuracy_drop:.4f}"
 
 
+def measured_faster(model, route, calls=None):
+    """Let the bf16 probe of an optimized `model` find `route` faster, recording each measurement in `calls`."""
+
+    def measure(run):
+        if calls is not None:
+            calls.append(run)
+        return {"float32": 1.0, "bf16": 2.0} if route == "float32" else {"float32": 2.0, "bf16": 1.0}
+
+    model.hubvit.encoder.bfloat16_probe.measure = measure
+    return model
+
+
 def test_bf16_agrees_with_float32_on_99_percent_of_held_out_digits(digits_model, monkeypatch):
-    """The flags are forced so the bound is checked on every CPU (autocast emulates bfloat16 where it is not
-    native: the numbers are the same, only slower)."""
+    """The flags are forced, and the probe told bfloat16 is faster, so the bound is checked on every CPU (autocast
+    emulates bfloat16 where it is not native: the numbers are the same, only slower)."""
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     model, images, labels = digits_model
     expected = predictions(model, images)
-    actual = predictions(optimize_for_cpu(copy.deepcopy(model), precision="bf16"), images)
+    actual = predictions(measured_faster(optimize_for_cpu(copy.deepcopy(model), precision="bf16"), "bf16"), images)
     agreement = (actual == expected).float().mean().item()
     assert agreement >= 0.99, f"top-1 agreement {agreement:.4f}"
 
@@ -437,13 +449,36 @@ def test_bf16_where_native_runs_the_encoder_in_bfloat16(monkeypatch):
     """bfloat16 keeps 8 bits of mantissa: 2^-8 relative per product, a few times that over two blocks (3e-2)."""
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     default = make()
-    fast = optimize_for_cpu(copy.deepcopy(default), precision="bf16")
+    fast = measured_faster(optimize_for_cpu(copy.deepcopy(default), precision="bf16"), "bf16")
     with torch.no_grad():
         expected, actual = default(pixels()).logits, fast(pixels()).logits
     assert actual.dtype == torch.float32
     assert_close(actual, expected, rtol=3e-2)
     assert not torch.equal(actual, expected), "bf16 route computed in float32"
     assert fast.state_dict().keys() == default.state_dict().keys()
+
+
+def test_bf16_measured_slower_keeps_float32_and_says_why(monkeypatch, caplog):
+    """As on a Xeon with AVX512-BF16 and no AMX, where bfloat16 autocast ran ViT-S/16 at 0.60x float32."""
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    default = make()
+    fast = measured_faster(optimize_for_cpu(copy.deepcopy(default), precision="bf16"), "float32")
+    with torch.no_grad(), caplog.at_level("INFO", logger="hubvit.cpu"):
+        actual, expected = fast(pixels()).logits, default(pixels()).logits
+    assert_close(actual, expected, rtol=1e-5)  # float32 parity; bfloat16 differs by about 1e-2 here
+    assert "keeping float32" in caplog.text and "2000.0 ms in bfloat16 against 1000.0 ms in float32" in caplog.text
+
+
+def test_the_bf16_probe_measures_once_per_input_shape(monkeypatch):
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    calls = []
+    fast = measured_faster(optimize_for_cpu(make(), precision="bf16"), "bf16", calls)
+    with torch.no_grad():
+        for batch in (2, 2, 3, 2):
+            fast(torch.randn(batch, 3, 32, 32))
+    assert len(calls) == 2
+    real = cpu.time_encoder_routes(lambda route: None, rounds=2)
+    assert set(real) == {"float32", "bf16"} and all(seconds >= 0 for seconds in real.values())
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int4", None])
