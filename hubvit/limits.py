@@ -285,7 +285,7 @@ def encoder_parameters(hidden_size, num_layers, intermediate_size, num_heads=1, 
 
 def counted_parameters(config):
     """A hubvit config's parameters, exact: counted on the model built on the meta device (`hubvit info`)."""
-    from .analysis.info import meta_model
+    from .meta import meta_model
 
     return sum(parameter.numel() for parameter in meta_model(config, head=False).parameters())
 

@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .. import presets
 from ..errors import HubViTError
 from ..folder import ACCURACY_FILE
+from ..meta import meta_model
 from ..modeling.windows_hubvit import DecomposedRelativePositions
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
@@ -103,16 +104,6 @@ def attention_memory(config, image_size=None, batch_size=1, dtype="float32"):
         "pixels": pixels,
         "reduction": pixels["entries_per_head"] / patches["entries_per_head"],
     }
-
-
-def meta_model(config, head=True):
-    """The model `config` describes, built on the meta device: its real modules and shapes, with no memory and no
-    weights to initialise, so a ViT-H counts as fast as a ViT-Ti. Eager attention, whose two products FlopCounterMode
-    sees as matrix products. `head=False`: the body alone (`HubViTModel`)."""
-    from .. import HubViTForImageClassification, HubViTModel
-
-    with torch.device("meta"):
-        return (HubViTForImageClassification if head else HubViTModel)._from_config(config, attn_implementation="eager")
 
 
 def part_name(path, depth, suffix=""):
