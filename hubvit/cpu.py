@@ -276,7 +276,7 @@ class BFloat16Probe:
     """Whether the encoder runs faster under bfloat16 autocast than in float32 on this CPU, per input shape and
     thread count, measured at the first forward of that shape (`measure(run)`: seconds per route). bfloat16 is kept
     only where it beats float32 by more than `margin`: native bfloat16 is not always faster (a 2-core Xeon with
-    AVX512-BF16 and no AMX ran ViT-S/16 at 0.60x float32; a Zen 5 EPYC at 3.1x), so the opt-in never runs slower
+    AVX512-BF16 and no AMX ran ViT-S/16 at 0.60x float32; a Zen 5 EPYC at 2.8x), so the opt-in never runs slower
     than the float32 it replaces."""
 
     def __init__(self, measure: Callable | None = None, margin: float = 0.05):
