@@ -24,6 +24,7 @@ from ..limits import check_side_file, write_text_atomic
 from ..options import argument, flag, option, settle, whole
 from .common import ConversionError, ExportOptions, ExportResult, read_hubvit_config
 from ..folder import check_output_path
+from ..modeling.naflex_hubvit import sequence_problem
 from .fuse_onnx import LAST_BLOCK_QUERIES, fuse_for_onnxruntime
 from .quantize_onnx import quantize_in_place
 
@@ -364,6 +365,9 @@ def export(args):
     check_side_file(out, args.overwrite, "OUT")
     check_side_file(report, args.overwrite, "the verification report")
     model, processor = load(args.src)
+    problem = sequence_problem(model.config) if args.patch_sequences else None
+    if problem is not None:
+        raise ConversionError(f"--patch_sequences: {problem}; export without it")
     out.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".onnx", dir=out.parent)
     os.close(handle)

@@ -27,6 +27,7 @@ class StrictMapping:
         self.used = set()
         self.dropped = {}
         self.missing = set()
+        self.malformed = {}
         self.target = {}
         self.created = {}
 
@@ -64,7 +65,12 @@ class StrictMapping:
             return
         self.used.update(keys)
         values = [to_tensor(self.source[key]) for key in keys]
-        value = transform(*values) if transform is not None else values[0]
+        try:
+            value = transform(*values) if transform is not None else values[0]
+        except (IndexError, RuntimeError, ValueError) as error:  # a tensor laid out for another model
+            shapes = ", ".join(f"{key} {tuple(tensor.shape)}" for key, tensor in zip(keys, values))
+            self.malformed[target] = f"{target} from {shapes}: {str(error).splitlines()[0]}"
+            return
         self.target[target] = value.detach().to(torch.float32).contiguous()
 
     def drop(self, pattern, reason):
@@ -77,7 +83,7 @@ class StrictMapping:
     def finish(self, expected_shapes):
         """The converted state dict, or `ConversionError` listing unmatched, missing and mis-shaped keys."""
         unmatched = set(self.source) - self.used - set(self.dropped)
-        unfilled = set(expected_shapes) - set(self.target)
+        unfilled = set(expected_shapes) - set(self.target) - set(self.malformed)
         unexpected = set(self.target) - set(expected_shapes)
         wrong = [
             f"{key}: got {tuple(self.target[key].shape)}, expected {tuple(expected_shapes[key])}"
@@ -95,6 +101,8 @@ class StrictMapping:
             problems.append(_list("mapped tensors hubvit does not have", unexpected))
         if wrong:
             problems.append(_list("shape mismatches", wrong))
+        if self.malformed:
+            problems.append(_list("source tensors that cannot be laid out as their target", self.malformed.values()))
         if problems:
             raise ConversionError(
                 f"cannot convert this {self.description} faithfully; nothing was written.\n" + "\n".join(problems)

@@ -346,7 +346,13 @@ def timm_reference(timm_model, description, tolerance):
     """timm's own forward (pooled features, and logits where there is a head) as the `Reference` to verify against."""
 
     def forward(pixels):
-        features = timm_model.forward_features(pixels)
+        try:
+            features = timm_model.forward_features(pixels)
+        except AssertionError as error:  # timm's own input checks (`_assert`): the source cannot run this model
+            raise ConversionError(
+                f"{description} cannot run a {pixels.shape[-2]}x{pixels.shape[-1]} image to verify against: {error}; "
+                "expected model_args (img_size, patch_size) timm itself can run"
+            ) from None
         outputs = {"pooler_output": timm_model.forward_head(features, pre_logits=True)}
         if timm_model.num_classes:
             outputs["logits"] = timm_model.forward_head(features)

@@ -402,7 +402,14 @@ def convert_tower(args, source, architecture, raw):
     weights, weights_path = read_folder_weights(src)
     p = prefix_of(tower, weights)
     settings = tower.settings(cfg, {key[len(p) :] for key in weights if key.startswith(p)})
-    config = HubViTConfig(**settings, num_labels=0)
+    try:
+        config = HubViTConfig(**settings, num_labels=0)
+    except ValueError as error:  # sizes that build no model, filled in with the class defaults where unset
+        fields = f"{tower.nested} of " if tower.nested else ""
+        raise ConversionError(
+            f"{Path(src) / 'config.json'}: the {fields}{architecture} it describes (unset fields at "
+            f"{tower.config_class}'s defaults) is no ViT hubvit can build: {error}"
+        ) from None
     mapping = map_tower(tower, weights, config, cfg, f"transformers {architecture} folder ({weights_path})")
     mean, std, resample = tower.preprocessing
     if (Path(src) / "preprocessor_config.json").is_file():

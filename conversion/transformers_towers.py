@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import listing
 from .common import ConversionError
 from .mapping import StrictMapping
 
@@ -60,7 +61,12 @@ def vision_config(tower, raw):
     """The vision config dict of a folder's config.json, with the transformers class defaults filled in."""
     import transformers
 
-    part = (raw.get(tower.nested) or {}) if tower.nested else raw
+    if tower.nested and tower.nested not in raw:
+        raise ConversionError(
+            f"config.json has no {tower.nested}: a {tower.config_class.removesuffix('Config')} tower is described "
+            f"there (as save_pretrained writes it); expected a {tower.nested} object of the tower's fields"
+        )
+    part = raw.get(tower.nested) if tower.nested else raw
     if not isinstance(part, dict):
         raise ConversionError(f"config.json {tower.nested} is {type(part).__name__}, expected an object of fields")
     defaults = getattr(transformers, tower.config_class)().to_dict()
@@ -127,7 +133,19 @@ def loader(class_name, part=None):
     def load(src):
         import transformers
 
-        model = getattr(transformers, class_name).from_pretrained(str(src)).float().eval()
+        model, info = getattr(transformers, class_name).from_pretrained(
+            str(src), output_loading_info=True, ignore_mismatched_sizes=True
+        )
+        mismatched = [
+            f"{key} saved {tuple(saved)}, config.json gives {tuple(shape)}"
+            for key, saved, shape in info.get("mismatched_keys", ())
+        ]
+        if mismatched:
+            raise ConversionError(
+                f"{src}: config.json and the weights disagree, so transformers' {class_name} cannot load the folder "
+                f"to verify against:\n{listing(mismatched)}"
+            )
+        model = model.float().eval()
         return getattr(model, part) if part else model
 
     return load

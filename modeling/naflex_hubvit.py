@@ -62,6 +62,15 @@ def check_patch_sequence(pixel_values, pixel_attention_mask, spatial_shapes, con
             f"pixel_attention_mask marks {pixel_attention_mask.long().sum(-1).tolist()} patches per image, "
             f"spatial_shapes {counts.tolist()}"
         )
+    expected = torch.arange(length, device=counts.device)[None] < counts[:, None]
+    holes = pixel_attention_mask.bool() != expected
+    if holes.any():
+        image, position = (int(index) for index in holes.nonzero()[0])
+        raise ValueError(
+            f"pixel_attention_mask of image {image} has a hole at position {position}: a patch's place is read from "
+            f"its index, so expected its {int(counts[image])} patches first, then the padding (as the NaFlex image "
+            "processor writes them)"
+        )
 
 
 def embed_patch_sequence(embeddings, pixel_values, pixel_attention_mask, spatial_shapes):

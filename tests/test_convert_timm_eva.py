@@ -181,3 +181,31 @@ def test_a_converted_family_folder_fine_tunes_on_the_digits(name, tmp_path):
     assert model.config.num_labels == 10 and model.config.rope_type is not None
     with torch.no_grad():
         assert model(pixel_values=torch.randn(1, 3, 32, 32)).logits.shape == (1, 10)
+
+
+def test_rope_mixed_frequencies_of_another_depth_are_refused_naming_the_tensor(tmp_path, capsys):
+    """`rope.freqs` holding one block's frequencies for a two-block model: a refusal naming it, not an IndexError."""
+    from safetensors.torch import save_file
+
+    source = timm_model("vit_base_patch16_rope_mixed_224", dict(num_classes=5))
+    save_for_hf(source, tmp_path / "timm", safe_serialization=True)
+    weights = {key: value.contiguous() for key, value in source.state_dict().items()}
+    weights["rope.freqs"] = weights["rope.freqs"][:, :1].contiguous()
+    save_file(weights, tmp_path / "timm" / "model.safetensors")
+    status = cli(["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert status == 2 and not (tmp_path / "out").exists()
+    assert "cannot be laid out as their target" in error
+    assert "encoder.layers.1.attention.rope_frequencies from rope.freqs (2, 1, 4, 8)" in error, error
+
+
+def test_model_args_timm_cannot_run_are_refused_in_one_line(tmp_path, capsys):
+    """An img_size the patch does not divide: hubvit would floor the grid, but timm's DINOv3 asserts, so there is no
+    reference to verify against; the refusal says so instead of ending in timm's traceback."""
+    source = timm_model("vit_base_patch16_dinov3", dict(num_classes=0))
+    save_for_hf(source, tmp_path / "timm", safe_serialization=True)
+    argv = ["convert", "timm", str(tmp_path / "timm"), str(tmp_path / "out"), "--model-args", '{"img_size": 30}']
+    status = cli(argv)
+    error = capsys.readouterr().err
+    assert status == 2 and not (tmp_path / "out").exists()
+    assert "cannot run a 30x30 image to verify against" in error and "Traceback" not in error, error

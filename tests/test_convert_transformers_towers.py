@@ -209,6 +209,44 @@ def test_what_hubvit_cannot_express_is_refused_by_name(tmp_path, capsys, archite
     assert not (tmp_path / "out").exists()
 
 
+def edited_config(folder, edit):
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.pop("vision_config"), "config.json has no vision_config: a CLIPVision tower is described there"),
+        (
+            lambda c: c.update(vision_config={"hidden_size": 32, "patch_size": 8}),
+            "the vision_config of CLIPModel it describes (unset fields at CLIPVisionConfig's defaults) is no ViT "
+            "hubvit can build: hidden_size=32 is not divisible by num_attention_heads=12",
+        ),
+    ],
+    ids=["no-vision-config", "truncated-vision-config"],
+)
+def test_a_dual_encoder_config_without_a_usable_vision_config_is_refused_naming_it(tmp_path, capsys, edit, message):
+    dual_model(*DUAL["clip_model"]).save_pretrained(tmp_path / "src")
+    edited_config(tmp_path / "src", edit)
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_whose_config_and_weights_disagree_is_refused_naming_the_tensor(tmp_path, capsys):
+    """Two register tokens saved, none in config.json: transformers cannot load the folder it would verify against."""
+    source_model("DINOv3ViTModel", num_register_tokens=2).save_pretrained(tmp_path / "src")
+    edited_config(tmp_path / "src", lambda c: c.update(num_register_tokens=0))
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "config.json and the weights disagree" in error and "Traceback" not in error, error
+    assert "embeddings.register_tokens saved (1, 2, " in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_of_another_class_names_every_class_read(tmp_path, capsys):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "config.json").write_text(json.dumps({"architectures": ["SwinModel"], "model_type": "swin"}))

@@ -187,6 +187,14 @@ def test_a_model_whose_blocks_read_one_grid_refuses_patch_sequences(change, mess
         model(**processor()(images=images(), return_tensors="pt"))
 
 
+def move_last_patch_past_a_padding_slot(batch):
+    """The count still equals `spatial_shapes`, but a padding slot now sits before the image's last patch."""
+    mask = batch["pixel_attention_mask"]
+    image = int((mask.sum(-1) < mask.shape[1]).nonzero()[0])
+    last = int(mask[image].sum()) - 1
+    mask[image, last], mask[image, last + 1] = 0, 1
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -194,8 +202,9 @@ def test_a_model_whose_blocks_read_one_grid_refuses_patch_sequences(change, mess
         (lambda b: b.update(spatial_shapes=b["spatial_shapes"][:2]), r"spatial_shapes must be \(batch, 2\) = \(4, 2\)"),
         (lambda b: b["pixel_attention_mask"][0, -1].fill_(1), r"pixel_attention_mask marks \[.*\] patches per image"),
         (lambda b: b.pop("pixel_attention_mask"), r"pixel_attention_mask must be \(batch, patches\) = \(4, 24\)"),
+        (move_last_patch_past_a_padding_slot, r"pixel_attention_mask of image \d has a hole at position \d+"),
     ],
-    ids=["patch-width", "shapes-rows", "mask-count", "mask-missing"],
+    ids=["patch-width", "shapes-rows", "mask-count", "mask-missing", "mask-hole"],
 )
 def test_a_patch_sequence_batch_that_disagrees_with_itself_is_refused(edit, message):
     model = HubViTModel(tiny_config(patch_size=4, image_size=16, class_token=False, pooling="mean")).eval()
@@ -316,3 +325,19 @@ def test_the_onnx_graph_of_patch_sequences_runs_any_batch_and_length(tmp_path, f
         assert relative_error(outputs[0], expected.logits) <= 1e-5
     else:
         assert relative_error(outputs[1], expected.pooler_output) <= 1e-5
+
+
+def test_exporting_patch_sequences_of_a_relative_bias_model_is_refused_in_one_line(tmp_path, capsys):
+    """The model refuses such batches by name; so does the exporter, before it traces anything."""
+    from hubvit.folder import write_folder
+
+    model = HubViTForImageClassification(
+        tiny_config(patch_size=4, image_size=16, position_embedding_type="relative_2d")
+    )
+    write_folder(model, tmp_path / "src")
+    status = cli(["export", "onnx", str(tmp_path / "src"), str(tmp_path / "seq.onnx"), "--patch_sequences"])
+    error = capsys.readouterr().err
+    assert status == 2 and not (tmp_path / "seq.onnx").exists()
+    last = error.strip().splitlines()[-1]
+    assert "Traceback" not in error and last.startswith("hubvit export onnx: error: --patch_sequences"), error
+    assert "position_embedding_type='relative_2d'" in last
