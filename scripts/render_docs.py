@@ -421,6 +421,11 @@ def benchmark_amx(root: Path) -> str:
     return benchmark_routes(root, "amx")
 
 
+@table("benchmark-avx512")
+def benchmark_avx512(root: Path) -> str:
+    return benchmark_routes(root, "avx512")
+
+
 # ---------------------------------------------------------------------------------------------- rendering
 
 
