@@ -19,9 +19,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..deadlines import _env_float
 from ..limits import file_sha256
 from ..network import NetworkError, connect_timeout, describe, read_bounded
 from .common import ConversionError
+
+DISK_RESERVE_BYTES = 1 << 30
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +155,14 @@ def fetch(url, expected_sha256=None):
     return Source(final, url=url, sha256=digest)
 
 
+def usable_disk(folder):
+    """(bytes a download may write in `folder`, bytes kept free): a body of unknown size stops while the disk still
+    has HUBVIT_DISK_RESERVE_BYTES free, by default the larger of 1 GiB and 5% of the disk."""
+    usage = shutil.disk_usage(folder)
+    reserve = int(_env_float("HUBVIT_DISK_RESERVE_BYTES", max(DISK_RESERVE_BYTES, usage.total // 20)))
+    return usage.free - reserve, reserve
+
+
 def download(url, final):
     """Download `url` to `final` through `final.part`, resuming a partial file when the server honours Range."""
     from tqdm.auto import tqdm
@@ -183,11 +194,12 @@ def download(url, final):
         length = response.headers.get("Content-Length")
         length = length.strip() if length is not None and length.strip().isdecimal() else None
         total = start + int(length) if length is not None else None
-        free = shutil.disk_usage(part.parent).free
-        if length is not None and int(length) > free:
+        usable, reserve = usable_disk(part.parent)
+        if (length is not None and int(length) > usable) or usable <= 0:
+            size = f"the file is {int(length)} bytes (Content-Length)" if length is not None else "the file's size"
             raise ConversionError(
-                f"{url}: the file is {int(length)} bytes (Content-Length) but {part.parent} has only {free} bytes "
-                "free; free some space or point HUBVIT_CACHE at a larger disk"
+                f"{url}: {size} but {part.parent} has only {usable + reserve} bytes free, {reserve} of which are "
+                "kept free (HUBVIT_DISK_RESERVE_BYTES); free some space or point HUBVIT_CACHE at a larger disk"
             )
         etag = response.headers.get("ETag") or response.headers.get("Last-Modified")
         if etag:
@@ -210,8 +222,8 @@ def download(url, final):
                     url,
                     write,
                     expected=int(length) if length is not None else None,
-                    cap=free,
-                    cap_place=str(part.parent),
+                    cap=usable,
+                    cap_place=f"{part.parent} less the {reserve} bytes kept free",
                 )
         except NetworkError:
             raise

@@ -219,16 +219,33 @@ def test_a_jax_download_below_the_minimum_rate_fails_before_the_deadline(tmp_pat
 Usage = collections.namedtuple("Usage", "total used free")
 
 
-def test_an_endless_jax_download_stops_at_the_free_disk_space(tmp_path, capsys, monkeypatch, quick):
+def test_an_endless_jax_download_stops_while_the_disk_keeps_its_reserve(tmp_path, capsys, monkeypatch, quick):
+    """A body of unknown size stops at the free space less the bytes kept free, so the disk is never filled."""
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 10**6, 10**6))
+    monkeypatch.setenv("HUBVIT_DISK_RESERVE_BYTES", str(400_000))
     monkeypatch.setenv("HUBVIT_DEADLINE", "60")
     with HostileServer(endless) as server:
         finished, status, _ = within(30, cli, jax(server, tmp_path))
     assert finished, "download still going after 30 s"
     lines = error_lines(capsys)
     assert status == 2 and len(lines) == 1, lines
-    assert "more than 1000000 bytes, the free space of" in lines[0] and server.endpoint in lines[0]
-    assert next((tmp_path / "cache").rglob("*.part")).stat().st_size <= 10**6
+    assert "more than 600000 bytes, the free space of" in lines[0] and server.endpoint in lines[0]
+    assert "less the 400000 bytes kept free" in lines[0]
+    assert next((tmp_path / "cache").rglob("*.part")).stat().st_size <= 600_000
+
+
+def test_a_download_is_refused_before_writing_when_the_disk_has_less_than_its_reserve_free(
+    tmp_path, capsys, monkeypatch, quick
+):
+    """The default reserve is the larger of 1 GiB and 5% of the disk: 50 GB of this 1 TB disk, which has 1 MB free."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 10**6, 10**6))
+    with HostileServer(endless) as server:
+        finished, status, _ = within(30, cli, jax(server, tmp_path))
+    assert finished
+    lines = error_lines(capsys)
+    assert status == 2 and len(lines) == 1, lines
+    assert "has only 1000000 bytes free, 50000000000 of which are kept free" in lines[0]
+    assert not list((tmp_path / "cache").rglob("*.part"))
 
 
 def declares_a_gigabyte(connection, stopped):
