@@ -314,9 +314,10 @@ def estimated_training_bytes(parameters, hidden_size, num_layers, intermediate_s
     return 4 * (3 * parameters + batch_size * num_layers * tokens * (4 * hidden_size + intermediate_size))
 
 
-def check_config_sizes(config, where="config.json", image_size=None, batch_size=None):
-    """Refuse a config whose model (or one image's attention at `image_size`, or with `batch_size` a training step
-    on that many images) cannot fit this machine, naming the field, before anything is built. A source's config
+def check_config_sizes(config, where="config.json", image_size=None, batch_size=None, num_patches=None):
+    """Refuse a config whose model (or one image's attention at `image_size`, or of `num_patches` patches: a patch
+    sequence, or with `batch_size` a training step on that many images) cannot fit this machine, naming the field,
+    before anything is built. A source's config
     (a dict) is bounded from its size fields, unset ones at hubvit's defaults; a hubvit config is counted exactly."""
     from .modeling.configuration_hubvit import HubViTConfig
 
@@ -335,11 +336,14 @@ def check_config_sizes(config, where="config.json", image_size=None, batch_size=
         return
     if min(height, width, ph, pw) <= 0:
         raise SizeError(f"{where}: image_size {height}x{width} and patch_size {ph}x{pw} must be positive")
-    tokens = (height // ph) * (width // pw) + 1
+    tokens = (height // ph) * (width // pw) + 1 if num_patches is None else num_patches + 1
+    shape = f"image_size {height}x{width}" if num_patches is None else f"{num_patches} patches per image"
     if tokens > MAX_TOKENS:
+        given = f"image_size {height}x{width} with patch_size {ph}x{pw}" if num_patches is None else shape
+        smaller = "image_size" if num_patches is None else "patch budget"
         raise SizeError(
-            f"{where}: image_size {height}x{width} with patch_size {ph}x{pw} gives {tokens} tokens, more than "
-            f"{MAX_TOKENS} (attention grows with their square); expected a smaller image_size"
+            f"{where}: {given} gives {tokens} tokens, more than {MAX_TOKENS} (attention grows with their square); "
+            f"expected a smaller {smaller}"
         )
     hidden = fields.get("hidden_size", HubViTConfig.hidden_size)
     layers = fields.get("num_hidden_layers", HubViTConfig.num_hidden_layers)
@@ -365,12 +369,13 @@ def check_config_sizes(config, where="config.json", image_size=None, batch_size=
         largest = max(("hidden_size", "intermediate_size", "num_hidden_layers"), key=lambda n: fields.get(n, 0))
         step = f" (a training step on {batch_size} images)" if batch_size else ""
         weights = 4 * parameters * (4 if batch_size else 1)
-        hint = f"check {largest}" if weights * 2 > nbytes else "expected a smaller image_size"
+        smaller = "image_size" if num_patches is None else "patch budget"
+        hint = f"check {largest}" if weights * 2 > nbytes else f"expected a smaller {smaller}"
         raise SizeError(
             f"{where}: hidden_size={hidden}, intermediate_size={intermediate}, num_hidden_layers={layers}, "
-            f"{tokens} tokens at image_size {height}x{width} need at least {_human(nbytes)}{step}, more than the "
+            f"{tokens} tokens at {shape} need at least {_human(nbytes)}{step}, more than the "
             f"{_human(budget)} available ({source}); {hint}"
-            + (" or batch size" if batch_size and "image" in hint else "")
+            + (" or batch size" if batch_size and "smaller" in hint else "")
         )
 
 

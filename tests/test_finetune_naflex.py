@@ -260,3 +260,23 @@ def test_an_image_folder_of_mixed_sizes_trains_in_batches_of_one_patch_count(tmp
         )
     assert result.metrics["global_step"] == 8 and result.metrics["eval_samples"] == 8
     assert len(seen) == 8 and all(len(counts) == 1 for counts in seen), seen
+
+
+def test_a_patch_budget_no_attention_could_serve_is_refused_before_training(tmp_path):
+    """100,000 patches per image: more tokens than any attention here takes (it stalled at step 0 of 2)."""
+    with pytest.raises(UsageError, match="--max_num_patches 100000: 100000 patches per image gives 100001 tokens"):
+        hubvit.train(output_dir=str(tmp_path / "out"), **{**TINY, "max_num_patches": 100000})
+    assert not (tmp_path / "out" / "model").exists()
+
+
+def test_resuming_with_another_patch_budget_is_refused_naming_both(tmp_path):
+    options = dict(TINY, max_train_steps=2, checkpointing_steps="1")
+    hubvit.train(output_dir=str(tmp_path / "out"), **options)
+    budget = options["max_num_patches"]
+    for other, said in ((budget * 2, f"--max_num_patches {budget * 2}"), (None, "--max_num_patches none")):
+        with pytest.raises(UsageError, match=f"was trained with --max_num_patches {budget}; this run has {said}"):
+            hubvit.train(
+                output_dir=str(tmp_path / "out"),
+                resume_from_checkpoint="latest",
+                **{**options, "max_num_patches": other},
+            )

@@ -183,6 +183,31 @@ def _damaged_checkpoint_errors():
 DAMAGED_CHECKPOINT_ERRORS = _damaged_checkpoint_errors()
 
 
+RECORDED_OPTIONS = ("max_num_patches",)
+"""Options a checkpoint records: a run resumed with another value would train another model on the same weights."""
+
+
+def recorded_options(args):
+    return {name: getattr(args, name, None) for name in RECORDED_OPTIONS}
+
+
+def check_recorded_options(path, args):
+    """Refuse a resume whose recorded options (`RECORDED_OPTIONS`) differ from this run's, naming both values;
+    a checkpoint written before they were recorded is not checked."""
+    try:
+        state = json.loads((Path(path) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return  # read_trainer_state names the problem
+    for name, value in recorded_options(args).items():
+        if isinstance(state, dict) and name in state and state[name] != value:
+            was = "without it" if state[name] is None else f"with --{name} {state[name]}"
+            now = "none" if value is None else str(value)
+            raise UsageError(
+                f"--resume_from_checkpoint {path} was trained {was}; this run has --{name} {now}: resume with the "
+                "checkpoint's value, or start a new run"
+            )
+
+
 def read_trainer_state(path):
     """(global_step, epoch, batches_in_epoch) of a checkpoint, or UsageError naming what is wrong."""
     file = Path(path) / STATE_FILE

@@ -22,9 +22,11 @@ import torch.nn.functional as F
 from . import checks
 from ..errors import UsageError
 from .checkpoints import (
+    check_recorded_options,
     discard_checkpoints,
     load_checkpoint,
     project_configuration,
+    recorded_options,
     resolve_checkpoint,
     save_checkpoint,
 )
@@ -198,6 +200,17 @@ def check_patch_sequences(args, config):
         problem = f"patch_size={[ph, pw]}: patch sequences are cut into square patches"
     if problem is not None:
         raise UsageError(f"--max_num_patches {args.max_num_patches} with this model: {problem}")
+    from ..limits import SizeError, check_config_sizes
+
+    try:
+        check_config_sizes(
+            config,
+            f"--max_num_patches {args.max_num_patches}",
+            num_patches=args.max_num_patches,
+            batch_size=args.per_device_train_batch_size,
+        )
+    except SizeError as error:
+        raise UsageError(str(error)) from None
 
 
 def prepare(args, accelerator, train_split, eval_split, model, preprocessing, lr_scale=None):
@@ -286,6 +299,7 @@ def resume(run):
             discard_checkpoints(run.accelerator, args.output_dir)
         return Position()
     path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    check_recorded_options(path, args)
     global_step, epoch, skip = load_checkpoint(run.accelerator, path, streamed_loader(run), run.ema)
     checks.check_resume(global_step, run.schedule.max_steps, path)
     if skip >= len(run.train_loader):
@@ -339,6 +353,7 @@ def log_step(run, loss, window, epoch_fraction, global_step, progress):
 
 def checkpoint(run, position, batches_in_epoch):
     state = {"global_step": position.global_step, "epoch": position.epoch, "batches_in_epoch": batches_in_epoch}
+    state.update(recorded_options(run.args))
     logger.info(f"saved checkpoint {save_checkpoint(run.accelerator, state, streamed_loader(run), run.ema)}")
 
 
