@@ -17,7 +17,7 @@ from ..modeling import HubViTConfig
 from ..modeling.positions_hubvit import POSITION_KINDS
 from . import sources
 from ..options import argument, choice, flag, option, settle, text, whole
-from ..preprocessing import Preprocessing
+from ..preprocessing import Preprocessing, patch_budget_processor
 from .common import (
     ConversionError,
     Conversion,
@@ -399,10 +399,16 @@ def convert(args):
         f"GELU: {'tanh approximation, as Flax nn.gelu' if args.gelu == 'tanh' else 'exact erf (not the original)'}; "
         f"{report[0]}."
     )
+    preprocessing = Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, resample="bilinear")
+    if layout.naflex:  # each image at its own aspect ratio within the table's patch count, as SigLIP 2 serves it
+        (rows, columns), (patch, _) = config.grid_size, config.patch_size_2d
+        budget = rows * columns
+        preprocessing.processor = patch_budget_processor(patch, budget, "bilinear", (0.5,) * 3, (0.5,) * 3)
+        preprocessing.notes.append(f"SigLIP 2's NaFlex processor: at most {budget} patches of {patch} pixels")
     return Conversion(
         weights=state_dict,
         config=fields,
-        preprocessing=Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, resample="bilinear"),
+        preprocessing=preprocessing,
         labels={i: f"LABEL_{i}" for i in range(num_labels)},
         reference=flax_reference(source, layout, config, args),
         provenance=provenance,

@@ -100,7 +100,7 @@ def read_config(source, layout, args, path):
         )
     ph, pw, channels, _ = kernel
     class_token = f"{p}cls" in source
-    has_map = f"{p}MAPHead_0/probe" in source
+    has_map = map_head(source, p, path)
 
     pool_type = args.pool_type or ("tok" if class_token else "map" if has_map else "gap")
     if pool_type == "tok" and not class_token:
@@ -193,6 +193,17 @@ def head_fields(source, layout, args, path):
 NAFLEX_POOL_TYPES = reading(BIG_VISION_NAFLEX_POOL_TYPE)
 
 
+def map_head(source, p, path):
+    """Whether the file has a MAP head; one whose arrays are there without its probe is refused, naming it (the
+    rest would otherwise be listed as arrays no rule maps, as if the file pooled another way)."""
+    probe = f"{p}MAPHead_0/probe"
+    if probe not in source and any(key.startswith(f"{p}MAPHead_0/") for key in source):
+        raise ConversionError(
+            f"{path}: the MAP head's arrays are there but not its probe ('{probe}'): an incomplete file"
+        )
+    return probe in source
+
+
 def naflex_config(source, layout, args, path):
     """big_vision's NaFlex ViT (models/proj/image_text/naflex_vit.py): a Dense patch embedding over (row, column,
     channel) pixels, an (n, n, D) table resized to each image's grid bilinearly with antialias (SigLIP 2's rule),
@@ -217,7 +228,7 @@ def naflex_config(source, layout, args, path):
     table = _shape(source, f"{p}pos_embedding", layout, path)
     if len(table) != 3 or table[0] != table[1]:
         raise ConversionError(f"{path}: {p}pos_embedding has shape {table}; expected a square (n, n, width) grid")
-    has_map = f"{p}MAPHead_0/probe" in source
+    has_map = map_head(source, p, path)
     pool_type = args.pool_type or ("map" if has_map else "gap")
     if (pool_type == "map") != has_map or pool_type not in NAFLEX_POOL_TYPES:
         raise ConversionError(

@@ -152,3 +152,29 @@ def test_an_incomplete_naflex_file_lists_what_it_lacks(tmp_path, capsys):
     del params["Transformer"]["encoder_norm"]
     error = refusal(tmp_path, capsys, params)
     assert "params/Transformer/encoder_norm/scale" in error
+
+
+def test_the_folder_carries_siglip_2s_processor_at_the_tables_budget(tmp_path):
+    """Not a square resize: AutoImageProcessor gives each image at its own aspect ratio within the 4x4 table's 16
+    patches, and the converted model takes what it writes."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, Siglip2ImageProcessor
+
+    model = flax_model(pool_type="map", scan=False)
+    converted = convert(model, random_params(model), tmp_path)
+    processor = AutoImageProcessor.from_pretrained(str(tmp_path / "out"))
+    assert isinstance(processor, Siglip2ImageProcessor)
+    assert (processor.patch_size, processor.max_num_patches) == (P, SIDE * SIDE)
+    wide = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 120, 3), dtype=np.uint8))
+    batch = processor(images=[wide], return_tensors="pt")
+    assert batch["spatial_shapes"].tolist() == [[2, 6]]  # 1:3 kept, 12 of 16 patches
+    with torch.no_grad():
+        assert converted(**batch).logits.shape == (1, NC)
+
+
+def test_a_map_head_without_its_probe_is_refused_naming_the_probe(tmp_path, capsys):
+    params = random_params(flax_model(pool_type="map"))
+    del params["MAPHead_0"]["probe"]
+    assert "the MAP head's arrays are there but not its probe ('params/MAPHead_0/probe')" in refusal(
+        tmp_path, capsys, params
+    )
