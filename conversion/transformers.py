@@ -39,6 +39,8 @@ from .transformers_towers import map_tower, prefix_of, vision_config
 ARCHITECTURES = {
     "ViTModel": ("vit", None),
     "ViTForImageClassification": ("vit", "classifier"),
+    "ViTMSNModel": ("vit_msn", None),
+    "ViTMSNForImageClassification": ("vit_msn", "classifier"),
     "DeiTModel": ("deit", None),
     "DeiTForImageClassification": ("deit", "cls_only"),
     "DeiTForImageClassificationWithTeacher": ("deit", "teacher"),
@@ -49,23 +51,26 @@ ARCHITECTURES = {
 }
 BASE_MODELS = {
     "vit": "ViTModel",
+    "vit_msn": "ViTMSNModel",
     "deit": "DeiTModel",
     "dinov2": "Dinov2Model",
     "dinov2_with_registers": "Dinov2WithRegistersModel",
 }
 CONFIG_CLASSES = {
     "vit": "ViTConfig",
+    "vit_msn": "ViTMSNConfig",
     "deit": "DeiTConfig",
     "dinov2": "Dinov2Config",
     "dinov2_with_registers": "Dinov2WithRegistersConfig",
 }
 # How each family resizes its position table in `interpolate_pos_encoding` (transformers 5.24):
 # all bicubic with align_corners=False; only DINOv2-with-registers antialiases.
-ANTIALIAS = {"vit": False, "deit": False, "dinov2": False, "dinov2_with_registers": True}
+ANTIALIAS = {"vit": False, "vit_msn": False, "deit": False, "dinov2": False, "dinov2_with_registers": True}
 # Image processing when SRC has no preprocessor_config.json: (mean, std, resample) of the family's processor.
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DEFAULT_PREPROCESSING = {
     "vit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
+    "vit_msn": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
     "deit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
     "dinov2": (*IMAGENET, "bicubic"),
     "dinov2_with_registers": (*IMAGENET, "bicubic"),
@@ -179,7 +184,7 @@ def hubvit_settings(family, head, cfg):
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     if cfg.get("head_dim") is not None and cfg["head_dim"] * heads != hidden:
         raise ConversionError(f"head_dim={cfg['head_dim']} x {heads} heads != hidden_size={hidden}; hubvit needs equal")
-    if family in ("vit", "deit"):
+    if family in ("vit", "vit_msn", "deit"):
         intermediate = cfg["intermediate_size"]
     else:
         intermediate = int(hidden * cfg["mlp_ratio"])
@@ -291,7 +296,8 @@ def map_weights(weights, head, config, drop_head, description):
         mapping.map("embeddings.register_tokens", f"{embeddings}register_tokens")
 
     for i in range(config.num_hidden_layers):
-        roots = (f"{p}encoder.layer.{i}.", f"{p}layers.{i}.")
+        # transformers 5.25 saves ViTMSNForImageClassification's first block without the `vit.` prefix (and loads it)
+        roots = tuple(dict.fromkeys((f"{p}encoder.layer.{i}.", f"{p}layers.{i}.", f"encoder.layer.{i}.")))
         target = f"encoder.layers.{i}."
 
         def source(name, part):
@@ -376,7 +382,8 @@ def tower_reference(args, src, tower, architecture, config):
     def forward(pixels):
         kwargs = tower.resize_kwargs if tuple(pixels.shape[-2:]) != native else {}
         outputs = run(pixel_values=pixels, **kwargs)
-        pooled = {} if outputs.pooler_output is None else {"pooler_output": outputs.pooler_output}
+        pooler_output = getattr(outputs, "pooler_output", None)  # GIT's and Idefics3's towers have none
+        pooled = {} if pooler_output is None else {"pooler_output": pooler_output}
         return {"last_hidden_state": outputs.last_hidden_state, **pooled}
 
     return Reference(

@@ -82,6 +82,27 @@ def siglip(reference, nested=None):
     )
 
 
+def idefics3_settings(cfg, keys):
+    """Idefics3's and SmolVLM's vision encoder: SigLIP's tower without its head (`post_layernorm` on every token, no
+    pooler). Its positions are bucketed from each image's patch grid, which is the table itself at the native size
+    only, so the reference runs there alone."""
+    return dict(**encoder_settings(cfg), class_token=False, pooling="none")
+
+
+idefics3 = Tower(
+    family="idefics3",
+    config_class="Idefics3VisionConfig",
+    settings=idefics3_settings,
+    map_weights=siglip_weights,
+    marker="embeddings.patch_embedding.weight",
+    reference=None,
+    preprocessing=(*HALF, "bilinear"),
+    resize_kwargs=None,
+    citation_key=["siglip"],
+    prefixes=("",),
+)
+
+
 # ------------------------------------------------------------------------------------------------- SigLIP 2 NaFlex
 
 
@@ -156,7 +177,7 @@ def clip_settings(cfg, keys):
     return dict(**encoder_settings(cfg), patch_bias=False, pre_norm=True, pooling="cls", fc_norm=True)
 
 
-def clip_weights(mapping, config, p, cfg):
+def clip_weights(mapping, config, p, cfg, post_norm="pooler.fc_norm"):
     e = f"{p}embeddings."
     mapping.map("embeddings.class_token", f"{e}class_embedding", lambda t: t.reshape(1, 1, -1))
     mapping.map("embeddings.patch_embedding.weight", f"{e}patch_embedding.weight")
@@ -164,15 +185,28 @@ def clip_weights(mapping, config, p, cfg):
     mapping.drop(rf"{e}position_ids", "index buffer")
     map_params(mapping, "pre_norm", f"{p}pre_layrnorm")
     map_encoder(mapping, config, p)
-    map_params(mapping, "pooler.fc_norm", f"{p}post_layernorm")
+    map_params(mapping, post_norm, f"{p}post_layernorm")
 
 
-def clip(reference, nested=None):
+def git_settings(cfg, keys):
+    """GIT's image encoder: CLIP's tower with `post_layernorm` on every token (its `last_hidden_state`), no pooler:
+    hubvit's final norm, the [CLS] as `pooler_output`."""
+    return dict(**encoder_settings(cfg), patch_bias=False, pre_norm=True, pooling="cls")
+
+
+def git_weights(mapping, config, p, cfg):
+    clip_weights(mapping, config, p, cfg, post_norm="norm")
+
+
+def clip(
+    reference, nested=None, config_class="CLIPVisionConfig", family="clip", settings=clip_settings, weights=clip_weights
+):
+    """CLIP's tower (MetaCLIP 2 runs the same one under its own config class; GIT's normalises every token)."""
     return Tower(
-        family="clip",
-        config_class="CLIPVisionConfig",
-        settings=clip_settings,
-        map_weights=clip_weights,
+        family=family,
+        config_class=config_class,
+        settings=settings,
+        map_weights=weights,
         marker="embeddings.class_embedding",
         reference=reference,
         preprocessing=(*OPENAI_CLIP, "bicubic"),
@@ -191,4 +225,22 @@ TOWERS = {
     "CLIPVisionModel": clip(loader("CLIPVisionModel")),
     "CLIPVisionModelWithProjection": clip(loader("CLIPVisionModelWithProjection", "vision_model")),
     "CLIPModel": clip(loader("CLIPModel", "vision_model"), nested="vision_config"),
+    "MetaClip2VisionModel": clip(loader("MetaClip2VisionModel"), config_class="MetaClip2VisionConfig"),
+    "MetaClip2VisionModelWithProjection": clip(
+        loader("MetaClip2VisionModelWithProjection", "vision_model"), config_class="MetaClip2VisionConfig"
+    ),
+    "MetaClip2Model": clip(
+        loader("MetaClip2Model", "vision_model"), nested="vision_config", config_class="MetaClip2VisionConfig"
+    ),
+    "GitVisionModel": clip(
+        loader("GitVisionModel"),
+        config_class="GitVisionConfig",
+        family="git",
+        settings=git_settings,
+        weights=git_weights,
+    ),
+    "Idefics3VisionTransformer": replace(idefics3, reference=loader("Idefics3VisionTransformer")),
+    "SmolVLMVisionTransformer": replace(
+        idefics3, reference=loader("SmolVLMVisionTransformer"), config_class="SmolVLMVisionConfig", family="smolvlm"
+    ),
 }

@@ -51,6 +51,8 @@ def convert(src, out, *options):
 CASES = [
     ("ViTModel", True),
     ("ViTForImageClassification", False),
+    ("ViTMSNModel", True),
+    ("ViTMSNForImageClassification", False),  # transformers 5.25 saves its first block without the `vit.` prefix
     ("DeiTModel", True),
     ("DeiTForImageClassification", False),
     ("DeiTForImageClassificationWithTeacher", False),
