@@ -45,6 +45,7 @@ ARCHITECTURES = {
     "DeiTForImageClassification": ("deit", "cls_only"),
     "DeiTForImageClassificationWithTeacher": ("deit", "teacher"),
     "Dinov2Model": ("dinov2", None),
+    "Dinov2Backbone": ("dinov2", None),  # the body; its stages are chosen when the folder is loaded as a backbone
     "Dinov2ForImageClassification": ("dinov2", "cls_and_mean"),
     "Dinov2WithRegistersModel": ("dinov2_with_registers", None),
     "Dinov2WithRegistersForImageClassification": ("dinov2_with_registers", "cls_and_mean"),

@@ -326,3 +326,19 @@ def test_a_tower_folder_with_a_classifier_is_refused_by_the_tower_export(tmp_pat
     write_folder(classifier, tmp_path / "headed")
     assert cli(["export", "transformers", str(tmp_path / "headed"), str(tmp_path / "back")]) == 2
     assert "DINOv3ViTModel is a vision model without a classification head" in capsys.readouterr().err
+
+
+def test_a_converted_dinov2_backbone_gives_transformers_feature_maps(tmp_path):
+    """`Dinov2Backbone` converts as its body; hubvit's backbone on the folder returns transformers' maps."""
+    config = transformers.Dinov2Config(**SMALL, mlp_ratio=2, out_indices=[1, 2], reshape_hidden_states=True)
+    source = randomize_(transformers.Dinov2Backbone(config)).eval()
+    source.save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    ours = HubViTBackbone.from_pretrained(tmp_path / "out", out_indices=[1, 2]).eval()
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs, mine = source(pixels).feature_maps, ours(pixels).feature_maps
+    assert len(theirs) == len(mine) == 2
+    for expected, got in zip(theirs, mine):
+        assert got.shape == expected.shape
+        assert relative_error(got, expected) <= 1e-5
