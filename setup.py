@@ -18,6 +18,7 @@ TEST = [
     "pytest-xdist>=3.6",
     "ruff>=0.6",
     "timm>=1.0.20",
+    "open-clip-torch>=3",  # open_clip checkpoints are converted, and checked against open_clip itself
     *JAX,
     "scikit-learn",
     "scikit-image",

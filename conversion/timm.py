@@ -240,6 +240,30 @@ def read_settings(model, architecture):
     return settings, []
 
 
+def open_clip_image_tower(weights, architecture, model_args):
+    """(timm's tensors, lines naming what was left out) for an open_clip state dict, else (`weights`, []).
+
+    A timm trunk (`visual.trunk.*`) is that timm model's own tensors; its projection into the joint embedding space
+    (`visual.head.*`) and the text tower are left out. OpenAI CLIP's own tower (`visual.class_embedding`, ...) goes
+    through timm's checkpoint filter, which keeps the projection as the head, as timm's `*_clip_*` models do."""
+    trunk = "visual.trunk."
+    if any(key.startswith(trunk) for key in weights):
+        kept = {key.removeprefix(trunk): value for key, value in weights.items() if key.startswith(trunk)}
+        left = sorted(key for key in weights if not key.startswith(trunk))
+    elif "visual.class_embedding" in weights:
+        from timm.models.vision_transformer import checkpoint_filter_fn
+
+        projection = weights.get("visual.proj")
+        classes = int(projection.shape[1]) if isinstance(projection, torch.Tensor) else 0
+        model = create_timm_model(architecture, {**model_args, "num_classes": classes})
+        kept = checkpoint_filter_fn(dict(weights), model)
+        left = sorted(key for key in weights if not key.startswith("visual."))
+    else:
+        return weights, []
+    shown = ", ".join(left[:6]) + (" ..." if len(left) > 6 else "")
+    return kept, [f"dropped {len(left)} open_clip tensors outside the image tower ({shown})"] if left else []
+
+
 def clean_state_dict(weights):
     """Strip DistributedDataParallel's `module.` prefix when every key carries it."""
     if weights and all(isinstance(k, str) and k.startswith("module.") for k in weights):
@@ -381,7 +405,7 @@ def convert(args):
     model_args = parse_model_args(args.model_args)
     source = sources.resolve(args.src, revision=args.revision)
     architecture, model_args, hub_config, weights_path = read_source(source.path, args.architecture, model_args)
-    weights = clean_state_dict(read_weights(weights_path))
+    weights, foreign = open_clip_image_tower(clean_state_dict(read_weights(weights_path)), architecture, model_args)
     if hub_config is None and "num_classes" not in model_args:
         head = weights.get("head.weight")
         model_args["num_classes"] = int(head.shape[0]) if isinstance(head, torch.Tensor) else 0
@@ -420,7 +444,7 @@ def convert(args):
         "the position table is resized as timm's `dynamic_img_size=True` does (bicubic, antialias, float32).",
         command=command,
         family=family,
-        dropped=mapping.report(),
+        dropped=foreign + mapping.report(),
         license=cfg.get("license"),
         citation_key=family if family in CITATIONS else None,
         title=f"hubvit {name}",

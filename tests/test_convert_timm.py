@@ -356,3 +356,39 @@ def test_a_glu_mlp_with_its_gate_last_is_packed_gate_first(tmp_path):
     pixels = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert relative_error(model(pixel_values=pixels).pooler_output, source(pixels)) <= 1e-5
+
+
+TEXT_TOWER = dict(context_length=8, vocab_size=50, width=32, heads=2, layers=1)
+
+
+@torch.no_grad()
+def test_an_open_clip_checkpoint_converts_its_image_tower_and_matches_open_clip(tmp_path, capsys):
+    """open_clip's own ViT (OpenAI CLIP's layout, `visual.*`): through timm's CLIP remap, the projection kept as the
+    head, the text tower named and left out; the logits are open_clip's `encode_image` (1e-5 of the scale)."""
+    open_clip = pytest.importorskip("open_clip")
+    vision = dict(image_size=32, layers=2, width=32, patch_size=8, head_width=16)
+    source = randomize_(open_clip.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=TEXT_TOWER)).eval()
+    torch.save(source.state_dict(), tmp_path / "open_clip.bin")
+    args = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+    argv = ["--architecture", "vit_base_patch16_clip_224", "--model-args", json.dumps(args)]
+    assert convert(tmp_path / "open_clip.bin", *argv, tmp_path / "out") == 0
+    assert "open_clip tensors outside the image tower" in capsys.readouterr().out
+    converted = AutoModelForImageClassification.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert relative_error(converted(pixel_values=pixels).logits, source.encode_image(pixels)) <= 1e-5
+
+
+@torch.no_grad()
+def test_an_open_clip_checkpoint_with_a_timm_trunk_converts_the_trunk(tmp_path):
+    """`visual.trunk.*`: the timm model itself, its projection head and the text tower left out."""
+    open_clip = pytest.importorskip("open_clip")
+    vision = dict(timm_model_name="vit_tiny_patch16_224", timm_model_pretrained=False, timm_pool="", image_size=224)
+    source = randomize_(open_clip.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=TEXT_TOWER)).eval()
+    torch.save(source.state_dict(), tmp_path / "open_clip.bin")
+    assert convert(tmp_path / "open_clip.bin", "--architecture", "vit_tiny_patch16_224", tmp_path / "out") == 0
+    converted = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    pixels = torch.randn(
+        1, 3, 224, 224, generator=torch.Generator().manual_seed(0)
+    )  # open_clip builds the trunk at 224
+    expected = source.visual.trunk.forward_features(pixels)
+    assert relative_error(converted(pixel_values=pixels).last_hidden_state, expected) <= 1e-5
