@@ -1,6 +1,6 @@
-"""Config fields checked against their annotations: what `HubViTConfig` refuses with the field, the value and the
-expected type named, the same on every transformers release (configuration_hubvit.py says why hubvit checks them
-itself).
+"""Values checked against their annotations: what `HubViTConfig` refuses with the field, the value and the expected
+type named, the same on every transformers release (configuration_hubvit.py says why hubvit checks them itself);
+the training options' types and choices are checked with the same `matches` (hubvit/training/option_checks.py).
 
 This file travels to the Hub next to every checkpoint: flat, no I/O, imported relatively.
 """
@@ -33,6 +33,8 @@ def matches(value, expected):
     origin, args = typing.get_origin(expected), typing.get_args(expected)
     if origin in (typing.Union, types.UnionType):
         return any(matches(value, option) for option in args)
+    if origin is typing.Literal:
+        return any(value == choice and type(value) is type(choice) for choice in args)
     if origin is list:
         return isinstance(value, list) and all(matches(item, args[0]) for item in value)
     if origin is tuple:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import UsageError
+from ..modeling.fields_hubvit import matches
 
 from . import checks
 from .checkpoints import check_earlier_checkpoints
@@ -44,20 +45,14 @@ def check_types(args):
         if value is None:
             continue
         allowed, choices = expected_type(type(args), f.name)
-        if choices is not None:
-            if value not in choices:
-                raise UsageError(f"--{f.name} {value!r}: expected one of {', '.join(map(str, choices))}")
-            continue
-        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
-            setattr(args, f.name, float(value))
-            continue
         if isinstance(value, Path) and str in allowed:
-            setattr(args, f.name, str(value))
-            continue
-        wrong_bool = isinstance(value, bool) and bool not in allowed
-        if wrong_bool or not isinstance(value, tuple(allowed)):
+            value = str(value)
+        if not matches(value, typing.get_type_hints(type(args))[f.name]):
+            if choices is not None:
+                raise UsageError(f"--{f.name} {value!r}: expected one of {', '.join(map(str, choices))}")
             words = " or ".join(t.__name__ for t in allowed)
             raise UsageError(f"--{f.name} {value!r}: expected {words}, got {type(value).__name__}")
+        setattr(args, f.name, float(value) if float in allowed and type(value) is int else value)
 
 
 def check_args(args):
