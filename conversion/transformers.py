@@ -40,6 +40,8 @@ ARCHITECTURES = {
     "ViTModel": ("vit", None),
     "ViTForImageClassification": ("vit", "classifier"),
     "ViTMSNModel": ("vit_msn", None),
+    "ViTMAEModel": ("vit_mae", None),
+    "ViTMAEForPreTraining": ("vit_mae", None),  # the encoder; the pixel decoder of pre-training is named and dropped
     "ViTMSNForImageClassification": ("vit_msn", "classifier"),
     "DeiTModel": ("deit", None),
     "DeiTForImageClassification": ("deit", "cls_only"),
@@ -53,6 +55,7 @@ ARCHITECTURES = {
 BASE_MODELS = {
     "vit": "ViTModel",
     "vit_msn": "ViTMSNModel",
+    "vit_mae": "ViTMAEModel",
     "deit": "DeiTModel",
     "dinov2": "Dinov2Model",
     "dinov2_with_registers": "Dinov2WithRegistersModel",
@@ -60,18 +63,27 @@ BASE_MODELS = {
 CONFIG_CLASSES = {
     "vit": "ViTConfig",
     "vit_msn": "ViTMSNConfig",
+    "vit_mae": "ViTMAEConfig",
     "deit": "DeiTConfig",
     "dinov2": "Dinov2Config",
     "dinov2_with_registers": "Dinov2WithRegistersConfig",
 }
 # How each family resizes its position table in `interpolate_pos_encoding` (transformers 5.24):
 # all bicubic with align_corners=False; only DINOv2-with-registers antialiases.
-ANTIALIAS = {"vit": False, "vit_msn": False, "deit": False, "dinov2": False, "dinov2_with_registers": True}
+ANTIALIAS = {
+    "vit": False,
+    "vit_msn": False,
+    "vit_mae": False,
+    "deit": False,
+    "dinov2": False,
+    "dinov2_with_registers": True,
+}
 # Image processing when SRC has no preprocessor_config.json: (mean, std, resample) of the family's processor.
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DEFAULT_PREPROCESSING = {
     "vit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
     "vit_msn": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
+    "vit_mae": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
     "deit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
     "dinov2": (*IMAGENET, "bicubic"),
     "dinov2_with_registers": (*IMAGENET, "bicubic"),
@@ -185,7 +197,7 @@ def hubvit_settings(family, head, cfg):
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     if cfg.get("head_dim") is not None and cfg["head_dim"] * heads != hidden:
         raise ConversionError(f"head_dim={cfg['head_dim']} x {heads} heads != hidden_size={hidden}; hubvit needs equal")
-    if family in ("vit", "vit_msn", "deit"):
+    if family in ("vit", "vit_msn", "vit_mae", "deit"):
         intermediate = cfg["intermediate_size"]
     else:
         intermediate = int(hidden * cfg["mlp_ratio"])
@@ -276,6 +288,7 @@ def map_weights(weights, head, config, drop_head, description):
     p = body_prefix(weights)
     mapping.drop(rf"{re.escape(p)}pooler\.dense\.(weight|bias)", POOLER_REASON)
     mapping.drop(rf"{re.escape(p)}embeddings\.mask_token", "masked-image-modelling token of pre-training, unused here")
+    mapping.drop(r"decoder\..+", "MAE's pixel decoder of pre-training, not part of the encoder")
     if drop_head:
         mapping.drop(r"(cls_|distillation_)?classifier\.(weight|bias)", "classification head (--drop-head)")
 
@@ -342,7 +355,8 @@ def reference(args, src, architecture, family, head, config):
 
     if not args.verify:
         return Reference.unavailable("skipped (--no-verify)")
-    model, info = getattr(transformers, architecture).from_pretrained(str(src), output_loading_info=True)
+    unmasked = {"mask_ratio": 0.0} if family == "vit_mae" else {}  # MAE's encoder sees every patch, in order
+    model, info = getattr(transformers, architecture).from_pretrained(str(src), output_loading_info=True, **unmasked)
     missing = [k for k in info["missing_keys"] if "pooler" not in k]
     if missing:
         raise ConversionError(f"transformers itself cannot load SRC completely (missing {missing}); nothing written")
@@ -351,6 +365,9 @@ def reference(args, src, architecture, family, head, config):
     averaged = config.distillation_token and config.distillation_head
 
     def forward(pixels):
+        if unmasked:  # noise that sorts to the identity: no patch shuffled
+            patches = (pixels.shape[-2] // config.patch_size_2d[0]) * (pixels.shape[-1] // config.patch_size_2d[1])
+            kwargs["noise"] = torch.arange(patches, dtype=torch.float32).expand(pixels.shape[0], -1)
         outputs = model(pixel_values=pixels, **kwargs)
         if head:
             return {"logits": outputs.logits}

@@ -342,3 +342,21 @@ def test_a_converted_dinov2_backbone_gives_transformers_feature_maps(tmp_path):
     for expected, got in zip(theirs, mine):
         assert got.shape == expected.shape
         assert relative_error(got, expected) <= 1e-5
+
+
+@torch.no_grad()
+def test_an_mae_pretraining_folder_gives_its_encoder_and_names_the_decoder_it_drops(tmp_path, capsys):
+    """`ViTMAEForPreTraining`: the encoder converts; its pixel decoder is dropped by name. Against transformers'
+    `ViTMAEModel` with no patch masked and none shuffled (mask ratio 0, noise that sorts to the identity)."""
+    decoder = dict(decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2)
+    source = randomize_(transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(**SMALL, **decoder))).eval()
+    source.save_pretrained(tmp_path / "src")
+    assert cli(["convert", "transformers", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    assert "MAE's pixel decoder of pre-training, not part of the encoder" in capsys.readouterr().out
+    converted = AutoModel.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    encoder = transformers.ViTMAEModel.from_pretrained(tmp_path / "src", mask_ratio=0.0).eval()
+    for size in (32, 48):
+        pixels = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(size))
+        noise = torch.arange((size // 8) ** 2, dtype=torch.float32).expand(2, -1)
+        theirs = encoder(pixel_values=pixels, noise=noise, interpolate_pos_encoding=size != 32).last_hidden_state
+        assert relative_error(converted(pixel_values=pixels).last_hidden_state, theirs) <= 1e-5, size
