@@ -218,6 +218,67 @@ DINOV3 = Tower(
 )
 
 
+# ---------------------------------------------------------------------------------------------------------- InternVL
+
+
+def internvl_settings(cfg, keys):
+    """InternVL's vision tower (InternViT): a pre-norm ViT with layer scale, [CLS] with its table row resized bicubic
+    without antialias, no pooled output; its final norm only where it does not mean-pool. Its q/k norm spans all
+    heads at once, which hubvit's per-head norm is not: refused."""
+    if cfg["use_qk_norm"]:
+        raise ConversionError("use_qk_norm=True (one RMSNorm over all heads' queries and keys): hubvit norms each head")
+    if cfg["norm_type"] == "rms_norm" and not cfg["use_mean_pooling"]:
+        raise ConversionError(
+            "norm_type='rms_norm' with use_mean_pooling=False: InternVL's final norm is then a LayerNorm after RMSNorm "
+            "blocks; hubvit's final norm is of the blocks' kind"
+        )
+    if not cfg["use_absolute_position_embeddings"]:
+        raise ConversionError("use_absolute_position_embeddings=False: InternVL's tower then has no positions at all")
+    return dict(
+        **vit_sizes(cfg),
+        norm_type=cfg["norm_type"],
+        qkv_bias=cfg["attention_bias"],
+        layer_scale_init_value=cfg["layer_scale_init_value"],
+        final_norm=not cfg["use_mean_pooling"],
+        interpolation_mode="bicubic",
+        interpolation_antialias=False,
+        interpolation_align_corners=False,
+        pooling="none",
+    )
+
+
+def internvl_weights(mapping, config, p, cfg):
+    e = f"{p}embeddings."
+    mapping.drop(rf"{e}mask_token", MASK_TOKEN)
+    mapping.map("embeddings.class_token", f"{e}cls_token")
+    mapping.map("embeddings.position_embedding", f"{e}position_embeddings")
+    map_params(mapping, "embeddings.patch_embedding", f"{e}patch_embeddings.projection")
+    for i in range(config.num_hidden_layers):
+        source, target = f"{p}encoder.layer.{i}.", f"encoder.layers.{i}."
+        map_params(mapping, f"{target}norm1", f"{source}layernorm_before", config.norm_type == "layer_norm")
+        map_params(mapping, f"{target}norm2", f"{source}layernorm_after", config.norm_type == "layer_norm")
+        map_qkv(mapping, f"{target}attention", [f"{source}attention.{n}_proj" for n in "qkv"], config)
+        map_params(mapping, f"{target}attention.proj", f"{source}attention.projection_layer")
+        for n in (1, 2):
+            mapping.map(f"{target}layer_scale{n}", f"{source}lambda_{n}")
+        map_params(mapping, f"{target}mlp.fc1", f"{source}mlp.fc1")
+        map_params(mapping, f"{target}mlp.fc2", f"{source}mlp.fc2")
+    if config.final_norm:
+        map_params(mapping, "norm", f"{p}layernorm")
+
+
+INTERNVL = Tower(
+    family="internvl",
+    config_class="InternVLVisionConfig",
+    settings=internvl_settings,
+    map_weights=internvl_weights,
+    marker="embeddings.cls_token",
+    reference=loader("InternVLVisionModel"),
+    preprocessing=(*IMAGENET, "bicubic"),
+    resize_kwargs={},
+)
+
+
 # ------------------------------------------------------------------------------------------------------------ AIMv2
 
 
@@ -360,6 +421,7 @@ TOWERS = {
     "DINOv3ViTBackbone": DINOV3,
     "Aimv2VisionModel": AIMV2,
     "IJepaModel": IJEPA,
+    "InternVLVisionModel": INTERNVL,
 }
 """Every transformers architecture read as a tower (transformers_clip.py and transformers_beit.py add theirs)."""
 

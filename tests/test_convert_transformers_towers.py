@@ -41,6 +41,14 @@ TOWERS = {
     "siglip": ("SiglipVisionModel", {}, dict(class_token=False, pooling="map"), (32, 48)),
     "metaclip2": ("MetaClip2VisionModel", {}, dict(pre_norm=True, patch_bias=False, fc_norm=True), (32, 48)),
     "git": ("GitVisionModel", {}, dict(pre_norm=True, fc_norm=False, final_norm=True, pooling="cls"), (32, 48)),
+    "internvl_mean_pooling": ("InternVLVisionModel", {}, dict(layer_scale_init_value=0.1, final_norm=False), (32, 48)),
+    "internvl_rms_biases": (
+        "InternVLVisionModel",
+        dict(norm_type="rms_norm", attention_bias=True),
+        dict(norm_type="rms_norm", qkv_bias=True, pooling="none"),
+        (32, 48),
+    ),
+    "internvl_final_norm": ("InternVLVisionModel", dict(use_mean_pooling=False), dict(final_norm=True), (32, 48)),
     # Idefics3 and SmolVLM bucket each image's positions, which is the table itself at the native size only
     "idefics3": ("Idefics3VisionTransformer", {}, dict(class_token=False, pooling="none"), (32,)),
     "smolvlm": ("SmolVLMVisionTransformer", {}, dict(class_token=False, pooling="none"), (32,)),
@@ -209,6 +217,7 @@ def test_the_card_of_each_tower_cites_its_paper_by_title(tmp_path, architecture,
             "use_absolute_position_embeddings=True beside a relative position bias",
         ),
         ("DINOv3ViTModel", dict(query_bias=True, value_bias=False), "query_bias=True, value_bias=False"),
+        ("InternVLVisionModel", dict(use_qk_norm=True), "use_qk_norm=True (one RMSNorm over all heads"),
     ],
 )
 def test_what_hubvit_cannot_express_is_refused_by_name(tmp_path, capsys, architecture, fields, message):
@@ -267,6 +276,7 @@ def test_a_folder_of_another_class_names_every_class_read(tmp_path, capsys):
 # towers whose folder exports to another class computing the same function (MetaCLIP 2 as CLIP, Idefics3 and
 # SmolVLM as SigLIP 2) or to none (GIT's, with data2vec's without its pooler): the hubvit config does not record them
 NO_WAY_BACK = {"data2vec_without_pooler", "metaclip2", "git", "idefics3", "smolvlm"}
+NO_WAY_BACK |= {"internvl_mean_pooling", "internvl_rms_biases", "internvl_final_norm"}  # no exporter for InternVL yet
 
 
 @pytest.mark.parametrize("name", [name for name in TOWERS if name not in NO_WAY_BACK])
