@@ -158,6 +158,11 @@ def reference(args, weights, config):
 def convert(args):
     """The `Conversion` of a plain PyTorch ViT state dict; `args` is an `Options`."""
     weights = clean_state_dict(read_weights(args.src))
+    if "visual.class_embedding" in weights or any(key.startswith("visual.trunk.") for key in weights):
+        raise ConversionError(
+            f"{args.src} is an open_clip state dict (visual.*): convert its image tower with `hubvit convert timm "
+            f"{args.src} OUT --architecture NAME` (a timm CLIP ViT, or the trunk's timm model)"
+        )
     sizes = read_sizes(weights)
     num_labels = sizes.pop("num_labels")
     if args.num_heads <= 0 or sizes["hidden_size"] % args.num_heads:

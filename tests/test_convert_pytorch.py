@@ -150,3 +150,15 @@ def test_other_layouts_are_refused(tmp_path, capsys):
     assert convert(tmp_path / "vit.pth", tmp_path / "out", "--num-heads", 5) == 2
     assert "--num-heads 5 does not divide the width 48" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_open_clip_state_dict_is_sent_to_the_timm_converter(tmp_path, capsys):
+    open_clip = pytest.importorskip("open_clip")
+    vision = dict(image_size=32, layers=1, width=32, patch_size=8, head_width=16)
+    text = dict(context_length=8, vocab_size=50, width=32, heads=2, layers=1)
+    torch.save(open_clip.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=text).state_dict(), tmp_path / "oc.bin")
+    assert cli(["convert", "pytorch", str(tmp_path / "oc.bin"), str(tmp_path / "out"), "--num-heads", "2"]) == 2
+    assert "is an open_clip state dict (visual.*): convert its image tower with `hubvit convert timm" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "out").exists()
