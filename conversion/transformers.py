@@ -68,8 +68,7 @@ CONFIG_CLASSES = {
     "dinov2": "Dinov2Config",
     "dinov2_with_registers": "Dinov2WithRegistersConfig",
 }
-# How each family resizes its position table in `interpolate_pos_encoding` (transformers 5.24):
-# all bicubic with align_corners=False; only DINOv2-with-registers antialiases.
+# Each family's `interpolate_pos_encoding` (5.24): bicubic, align_corners=False; only DINOv2-with-registers antialiases.
 ANTIALIAS = {
     "vit": False,
     "vit_msn": False,
@@ -310,8 +309,7 @@ def map_weights(weights, head, config, drop_head, description):
         mapping.map("embeddings.register_tokens", f"{embeddings}register_tokens")
 
     for i in range(config.num_hidden_layers):
-        # transformers 5.25 saves ViTMSNForImageClassification's first block without the `vit.` prefix (and loads it)
-        roots = tuple(dict.fromkeys((f"{p}encoder.layer.{i}.", f"{p}layers.{i}.", f"encoder.layer.{i}.")))
+        roots = (f"{p}encoder.layer.{i}.", f"{p}layers.{i}.", f"encoder.layer.{i}.")  # last: ViTMSN's block 0 (5.25)
         target = f"encoder.layers.{i}."
 
         def source(name, part):
@@ -366,8 +364,8 @@ def reference(args, src, architecture, family, head, config):
 
     def forward(pixels):
         if unmasked:  # noise that sorts to the identity: no patch shuffled
-            patches = (pixels.shape[-2] // config.patch_size_2d[0]) * (pixels.shape[-1] // config.patch_size_2d[1])
-            kwargs["noise"] = torch.arange(patches, dtype=torch.float32).expand(pixels.shape[0], -1)
+            (ph, pw), (h, w) = config.patch_size_2d, pixels.shape[-2:]
+            kwargs["noise"] = torch.arange((h // ph) * (w // pw), dtype=torch.float32).expand(pixels.shape[0], -1)
         outputs = model(pixel_values=pixels, **kwargs)
         if head:
             return {"logits": outputs.logits}

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch import nn
 
 from ..errors import listing
+from ..modeling.layers_hubvit import NORM_KINDS
 from .common import ConversionError
 from .mapping import StrictMapping
 
@@ -227,7 +229,7 @@ def internvl_settings(cfg, keys):
     heads at once, which hubvit's per-head norm is not: refused."""
     if cfg["use_qk_norm"]:
         raise ConversionError("use_qk_norm=True (one RMSNorm over all heads' queries and keys): hubvit norms each head")
-    if cfg["norm_type"] == "rms_norm" and not cfg["use_mean_pooling"]:
+    if NORM_KINDS[cfg["norm_type"]].make is not nn.LayerNorm and not cfg["use_mean_pooling"]:
         raise ConversionError(
             "norm_type='rms_norm' with use_mean_pooling=False: InternVL's final norm is then a LayerNorm after RMSNorm "
             "blocks; hubvit's final norm is of the blocks' kind"
@@ -255,8 +257,9 @@ def internvl_weights(mapping, config, p, cfg):
     map_params(mapping, "embeddings.patch_embedding", f"{e}patch_embeddings.projection")
     for i in range(config.num_hidden_layers):
         source, target = f"{p}encoder.layer.{i}.", f"encoder.layers.{i}."
-        map_params(mapping, f"{target}norm1", f"{source}layernorm_before", config.norm_type == "layer_norm")
-        map_params(mapping, f"{target}norm2", f"{source}layernorm_after", config.norm_type == "layer_norm")
+        with_bias = config.norm_kind.parameters_per_channel == 2
+        map_params(mapping, f"{target}norm1", f"{source}layernorm_before", with_bias)
+        map_params(mapping, f"{target}norm2", f"{source}layernorm_after", with_bias)
         map_qkv(mapping, f"{target}attention", [f"{source}attention.{n}_proj" for n in "qkv"], config)
         map_params(mapping, f"{target}attention.proj", f"{source}attention.projection_layer")
         for n in (1, 2):
