@@ -283,13 +283,12 @@ class BFloat16Probe:
         self.measure = measure or time_encoder_routes
         self.margin = margin
         self.choices: dict[tuple, str] = {}
-        self.timings: dict[tuple, dict[str, float]] = {}
 
     def route(self, key: tuple, run: Callable[[str], object]) -> str:
         if key not in self.choices:
             timings = self.measure(run)
             faster = timings["bf16"] * (1 + self.margin) < timings["float32"]
-            self.choices[key], self.timings[key] = ("bf16" if faster else "float32"), timings
+            self.choices[key] = "bf16" if faster else "float32"
             if not faster:
                 logger.info(
                     "precision='bf16': the encoder at input %s took %.1f ms in bfloat16 against %.1f ms in float32 on "

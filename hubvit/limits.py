@@ -275,7 +275,7 @@ def check_folder_weights(folder):
             check_safetensors(file)
 
 
-def encoder_parameters(hidden_size, num_layers, intermediate_size, num_heads=1, num_key_value_heads=None):
+def parameters_lower_bound(hidden_size, num_layers, intermediate_size, num_heads=1, num_key_value_heads=None):
     """A lower bound of the encoder's parameters from a source's size fields, before anything is built: the query
     and output projections, keys and values at their head count, two MLP matrices per block (a gated MLP's third
     and every bias and norm left out)."""
@@ -317,8 +317,8 @@ def estimated_training_bytes(parameters, hidden_size, num_layers, intermediate_s
 def check_config_sizes(config, where="config.json", image_size=None, batch_size=None, num_patches=None):
     """Refuse a config whose model (or one image's attention at `image_size`, or of `num_patches` patches: a patch
     sequence, or with `batch_size` a training step on that many images) cannot fit this machine, naming the field,
-    before anything is built. A source's config
-    (a dict) is bounded from its size fields, unset ones at hubvit's defaults; a hubvit config is counted exactly."""
+    before anything is built. A source's config (a dict) is bounded from its size fields, unset ones at hubvit's
+    defaults; a hubvit config is counted exactly."""
     from .modeling.configuration_hubvit import HubViTConfig
 
     fields = {}
@@ -338,9 +338,9 @@ def check_config_sizes(config, where="config.json", image_size=None, batch_size=
         raise SizeError(f"{where}: image_size {height}x{width} and patch_size {ph}x{pw} must be positive")
     tokens = (height // ph) * (width // pw) + 1 if num_patches is None else num_patches + 1
     shape = f"image_size {height}x{width}" if num_patches is None else f"{num_patches} patches per image"
+    smaller = "image_size" if num_patches is None else "patch budget"
     if tokens > MAX_TOKENS:
         given = f"image_size {height}x{width} with patch_size {ph}x{pw}" if num_patches is None else shape
-        smaller = "image_size" if num_patches is None else "patch budget"
         raise SizeError(
             f"{where}: {given} gives {tokens} tokens, more than {MAX_TOKENS} (attention grows with their square); "
             f"expected a smaller {smaller}"
@@ -360,7 +360,7 @@ def check_config_sizes(config, where="config.json", image_size=None, batch_size=
             nbytes += estimated_training_bytes(parameters, hidden, layers, intermediate, tokens, batch_size)
         return nbytes
 
-    parameters = encoder_parameters(hidden, layers, intermediate, heads, kv_heads)
+    parameters = parameters_lower_bound(hidden, layers, intermediate, heads, kv_heads)
     # the bound first: building an absurd config, even on the meta device, overflows before it can be refused
     if isinstance(config, HubViTConfig) and needed(parameters) <= budget:
         parameters = counted_parameters(config)
@@ -369,7 +369,6 @@ def check_config_sizes(config, where="config.json", image_size=None, batch_size=
         largest = max(("hidden_size", "intermediate_size", "num_hidden_layers"), key=lambda n: fields.get(n, 0))
         step = f" (a training step on {batch_size} images)" if batch_size else ""
         weights = 4 * parameters * (4 if batch_size else 1)
-        smaller = "image_size" if num_patches is None else "patch budget"
         hint = f"check {largest}" if weights * 2 > nbytes else f"expected a smaller {smaller}"
         raise SizeError(
             f"{where}: hidden_size={hidden}, intermediate_size={intermediate}, num_hidden_layers={layers}, "

@@ -131,6 +131,15 @@ def encoder_parameters(config, model=None):
     return sum(p.numel() for name, p in model.named_parameters() if re.match(r"(hubvit\.)?encoder\.layers\.", name))
 
 
+def recorded_parent(name, recorded):
+    """The nearest module enclosing `name` (a dotted path) among `recorded`, or None."""
+    while "." in name:
+        name = name.rsplit(".", 1)[0]
+        if name in recorded:
+            return name
+    return None
+
+
 def counted_macs(model, pixels, backward=False):
     """(part, multiply-accumulates) FlopCounterMode counts for `model` on `pixels` (FLOPs / 2): each module's products
     outside its submodules (an attention layer's own: QK^T and AV), in forward order."""
@@ -139,16 +148,18 @@ def counted_macs(model, pixels, backward=False):
         if backward:
             (output.logits if hasattr(output, "logits") else output.last_hidden_state).sum().backward()
     totals = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items() if name != "Global"}
-    root = type(model).__name__
-    parts = {}
+    own, parents = dict(totals), set()
     for name, flops in totals.items():
-        below = [n for n in totals if n.startswith(name + ".")]
-        children = [n for n in below if not any(n.startswith(other + ".") for other in below)]
-        own = flops - sum(totals[child] for child in children)
-        if own:
+        parent = recorded_parent(name, totals)
+        if parent is not None:
+            own[parent] -= flops
+            parents.add(parent)
+    root, parts = type(model).__name__, {}
+    for name, flops in own.items():
+        if flops:
             path = name.removeprefix(root).removeprefix(".") or "model"
-            part = part_name(path, model.config.num_hidden_layers, " products" if children else "")
-            parts[part] = parts.get(part, 0) + own // 2
+            part = part_name(path, model.config.num_hidden_layers, " products" if name in parents else "")
+            parts[part] = parts.get(part, 0) + flops // 2
     return list(parts.items())
 
 
